@@ -1,0 +1,148 @@
+"""A model is a cell plus the readout: x (B, T, m) -> h_T (B, n) -> logits (B, K) -> loss.
+
+`Model.loss_and_grad` is full BPTT: the readout's backward gives dL/dh_T, the cell's backward
+carries it through all T steps. Inputs are validated here, once, so the kernels can trust them.
+"""
+import numpy as np
+
+from .cells import CELLS, DEFAULT_EPS, DEFAULT_GAMMA, gaussian
+from .kernels import readout as K_readout
+
+DTYPES = ("float32", "float64")
+DEVICES = ("cpu", "cuda", "auto")
+
+
+class Model:
+    def __init__(self, cell, input_size, hidden_size, num_classes, params, hyper, dtype,
+                 device="cpu", sigma_w=1.0, init="paper", seed=0):
+        self.cell = cell
+        self.input_size, self.hidden_size, self.num_classes = input_size, hidden_size, num_classes
+        self.params = params
+        self.hyper = hyper
+        self.dtype = np.dtype(dtype)
+        self.device = device
+        self.config = dict(model=cell.name, input_size=input_size, hidden_size=hidden_size,
+                           num_classes=num_classes, dtype=self.dtype.name, sigma_w=sigma_w,
+                           init=init, seed=seed, **hyper)
+
+    @property
+    def name(self):
+        return self.cell.name
+
+    def num_params(self):
+        n, m, K = self.hidden_size, self.input_size, self.num_classes
+        return self.cell.num_params(m, n) + K * n + K
+
+    def cell_params(self):
+        return {k: v for k, v in self.params.items() if k not in ("W_out", "b_out")}
+
+    # -- validation ----------------------------------------------------------------------------
+    def _check_x(self, x):
+        if not isinstance(x, np.ndarray):
+            raise TypeError(f"x must be a numpy array of shape (B, T, {self.input_size}), "
+                            f"got {type(x).__name__}")
+        if x.ndim != 3 or x.shape[2] != self.input_size or x.shape[0] == 0 or x.shape[1] == 0:
+            raise ValueError(f"x must have shape (B, T, m) with B, T >= 1 and "
+                             f"m = input_size = {self.input_size}; got shape {x.shape}")
+        if not np.issubdtype(x.dtype, np.floating):
+            raise TypeError(f"x must hold floating-point values (float32 or float64), got dtype "
+                            f"{x.dtype}; scale integer pixels first, e.g. x.astype('float32') / 255")
+        if not np.isfinite(x).all():
+            bad = np.argwhere(~np.isfinite(x))[0]
+            raise ValueError(f"x contains NaN or Inf, first at index (b, t, j) = {tuple(bad)}")
+        # time-major and contiguous: what the kernels read
+        return np.ascontiguousarray(x.transpose(1, 0, 2), dtype=self.dtype)
+
+    def _check_y(self, y, B):
+        y = np.asarray(y)
+        if y.shape != (B,) or not np.issubdtype(y.dtype, np.integer):
+            raise ValueError(f"y must be integer labels of shape ({B},), got dtype {y.dtype} "
+                             f"and shape {y.shape}")
+        if y.min() < 0 or y.max() >= self.num_classes:
+            bad = y[(y < 0) | (y >= self.num_classes)][0]
+            raise ValueError(f"label {bad} out of range: labels must be in "
+                             f"[0, {self.num_classes - 1}] (num_classes = {self.num_classes})")
+        return np.ascontiguousarray(y, dtype=np.int64)
+
+    # -- forward / backward ----------------------------------------------------------------------
+    def hidden(self, x):
+        """h_T (B, n) for x (B, T, m)."""
+        h_T, _ = self.cell.forward(self.cell_params(), self._check_x(x), None, **self.hyper)
+        return h_T
+
+    def forward(self, x):
+        """logits (B, K) for x (B, T, m)."""
+        h_T = self.hidden(x)
+        logits = np.empty((h_T.shape[0], self.num_classes), dtype=self.dtype)
+        K_readout.readout_forward_cpu(logits, h_T, self.params["W_out"], self.params["b_out"])
+        return logits
+
+    def loss_and_grad(self, x, y, return_logits=False):
+        """Mean softmax cross-entropy over the batch and its gradient w.r.t. every parameter
+        (full BPTT). Returns (loss, grads[, logits]); grads has the same keys as params."""
+        xt = self._check_x(x)
+        B = xt.shape[1]
+        y = self._check_y(y, B)
+        p = self.params
+        h_T, cache = self.cell.forward(self.cell_params(), xt, None, **self.hyper)
+        logits = np.empty((B, self.num_classes), dtype=self.dtype)
+        K_readout.readout_forward_cpu(logits, h_T, p["W_out"], p["b_out"])
+        losses = np.empty(B, dtype=self.dtype)
+        dlogits = np.empty_like(logits)
+        K_readout.softmax_xent_cpu(losses, dlogits, logits, y)
+        dW_out, db_out, dh_T = (np.empty_like(p["W_out"]), np.empty_like(p["b_out"]),
+                                np.empty_like(h_T))
+        K_readout.readout_backward_cpu(dW_out, db_out, dh_T, dlogits, h_T, p["W_out"])
+        grads, _ = self.cell.backward(self.cell_params(), cache, dh_T, **self.hyper)
+        grads.update(W_out=dW_out, b_out=db_out)
+        loss = float(losses.mean())
+        return (loss, grads, logits) if return_logits else (loss, grads)
+
+
+def make_model(name, input_size, hidden_size, num_classes=10, eps=None, gamma=None, sigma_w=1.0,
+               init="paper", seed=0, dtype="float32", device="cpu"):
+    """Build a model by name (see `nprnn.CELLS`), initialised as in Appendix C of the paper
+    (`init="paper"`) or critically (`init="critical"`, LSTMs only; Gilboa et al. 2019, D.4)."""
+    if name not in CELLS:
+        raise ValueError(f"unknown model {name!r}; choose one of: {', '.join(CELLS)}")
+    cell = CELLS[name]
+    for label, v in (("input_size", input_size), ("hidden_size", hidden_size),
+                     ("num_classes", num_classes)):
+        if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{label} must be a positive integer, got {v!r}")
+    if num_classes < 2:
+        raise ValueError(f"num_classes must be at least 2, got {num_classes}")
+    if str(dtype) not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    if device not in DEVICES:
+        raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
+    if init not in cell.init_schemes:
+        raise ValueError(f"init {init!r} is not available for model {name!r}; "
+                         f"choose one of: {', '.join(cell.init_schemes)}")
+    if not np.isfinite(sigma_w) or sigma_w < 0:
+        raise ValueError(f"sigma_w must be a finite number >= 0, got {sigma_w!r}")
+    hyper = {}
+    for key, value, default in (("eps", eps, DEFAULT_EPS), ("gamma", gamma, DEFAULT_GAMMA)):
+        if key not in cell.hyper:
+            if value is not None:
+                raise ValueError(f"model {name!r} has no hyperparameter {key!r} "
+                                 f"(it takes: {', '.join(cell.hyper) or 'none'})")
+            continue
+        value = default if value is None else float(value)
+        if not np.isfinite(value) or value < 0 or (key == "eps" and value == 0):
+            allowed = "eps > 0" if key == "eps" else "gamma >= 0"
+            raise ValueError(f"{key} = {value!r} is not allowed: need {allowed}")
+        hyper[key] = value
+    if device == "auto":
+        device = "cpu"
+    if device == "cuda":
+        raise RuntimeError("device='cuda' is not available yet in this build of nprnn; "
+                           "use device='cpu'")
+    rng = np.random.default_rng(seed)
+    n, m, K = hidden_size, input_size, num_classes
+    params = cell.init(rng, m, n, np.dtype(dtype), sigma_w=sigma_w, scheme=init)
+    # the readout: W_out ~ N(0, 1/n), b_out = 0 (Appendix C leaves it unspecified)
+    params["W_out"] = gaussian(rng, (K, n), 1.0 / n, np.dtype(dtype))
+    params["b_out"] = np.zeros(K, dtype=dtype)
+    return Model(cell, m, n, K, params, hyper, dtype, device, sigma_w=sigma_w, init=init,
+                 seed=seed)
