@@ -48,8 +48,8 @@ class Model:
             raise TypeError(f"x must hold floating-point values (float32 or float64), got dtype "
                             f"{x.dtype}; scale integer pixels first, e.g. x.astype('float32') / 255")
         if not np.isfinite(x).all():
-            bad = np.argwhere(~np.isfinite(x))[0]
-            raise ValueError(f"x contains NaN or Inf, first at index (b, t, j) = {tuple(bad)}")
+            bad = tuple(int(i) for i in np.argwhere(~np.isfinite(x))[0])
+            raise ValueError(f"x contains NaN or Inf, first at index (b, t, j) = {bad}")
         # time-major and contiguous: what the kernels read
         return np.ascontiguousarray(x.transpose(1, 0, 2), dtype=self.dtype)
 
@@ -59,7 +59,7 @@ class Model:
             raise ValueError(f"y must be integer labels of shape ({B},), got dtype {y.dtype} "
                              f"and shape {y.shape}")
         if y.min() < 0 or y.max() >= self.num_classes:
-            bad = y[(y < 0) | (y >= self.num_classes)][0]
+            bad = int(y[(y < 0) | (y >= self.num_classes)][0])
             raise ValueError(f"label {bad} out of range: labels must be in "
                              f"[0, {self.num_classes - 1}] (num_classes = {self.num_classes})")
         return np.ascontiguousarray(y, dtype=np.int64)

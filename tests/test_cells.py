@@ -1,0 +1,254 @@
+"""Every cell in the registry, checked link by link:
+
+    finite differences (float64) -> reference.py (float64 NumPy) -> @njit CPU kernels
+
+The GPU link (CPU kernels -> @cuda.jit kernels) is in test_cuda.py. Tests are parametrised over
+`nprnn.CELLS`, so a cell that is registered is a cell that is checked.
+"""
+import numpy as np
+import pytest
+
+import nprnn
+from nprnn import reference
+from nprnn.gradcheck import check_model_gradients, numerical_gradient, relative_error
+
+CELL_NAMES = list(nprnn.CELLS)
+B, T, M, N, K = 3, 7, 3, 5, 4          # tiny, but several steps of full BPTT
+
+
+def random_model(name, dtype="float64", seed=0):
+    """A model whose parameters are all non-zero (biases and peepholes too), so that every
+    gradient path is exercised; the strict upper triangle of an antisymmetric W is respected."""
+    model = nprnn.make_model(name, M, N, K, dtype=dtype, seed=seed, sigma_w=2.0,
+                             **({"eps": 0.5, "gamma": 0.1} if "gamma" in nprnn.CELLS[name].hyper
+                                else {"eps": 0.5} if "eps" in nprnn.CELLS[name].hyper else {}))
+    rng = np.random.default_rng(seed + 100)
+    for key, value in model.params.items():
+        noise = 0.3 * rng.standard_normal(value.shape)
+        mask = model.cell.grad_mask(key, N)
+        value += (noise if mask is None else noise * mask).astype(value.dtype)
+    return model
+
+
+def batch(seed=1, dtype=np.float64):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((B, T, M)).astype(dtype), rng.integers(0, K, size=B)
+
+
+def reference_loss_and_grads(model, x, y):
+    """The whole model through the float64 oracle: cell, readout, loss, and BPTT."""
+    p = model.cell_params()
+    h_T, cache = model.cell.reference_forward(p, x, **model.hyper)
+    loss, _, rcache = reference.readout_loss(h_T, model.params["W_out"], model.params["b_out"], y)
+    dW_out, db_out, dh_T = reference.readout_backward(rcache)
+    grads, _ = model.cell.reference_backward(p, cache, dh_T, **model.hyper)
+    grads.update(W_out=dW_out, b_out=db_out)
+    return loss, grads
+
+
+@pytest.mark.parametrize("name", CELL_NAMES)
+def test_reference_bptt_matches_finite_differences(name):
+    model = random_model(name)
+    x, y = batch()
+    _, grads = reference_loss_and_grads(model, x, y)
+    assert set(grads) == set(model.params)
+    for key, p in model.params.items():
+        numeric = numerical_gradient(lambda: reference_loss_and_grads(model, x, y)[0], p,
+                                     mask=model.cell.grad_mask(key, N))
+        err = relative_error(grads[key], numeric)
+        assert err < 1e-6, f"{name}: d{key} relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("name", CELL_NAMES)
+def test_kernel_bptt_matches_finite_differences(name):
+    """The product's own gradient (CPU kernels, full BPTT over T steps) against central
+    differences, every parameter tensor of the cell and of the readout."""
+    model = random_model(name)
+    x, y = batch()
+    errors = check_model_gradients(model, x, y)
+    assert set(errors) == set(model.params)
+    bad = {k: e for k, e in errors.items() if e >= 1e-6}
+    assert not bad, f"{name}: relative errors {bad}"
+
+
+@pytest.mark.parametrize("name", CELL_NAMES)
+def test_kernels_match_reference_float64(name):
+    model = random_model(name)
+    x, y = batch()
+    ref_loss, ref_grads = reference_loss_and_grads(model, x, y)
+    loss, grads, logits = model.loss_and_grad(x, y, return_logits=True)
+    assert abs(loss - ref_loss) < 1e-12
+    np.testing.assert_allclose(logits, model.forward(x), rtol=0, atol=1e-14)
+    for key in model.params:
+        assert relative_error(grads[key], ref_grads[key]) < 1e-10, key
+
+    # the cell alone, from a non-zero initial state: h_T and dL/dh_0 too
+    rng = np.random.default_rng(5)
+    h0 = rng.standard_normal((B, N))
+    dh_T = rng.standard_normal((B, N))
+    p = model.cell_params()
+    ref_h, ref_cache = model.cell.reference_forward(p, x, h0=h0, **model.hyper)
+    ref_g, ref_dh0 = model.cell.reference_backward(p, ref_cache, dh_T, **model.hyper)
+    h_T, cache = model.cell.forward(p, np.ascontiguousarray(x.transpose(1, 0, 2)), h0,
+                                    **model.hyper)
+    g, dh0 = model.cell.backward(p, cache, dh_T, **model.hyper)
+    np.testing.assert_allclose(h_T, ref_h, rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(dh0, ref_dh0, rtol=1e-10, atol=1e-12)
+    for key in p:
+        assert relative_error(g[key], ref_g[key]) < 1e-10, key
+
+
+@pytest.mark.parametrize("name", CELL_NAMES)
+def test_float32_kernels_agree_with_float64(name):
+    m64 = random_model(name)
+    m32 = random_model(name, dtype="float32")
+    for key in m64.params:                      # the same numbers, rounded once
+        m32.params[key][...] = m64.params[key]
+    x, y = batch()
+    loss64, g64 = m64.loss_and_grad(x, y)
+    loss32, g32 = m32.loss_and_grad(x.astype(np.float32), y)
+    assert abs(loss32 - loss64) < 1e-5 * max(1.0, abs(loss64))
+    for key in g64:
+        assert g32[key].dtype == np.float32
+        assert relative_error(g32[key], g64[key]) < 1e-4, key
+
+
+# ----------------------------------------------------------------------------------------------
+# Properties from the paper
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("seed", range(5))
+def test_diagonal_times_antisymmetric_has_imaginary_eigenvalues(seed):
+    """Appendix B, Proposition 3: for antisymmetric W - W^T and positive diagonal D,
+    the eigenvalues of D (W - W^T) are purely imaginary."""
+    rng = np.random.default_rng(seed)
+    n = 12
+    W = np.triu(rng.standard_normal((n, n)), k=1)
+    d = rng.uniform(0.01, 1.0, size=n)
+    eig = np.linalg.eigvals(np.diag(d) @ reference.antisym_matrix(W, 0.0))
+    assert np.abs(eig.real).max() < 1e-10 * max(1.0, np.abs(eig).max())
+
+
+@pytest.mark.parametrize("gamma", [0.001, 0.1, 1.0])
+def test_diffusion_makes_jacobian_real_parts_negative(gamma):
+    """Section 3.3: with gamma > 0 the Jacobian of the ODE's right-hand side,
+    J = diag(tanh'(a)) (W - W^T - gamma I) (eq. 9 with diffusion), has eigenvalues with negative
+    real part. J is read off the kernels' own BPTT: one step of eq. (12) with eps = 1 gives
+    dh_1/dh_0 = I + J, and a backward pass with dh_1 = I (one batch row per unit) returns it."""
+    n = 10
+    model = nprnn.make_model("antisym", 2, n, 3, eps=1.0, gamma=gamma, sigma_w=4.0,
+                             dtype="float64", seed=3)
+    rng = np.random.default_rng(7)
+    h0 = np.repeat(rng.standard_normal((1, n)), n, axis=0)       # one state, n copies
+    x = np.repeat(rng.standard_normal((1, 1, 2)), n, axis=1)     # (T=1, B=n, m=2)
+    p = model.cell_params()
+    _, cache = model.cell.forward(p, x, h0, **model.hyper)
+    _, dh0 = model.cell.backward(p, cache, np.eye(n), **model.hyper)
+    J = dh0 - np.eye(n)                  # row i of dh0 is e_i^T dh_1/dh_0 = row i of I + J
+    # J = diag(d) A with d = tanh'(a) in (0, 1]: check it has that form, then its spectrum
+    A = reference.antisym_matrix(p["W"], gamma)
+    d = np.diag(J @ np.linalg.inv(A))
+    np.testing.assert_allclose(J, np.diag(d) @ A, atol=1e-12)
+    assert np.all(d > 0) and np.all(d <= 1)
+    assert np.linalg.eigvals(J).real.max() < 0
+    assert np.linalg.eigvals(np.diag(d) @ reference.antisym_matrix(p["W"], 0.0)).real.max() \
+        < 1e-10
+
+
+def test_antisymmetric_w_gradient_is_strictly_upper_triangular():
+    model = random_model("antisym")
+    x, y = batch()
+    _, grads = model.loss_and_grad(x, y)
+    assert np.all(np.tril(grads["W"]) == 0)
+    assert np.all(np.tril(model.params["W"]) == 0)
+
+
+# ----------------------------------------------------------------------------------------------
+# Parameters: names, counts, initialisation
+# ----------------------------------------------------------------------------------------------
+
+def test_parameter_counts_match_the_paper():
+    """Table 1 and Table 2, '# params' column (rounded to thousands in the paper)."""
+    def total(name, n, m, K=10):
+        return nprnn.CELLS[name].num_params(m, n) + K * n + K
+    assert round(total("antisym", 128, 1) / 1000) == 10
+    assert round(total("antisym-gated", 128, 1) / 1000) == 10
+    assert round(total("ablation", 196, 3) / 1000) == 42
+    assert round(total("antisym", 256, 3) / 1000) == 36
+    assert round(total("antisym-gated", 256, 3) / 1000) == 37
+    if "lstm" in nprnn.CELLS:
+        assert round(total("lstm", 128, 1) / 1000) == 68
+        assert round(total("lstm", 128, 3) / 1000) == 69
+    model = nprnn.make_model("antisym", 1, 128, 10)
+    assert model.num_params() == 128 * 127 // 2 + 128 + 128 + 1290
+
+
+@pytest.mark.parametrize("name", CELL_NAMES)
+def test_parameter_names_shapes_and_dtypes(name):
+    m, n = 3, 6
+    model = nprnn.make_model(name, m, n, 10, dtype="float32")
+    shapes = model.cell.shapes(m, n)
+    assert list(model.params) == list(shapes) + ["W_out", "b_out"]
+    for key, shape in shapes.items():
+        assert model.params[key].shape == shape and model.params[key].dtype == np.float32
+
+
+def test_paper_initialisation_statistics():
+    """Appendix C: input-to-hidden N(0, 1/m), hidden-to-hidden N(0, sigma_w^2/n), biases 0."""
+    m, n, sigma_w = 50, 400, 2.0
+    model = nprnn.make_model("antisym-gated", m, n, 10, sigma_w=sigma_w, dtype="float64")
+    p = model.params
+    upper = p["W"][np.triu_indices(n, k=1)]
+    assert np.all(np.tril(p["W"]) == 0)
+    assert abs(upper.var() / (sigma_w ** 2 / n) - 1) < 0.02
+    assert abs(p["V_h"].var() * m - 1) < 0.05 and abs(p["V_z"].var() * m - 1) < 0.05
+    assert np.all(p["b_h"] == 0) and np.all(p["b_z"] == 0)
+    zero = nprnn.make_model("feedback", m, n, 10, sigma_w=0.0)
+    assert np.all(zero.params["W"] == 0)
+    a, b = (nprnn.make_model("antisym", 2, 8, 3, seed=s) for s in (4, 4))
+    for key in a.params:
+        np.testing.assert_array_equal(a.params[key], b.params[key])
+
+
+# ----------------------------------------------------------------------------------------------
+# Bad arguments give errors that name the bad value and what is allowed
+# ----------------------------------------------------------------------------------------------
+
+def test_unknown_model_and_bad_construction_arguments():
+    with pytest.raises(ValueError, match=r"unknown model 'antisymm'.*antisym"):
+        nprnn.make_model("antisymm", 1, 8)
+    with pytest.raises(ValueError, match=r"hidden_size must be a positive integer, got 0"):
+        nprnn.make_model("antisym", 1, 0)
+    with pytest.raises(ValueError, match=r"dtype must be one of .*float16"):
+        nprnn.make_model("antisym", 1, 8, dtype="float16")
+    with pytest.raises(ValueError, match=r"eps = -0.1 is not allowed: need eps > 0"):
+        nprnn.make_model("antisym", 1, 8, eps=-0.1)
+    with pytest.raises(ValueError, match=r"init 'critical' is not available for model 'antisym'"):
+        nprnn.make_model("antisym", 1, 8, init="critical")
+    with pytest.raises(ValueError, match=r"'feedback' has no hyperparameter 'gamma'"):
+        nprnn.make_model("feedback", 1, 8, gamma=0.1)
+
+
+def test_bad_inputs_are_named():
+    model = nprnn.make_model("antisym", 2, 4, 3)
+    good = np.zeros((2, 5, 2), np.float32)
+    with pytest.raises(ValueError, match=r"m = input_size = 2; got shape \(2, 5, 3\)"):
+        model.forward(np.zeros((2, 5, 3), np.float32))
+    with pytest.raises(ValueError, match=r"got shape \(5, 2\)"):
+        model.forward(np.zeros((5, 2), np.float32))
+    with pytest.raises(TypeError, match=r"dtype uint8"):
+        model.forward(good.astype(np.uint8))
+    with pytest.raises(TypeError, match=r"numpy array"):
+        model.forward(good.tolist())
+    nan = good.copy()
+    nan[1, 3, 0] = np.nan
+    with pytest.raises(ValueError, match=r"NaN or Inf, first at index \(b, t, j\) = \(1, 3, 0\)"):
+        model.forward(nan)
+    with pytest.raises(ValueError, match=r"label 3 out of range.*\[0, 2\]"):
+        model.loss_and_grad(good, np.array([0, 3]))
+    with pytest.raises(ValueError, match=r"label -1 out of range"):
+        model.loss_and_grad(good, np.array([-1, 0]))
+    with pytest.raises(ValueError, match=r"shape \(2,\)"):
+        model.loss_and_grad(good, np.array([0, 1, 2]))
+    with pytest.raises(ValueError, match=r"integer labels"):
+        model.loss_and_grad(good, np.array([0.0, 1.0]))
