@@ -1,0 +1,425 @@
+"""Looking at the dynamics: the two-dimensional simulations of section 4 (Figures 1, 3, 4, 5) and
+the end-to-end Jacobian spectra of section 5.3 (Figure 2).
+
+Everything here returns numbers; nothing imports matplotlib (the pictures are drawn by
+`nprnn/plotting.py` from exactly these numbers, so a figure can be checked without looking at it).
+
+Section 4: two-dimensional recurrences without input or bias
+-------------------------------------------------------------
+
+    vanilla:   h_t = tanh(W h_{t-1})                          (Figure 1, top row; Figure 3)
+    feedback:  h_t = h_{t-1} + eps * tanh(W h_{t-1} [+ x_t])  (Figure 1, bottom row; Figures 4, 5)
+
+h_t in R^2, 1 <= t <= T = 50, eps = 0.1, from the three initial states (0, 0.5), (-0.5, -0.5),
+(0.5, -0.75). The feedback recurrence is the forward-Euler step of the ODE h'(t) = tanh(W h(t)),
+whose vector field is overlaid on the feedback panels (`vector_field`).
+
+The paper's matrices and the choices the paper leaves open (our reading, stated once here):
+
+  (a) random:      W_ij ~ N(0, 1) independent, drawn from numpy's default_rng(seed); seed 0 for
+                   Figure 1(a), seeds 1..16 for Figure 3.
+  (b) identity:    W = I.
+  (c) reflection / (d) rotation, "random orthogonal" with seeds 0 and 1: a 2x2 orthogonal matrix is
+                   a rotation (det +1) or a reflection (det -1). We draw an angle
+                   theta ~ U[0, 2 pi) from default_rng(seed) and build
+                       reflection(theta) = [[cos, sin], [sin, -cos]]   (det -1), seed 0 -> (c)
+                       rotation(theta)   = [[cos, -sin], [sin, cos]]   (det +1), seed 1 -> (d)
+                   so each panel is uniformly random within its kind. (The paper's sentence
+                   "the determinant of the matrix is 1 or -1 respectively" has the order swapped.)
+  (e)-(h):         W_+ = [[2, -2], [0, 2]], W_- = [[-2, 2], [0, -2]], W_0 = [[0, -2], [2, 0]],
+                   W_diff = W_0 - 0.15 I, exactly as printed.
+  Figure 4:        "RNN with feedback with standard Gaussian random weights, diffusion strength
+                   gamma = 0.1"; Appendix D calls these AntisymmetricRNNs, so W is eq. (12)'s
+                   matrix: W = U - U^T - gamma I with U strictly upper triangular (the project's
+                   `antisym` parameterisation), its one free entry U_12 ~ N(0, 1) drawn from
+                   default_rng(seed), seeds 1..16. (An unstructured Gaussian W minus gamma I would not
+                   show the "predictable dynamics" the appendix describes.)
+  Figure 5:        the four feedback matrices of (e)-(h) driven by input inside the tanh, as in
+                   eq. (12) with V_h = I and b_h = 0:
+                       h_t = h_{t-1} + eps * tanh(W h_{t-1} + x_t),   x_t ~ N(0, I_2),
+                   x_t independent over steps and over the three trajectories, drawn from
+                   default_rng(seed) (seed 0), the same draws for all four panels.
+
+Section 5.3: the end-to-end Jacobian (Figure 2)
+------------------------------------------------
+
+    J = dh_T / dh_0  (n, n),   for one input sequence x_1..x_T,
+
+computed with the model's own BPTT kernel (`model.cell.backward`), which returns dL/dh_0 for a
+given dL/dh_T. Batched form: replicate the sequence n times (B = n), start every row at the same
+h_0, and backpropagate dh_T = I (row i is e_i). Row i of the returned dh_0 is then
+e_i^T dh_T/dh_0, the i-th row of J; so dh_0 *is* J. Figure 2 reports the mean and standard
+deviation of the eigenvalue magnitudes |lambda_i(J)|, pooled over the n eigenvalues of every
+sequence, for T in {100, 200, 400, 800}, for AntisymmetricRNNs at several gamma and for LSTMs.
+"""
+import csv
+import json
+import math
+import os
+
+import numpy as np
+
+# ----------------------------------------------------------------------------------------------
+# Section 4: the setup
+# ----------------------------------------------------------------------------------------------
+
+INITIAL_STATES = np.array([[0.0, 0.5], [-0.5, -0.5], [0.5, -0.75]])   # (3, 2), the paper's
+SIM_STEPS = 50            # T
+SIM_EPS = 0.1             # eps of the feedback panels
+GAMMA_DIFF = 0.15         # diffusion of W_diff (Figure 1(h))
+GAMMA_FIG4 = 0.1          # diffusion of Figure 4
+APPENDIX_SEEDS = tuple(range(1, 17))   # "using seeds from 1 to 16"
+
+W_PLUS = np.array([[2.0, -2.0], [0.0, 2.0]])     # eigenvalues 2, 2
+W_MINUS = np.array([[-2.0, 2.0], [0.0, -2.0]])   # eigenvalues -2, -2
+W_ZERO = np.array([[0.0, -2.0], [2.0, 0.0]])     # eigenvalues +2i, -2i
+W_DIFF = W_ZERO - GAMMA_DIFF * np.eye(2)         # eigenvalues -0.15 +- 2i
+
+FEEDBACK_MATRICES = {       # Figure 1(e)-(h) and Figure 5(a)-(d)
+    "W+": ("positive eigenvalues", W_PLUS),
+    "W-": ("negative eigenvalues", W_MINUS),
+    "W0": ("imaginary eigenvalues", W_ZERO),
+    "Wdiff": ("imaginary eigenvalues and diffusion", W_DIFF),
+}
+
+
+def gaussian_matrix(seed):
+    """W (2, 2) with independent N(0, 1) entries (Figure 1(a), Figure 3)."""
+    return np.random.default_rng(seed).standard_normal((2, 2))
+
+
+def _angle(seed):
+    return 2.0 * math.pi * np.random.default_rng(seed).random()
+
+
+def random_reflection(seed):
+    """A uniformly random 2x2 reflection [[cos, sin], [sin, -cos]] (det -1), theta from seed."""
+    c, s = math.cos(_angle(seed)), math.sin(_angle(seed))
+    return np.array([[c, s], [s, -c]])
+
+
+def random_rotation(seed):
+    """A uniformly random 2x2 rotation [[cos, -sin], [sin, cos]] (det +1), theta from seed."""
+    c, s = math.cos(_angle(seed)), math.sin(_angle(seed))
+    return np.array([[c, -s], [s, c]])
+
+
+def antisymmetric_gaussian(seed, gamma):
+    """W = U - U^T - gamma I (eq. 12's matrix) with U strictly upper triangular, U_12 ~ N(0, 1):
+    [[-gamma, u], [-u, -gamma]], eigenvalues -gamma +- i|u| (Figure 4)."""
+    u = np.random.default_rng(seed).standard_normal()
+    return np.array([[-gamma, u], [-u, -gamma]])
+
+
+# ----------------------------------------------------------------------------------------------
+# Section 4: the recurrences
+# ----------------------------------------------------------------------------------------------
+
+SIM_KINDS = ("vanilla", "feedback")
+
+
+def simulate(W, h0, steps, kind, eps=SIM_EPS, inputs=None):
+    """Run one of section 4's recurrences from several initial states at once.
+
+        vanilla:   h_t = tanh(W h_{t-1} [+ x_t])
+        feedback:  h_t = h_{t-1} + eps * tanh(W h_{t-1} [+ x_t])
+
+    W (2, 2) or any (n, n); h0 (S, n) initial states; inputs None (no input) or x (steps, S, n).
+    Returns hs (steps + 1, S, n) float64 with hs[0] = h0.
+    """
+    W = np.asarray(W, dtype=np.float64)
+    h = np.array(h0, dtype=np.float64, ndmin=2)
+    n = W.shape[0]
+    if W.ndim != 2 or W.shape != (n, n):
+        raise ValueError(f"W must be a square matrix, got shape {W.shape}")
+    if h.ndim != 2 or h.shape[1] != n:
+        raise ValueError(f"h0 must have shape (S, {n}) for W of shape {W.shape}, got {h.shape}")
+    if kind not in SIM_KINDS:
+        raise ValueError(f"kind must be one of {SIM_KINDS}, got {kind!r}")
+    if not isinstance(steps, (int, np.integer)) or steps < 1:
+        raise ValueError(f"steps must be a positive integer, got {steps!r}")
+    if kind == "feedback" and not (np.isfinite(eps) and eps > 0):
+        raise ValueError(f"eps must be a finite number > 0, got {eps!r}")
+    if inputs is not None and np.shape(inputs) != (steps,) + h.shape:
+        raise ValueError(f"inputs must have shape (steps, S, n) = {(steps,) + h.shape}, "
+                         f"got {np.shape(inputs)}")
+    hs = np.empty((steps + 1,) + h.shape)
+    hs[0] = h
+    for t in range(1, steps + 1):
+        a = hs[t - 1] @ W.T                      # (S, n): row s is W h_{t-1}[s]
+        if inputs is not None:
+            a = a + inputs[t - 1]
+        if kind == "vanilla":
+            hs[t] = np.tanh(a)
+        else:
+            hs[t] = hs[t - 1] + eps * np.tanh(a)
+    return hs
+
+
+def vector_field(W, xlim, ylim, num=15):
+    """The ODE h' = tanh(W h) on a num x num grid: X, Y, U, V, each (num, num), (U, V) = h'."""
+    xs = np.linspace(xlim[0], xlim[1], num)
+    ys = np.linspace(ylim[0], ylim[1], num)
+    X, Y = np.meshgrid(xs, ys)
+    H = np.stack([X.ravel(), Y.ravel()], axis=1)           # (num*num, 2)
+    F = np.tanh(H @ np.asarray(W, dtype=np.float64).T)
+    return X, Y, F[:, 0].reshape(X.shape), F[:, 1].reshape(X.shape)
+
+
+def radii(hs):
+    """|h_t| for hs (T+1, S, n): (T+1, S)."""
+    return np.linalg.norm(hs, axis=-1)
+
+
+def _panel(key, title, kind, W, steps, eps, inputs=None):
+    """One panel's numbers: a JSON-able description plus the trajectories (steps+1, 3, 2)."""
+    hs = simulate(W, INITIAL_STATES, steps, kind, eps, inputs)
+    r = radii(hs)
+    return dict(key=key, title=title, kind=kind, W=np.asarray(W).tolist(),
+                eps=eps if kind == "feedback" else None,
+                eigenvalues=[[float(z.real), float(z.imag)] for z in np.linalg.eigvals(W)],
+                determinant=float(np.linalg.det(W)),
+                with_input=inputs is not None,
+                radius_start=r[0].tolist(), radius_end=r[-1].tolist(),
+                radius_min=r.min(axis=0).tolist(), radius_max=r.max(axis=0).tolist(),
+                states=hs)
+
+
+def figure1(steps=SIM_STEPS, eps=SIM_EPS, seed=0):
+    """Figure 1's eight panels: (a)-(d) vanilla, (e)-(h) feedback. Returns a list of panel dicts
+    (see `_panel`); `states` of each is (steps + 1, 3, 2)."""
+    return [
+        _panel("a", f"(a) random Gaussian W (seed {seed})", "vanilla", gaussian_matrix(seed),
+               steps, eps),
+        _panel("b", "(b) identity", "vanilla", np.eye(2), steps, eps),
+        _panel("c", f"(c) random reflection (seed {seed}), det -1", "vanilla",
+               random_reflection(seed), steps, eps),
+        _panel("d", f"(d) random rotation (seed {seed + 1}), det +1", "vanilla",
+               random_rotation(seed + 1), steps, eps),
+    ] + [
+        _panel(k, f"({letter}) feedback, {name}: {k}", "feedback", W, steps, eps)
+        for letter, (k, (name, W)) in zip("efgh", FEEDBACK_MATRICES.items())
+    ]
+
+
+def figure3(steps=SIM_STEPS, seeds=APPENDIX_SEEDS):
+    """Figure 3: vanilla RNNs with standard Gaussian W, one panel per seed."""
+    return [_panel(f"seed{s}", f"seed {s}", "vanilla", gaussian_matrix(s), steps, None)
+            for s in seeds]
+
+
+def figure4(steps=SIM_STEPS, eps=SIM_EPS, gamma=GAMMA_FIG4, seeds=APPENDIX_SEEDS):
+    """Figure 4: feedback with W = U - U^T - gamma I, U_12 ~ N(0, 1), one panel per seed."""
+    return [_panel(f"seed{s}", f"seed {s}", "feedback", antisymmetric_gaussian(s, gamma), steps,
+                   eps) for s in seeds]
+
+
+def figure5(steps=SIM_STEPS, eps=SIM_EPS, seed=0):
+    """Figure 5: the four feedback matrices with x_t ~ N(0, I_2) inside the tanh."""
+    x = np.random.default_rng(seed).standard_normal((steps,) + INITIAL_STATES.shape)
+    return [_panel(k, f"({letter}) {name}, with input", "feedback", W, steps, eps, inputs=x)
+            for letter, (k, (name, W)) in zip("abcd", FEEDBACK_MATRICES.items())]
+
+
+SIMULATION_FIGURES = dict(figure1=figure1, figure3=figure3, figure4=figure4, figure5=figure5)
+
+
+def panels_to_rows(figure, panels):
+    """Flatten panels into CSV rows: figure, panel, trajectory, t, h1, h2, radius."""
+    rows = []
+    for p in panels:
+        hs = p["states"]
+        r = radii(hs)
+        for s in range(hs.shape[1]):
+            for t in range(hs.shape[0]):
+                rows.append(dict(figure=figure, panel=p["key"], trajectory=s, t=t,
+                                 h1=float(hs[t, s, 0]), h2=float(hs[t, s, 1]),
+                                 radius=float(r[t, s])))
+    return rows
+
+
+def panels_to_json(panels):
+    """Panels without their (large) state arrays, for a summary JSON."""
+    return [{k: v for k, v in p.items() if k != "states"} for p in panels]
+
+
+# ----------------------------------------------------------------------------------------------
+# Section 5.3: the end-to-end Jacobian dh_T / dh_0
+# ----------------------------------------------------------------------------------------------
+
+def end_to_end_jacobian(model, x, h0=None):
+    """J = dh_T / dh_0 (n, n) of `model`'s cell for one sequence x (T, m), with the model's BPTT.
+
+    Replicates x into a batch of B = n identical rows, runs `model.cell.forward` from h_0 (zero
+    unless given, shape (n,)), and backpropagates dh_T = I: row i of the returned dh_0 is
+    e_i^T dh_T/dh_0, so dh_0 = J. For cells with a second state (LSTM's c), c_0 = 0 is held fixed
+    and J is the derivative through h_0 alone. Computed in the model's dtype.
+    """
+    n, m = model.hidden_size, model.input_size
+    x = np.asarray(x)
+    if x.ndim != 2 or x.shape[1] != m or x.shape[0] < 1:
+        raise ValueError(f"x must be one sequence of shape (T, m) with T >= 1 and m = "
+                         f"input_size = {m}; got shape {x.shape}")
+    if not np.isfinite(x).all():
+        raise ValueError("x contains NaN or Inf")
+    h0 = np.zeros(n) if h0 is None else np.asarray(h0, dtype=np.float64)
+    if h0.shape != (n,):
+        raise ValueError(f"h0 must have shape ({n},), got {h0.shape}")
+    dtype = model.dtype
+    xt = np.ascontiguousarray(np.broadcast_to(x[:, None, :], (x.shape[0], n, m)), dtype=dtype)
+    h0_batch = np.ascontiguousarray(np.broadcast_to(h0, (n, n)), dtype=dtype)   # (B = n, n)
+    p = model.cell_params()
+    _, cache = model.cell.forward(p, xt, h0_batch, **model.hyper)
+    _, dh0 = model.cell.backward(p, cache, np.eye(n, dtype=dtype), **model.hyper)
+    return np.array(dh0, dtype=np.float64)
+
+
+def eigenvalue_magnitudes(model, xs):
+    """|lambda_i(J)| for each sequence of xs (S, T, m): (S, n), J from `end_to_end_jacobian`."""
+    xs = np.asarray(xs)
+    if xs.ndim != 3:
+        raise ValueError(f"xs must have shape (S, T, m), got {xs.shape}")
+    return np.stack([np.abs(np.linalg.eigvals(end_to_end_jacobian(model, x))) for x in xs])
+
+
+def gaussian_sequences(num, steps, input_size, seed=0):
+    """xs (num, steps, input_size) of independent N(0, 1) values: the noise of noise-padded
+    CIFAR-10 (section 5.3), i.e. what the models see after the 32 image rows."""
+    return np.random.default_rng(seed).standard_normal((num, steps, input_size))
+
+
+def jacobian_spectra(models, lengths, sequences):
+    """Figure 2's numbers.
+
+    models:    list of (label, model) pairs; lengths: list of T;
+    sequences: a function (T) -> xs (S, T, m) giving the input sequences of length T.
+    Returns one dict per (model, T): label, model, gamma (None for cells without it), eps, T,
+    sequences S, mean and std of |lambda| pooled over the S*n eigenvalues, min, max, and the mean
+    over sequences of log10 of the largest |lambda| (how fast the dominant direction grows/decays).
+    """
+    rows = []
+    for T in lengths:
+        xs = sequences(T)
+        for label, model in models:
+            mags = eigenvalue_magnitudes(model, xs)
+            with np.errstate(divide="ignore"):
+                top = np.log10(mags.max(axis=1))
+            rows.append(dict(label=label, model=model.name, gamma=model.hyper.get("gamma"),
+                             eps=model.hyper.get("eps"), T=int(T), sequences=int(xs.shape[0]),
+                             hidden_size=model.hidden_size, mean=float(mags.mean()),
+                             std=float(mags.std()), min=float(mags.min()),
+                             max=float(mags.max()), mean_log10_max=float(top.mean())))
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------
+# Learning curves: reading the run folders that `nprnn.train` writes
+# ----------------------------------------------------------------------------------------------
+# runs/NAME/config.json    a JSON object with at least "model" and "task"
+# runs/NAME/metrics.jsonl  one JSON object per line: "iteration" (int), "split" ("train" for the
+#                          logging intervals, "test" or "valid" for evaluations), "loss" (float),
+#                          "accuracy" (float in [0, 1]); other keys are ignored here.
+
+EVAL_SPLITS = ("test", "valid")
+
+
+def read_run(path):
+    """One run folder -> dict(name, path, model, task, label, records), records being a list of
+    dict(iteration, split, loss, accuracy) in file order (loss/accuracy None where absent)."""
+    config_path = os.path.join(path, "config.json")
+    metrics_path = os.path.join(path, "metrics.jsonl")
+    for p in (config_path, metrics_path):
+        if not os.path.isfile(p):
+            raise FileNotFoundError(f"{p} not found: a run folder needs config.json and "
+                                    f"metrics.jsonl (written by `python cli.py train`)")
+    with open(config_path) as f:
+        try:
+            config = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{config_path} is not valid JSON: {e}") from None
+    if not isinstance(config, dict) or "model" not in config or "task" not in config:
+        raise ValueError(f"{config_path} must be a JSON object with keys 'model' and 'task'")
+    records = []
+    with open(metrics_path) as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"{metrics_path}, line {lineno}"
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{where} is not valid JSON: {e}") from None
+            if not isinstance(rec, dict):
+                raise ValueError(f"{where}: expected a JSON object, got {type(rec).__name__}")
+            it, split = rec.get("iteration"), rec.get("split")
+            if not isinstance(it, int) or isinstance(it, bool):
+                raise ValueError(f"{where}: 'iteration' must be an integer, got {it!r}")
+            if not isinstance(split, str):
+                raise ValueError(f"{where}: 'split' must be a string such as 'train' or "
+                                 f"'test', got {split!r}")
+            values = {}
+            for key in ("loss", "accuracy"):
+                v = rec.get(key)
+                if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool)):
+                    raise ValueError(f"{where}: {key!r} must be a number, got {v!r}")
+                values[key] = None if v is None else float(v)
+            records.append(dict(iteration=it, split=split, **values))
+    if not records:
+        raise ValueError(f"{metrics_path} holds no records")
+    name = os.path.basename(os.path.normpath(path))
+    return dict(name=name, path=path, model=str(config["model"]), task=str(config["task"]),
+                label=f"{config['model']} on {config['task']}", records=records)
+
+
+def read_runs(paths):
+    """read_run for each path; labels made unique by appending the folder name where two runs
+    share model and task."""
+    runs = [read_run(p) for p in paths]
+    labels = [r["label"] for r in runs]
+    for r in runs:
+        if labels.count(r["label"]) > 1:
+            r["label"] = f"{r['label']} ({r['name']})"
+    return runs
+
+
+def curve(run, split, key):
+    """(iterations, values) arrays of `key` ("loss" or "accuracy") for records of `split`,
+    sorted by iteration, records without the key left out."""
+    pts = sorted((r["iteration"], r[key]) for r in run["records"]
+                 if r["split"] == split and r[key] is not None)
+    return (np.array([p[0] for p in pts], dtype=np.int64),
+            np.array([p[1] for p in pts], dtype=np.float64))
+
+
+def runs_to_rows(runs):
+    """CSV rows: run, label, model, task, split, iteration, loss, accuracy."""
+    return [dict(run=r["name"], label=r["label"], model=r["model"], task=r["task"], **rec)
+            for r in runs for rec in r["records"]]
+
+
+# ----------------------------------------------------------------------------------------------
+# Writing the numbers
+# ----------------------------------------------------------------------------------------------
+
+def write_csv(path, rows):
+    """rows (list of dicts with the same keys) -> CSV with a header line."""
+    if not rows:
+        raise ValueError(f"no rows to write to {path}")
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
+def write_json(path, obj):
+    """obj -> indented JSON (NumPy arrays and scalars converted to lists and floats)."""
+    def default(o):
+        if isinstance(o, np.ndarray):
+            return o.tolist()
+        if isinstance(o, np.generic):
+            return o.item()
+        raise TypeError(f"cannot write {type(o).__name__} to JSON")
+
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=1, default=default)
+        f.write("\n")
