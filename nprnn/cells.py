@@ -19,6 +19,9 @@ import numpy as np
 
 from . import reference
 from .kernels import antisym as K_euler
+from .kernels import gru as K_gru
+from .kernels import lstm as K_lstm
+from .kernels import rnn as K_rnn
 
 # Appendix C grid: eps in {0.01, 0.1, 1}, gamma in {0.001, 0.01, 0.1, 1}, sigma_w in
 # {0, 1, 2, 4, 8, 16}. The defaults below are points of that grid.
@@ -183,3 +186,199 @@ register(EulerCell("ablation", "eq. (13) with an unstructured W (section 5.4)",
                    antisymmetric=False, gated=True))
 register(EulerCell("feedback", "RNN with feedback, h + eps tanh(W h + V x + b) (section 4)",
                    antisymmetric=False, gated=False, uses_gamma=False))
+
+
+# ----------------------------------------------------------------------------------------------
+# Baselines: rnn, lstm, peephole-lstm, gru. Parameter names and layouts are PyTorch's single-layer
+# nn.RNN / nn.LSTM / nn.GRU (gate blocks of n rows stacked in weight_ih (kn, m), weight_hh (kn, n),
+# bias_ih (kn,), bias_hh (kn,)), so weights can be exchanged with PyTorch; both biases are kept and
+# counted, as PyTorch counts them. None of these cells takes eps or gamma. For the LSTMs, `h0`
+# sets h_0 only, the cell state always starts at c_0 = 0, and backward's dh_0 is dL/dh_0.
+# ----------------------------------------------------------------------------------------------
+
+def _stacked(rng, m, n, dtype, input_var, recurrent_var, bias_mean):
+    """weight_ih, weight_hh, bias_ih, bias_hh for k = len(input_var) gate blocks of n rows each,
+    stacked in the cell's gate order. Block k: weight_ih rows N(0, input_var[k]), weight_hh rows
+    N(0, recurrent_var[k]), bias_ih = bias_mean[k] and bias_hh = 0, so b_ih + b_hh = bias_mean[k]."""
+    k = len(input_var)
+    return dict(
+        weight_ih=np.concatenate([gaussian(rng, (n, m), v, dtype) for v in input_var]),
+        weight_hh=np.concatenate([gaussian(rng, (n, n), v, dtype) for v in recurrent_var]),
+        bias_ih=np.repeat(np.asarray(bias_mean, dtype=dtype), n),
+        bias_hh=np.zeros(k * n, dtype=dtype))
+
+
+class StackedGateCell(Cell):
+    """What rnn, lstm, peephole-lstm and gru share: PyTorch's stacked layout, no
+    hyperparameters, and the paper's initialisation (Appendix C): input-to-hidden N(0, 1/m),
+    hidden-to-hidden N(0, sigma_w^2 / n), biases 0 except an LSTM's forget gate bias, which is 1
+    (held in bias_ih's f block; bias_hh's f block is 0, so their sum is 1)."""
+
+    hyper = ()
+    gates = ("h",)              # the gate blocks, in PyTorch's order
+    forget_gate = None          # the block whose bias starts at 1 in the paper scheme
+
+    def __init__(self, name, summary):
+        self.name, self.summary = name, summary
+
+    def shapes(self, m, n):
+        k = len(self.gates)
+        return dict(weight_ih=(k * n, m), weight_hh=(k * n, n), bias_ih=(k * n,),
+                    bias_hh=(k * n,))
+
+    def init(self, rng, m, n, dtype, sigma_w=1.0, scheme="paper"):
+        if scheme not in self.init_schemes:
+            raise ValueError(f"init {scheme!r} is not available for model {self.name!r}; "
+                             f"choose one of: {', '.join(self.init_schemes)}")
+        if scheme == "critical":
+            return self.critical_init(rng, m, n, dtype)
+        k = len(self.gates)
+        bias = [1.0 if gate == self.forget_gate else 0.0 for gate in self.gates]
+        return _stacked(rng, m, n, dtype, [1.0 / m] * k, [sigma_w ** 2 / n] * k, bias)
+
+    def critical_init(self, rng, m, n, dtype):
+        raise NotImplementedError(f"model {self.name!r} has no critical initialisation")
+
+    def _no_hyper(self, hyper):
+        if hyper:
+            raise ValueError(f"model {self.name!r} takes no hyperparameters, got "
+                             f"{', '.join(sorted(hyper))}")
+
+
+class RNNCell(StackedGateCell):
+    """h_t = tanh(W_ih x_t + b_ih + W_hh h_{t-1} + b_hh)  (kernels/rnn.py)."""
+
+    gates = ("h",)
+
+    def forward(self, p, x, h0=None, **hyper):
+        self._no_hyper(hyper)
+        T = x.shape[0]
+        hs = _states(x, p["weight_hh"].shape[1], h0)
+        K_rnn.rnn_forward_cpu(hs, x, p["weight_ih"], p["weight_hh"], p["bias_ih"], p["bias_hh"])
+        return hs[T], dict(x=x, hs=hs)
+
+    def backward(self, p, cache, dh_T, **hyper):
+        self._no_hyper(hyper)
+        x, hs = cache["x"], cache["hs"]
+        g = {k: np.empty_like(v) for k, v in p.items()}
+        dh0 = np.empty_like(hs[0])
+        da = np.empty_like(hs[1:])
+        K_rnn.rnn_backward_cpu(g["weight_ih"], g["weight_hh"], g["bias_ih"], g["bias_hh"], dh0,
+                               da, np.asarray(dh_T, dtype=hs.dtype), hs, x, p["weight_hh"])
+        return g, dh0
+
+
+class LSTMCell(StackedGateCell):
+    """The LSTM, gates i, f, g, o, with or without peepholes w_ci, w_cf, w_co (kernels/lstm.py).
+
+    init="paper": Appendix C (see StackedGateCell); the peephole vectors start at zero.
+    init="critical": Gilboa et al. (2019), Appendix D.4. Their pre-activations are
+    u_k = W_k s_{t-1} + U_k z_t + b_k with W_k ~ N(0, sigma_k^2 / N), U_k ~ N(0, nu_k^2 / N),
+    b_k ~ N(mu_k, rho_k^2) (section 4.1), and their gate r is our candidate gate g. Here W_k is a
+    block of weight_hh with variance sigma_k^2 / n, U_k a block of weight_ih with variance
+    nu_k^2 / m (the paper takes the input size equal to N; we use m), b_k = mu_k sits in bias_ih
+    (all rho_k^2 = 0, bias_hh = 0), and the peephole vectors are zero. sigma_w is ignored.
+    The paper's peephole LSTM feeds the cell state to the gates through full matrices W_k; ours
+    feeds h_{t-1} through weight_hh and c through the diagonal peepholes, so the D.4 values are
+    applied to weight_hh.
+    """
+
+    gates = ("i", "f", "g", "o")
+    forget_gate = "f"
+    init_schemes = ("paper", "critical")
+    # Appendix D.4, per gate (i, f, g, o): input variance nu^2, recurrent variance sigma^2, bias mu
+    CRITICAL = {
+        # "LSTM (Unrolled CIFAR-10 task)": nu_i^2 = nu_r^2 = sigma_o^2 = mu_f = 1,
+        # sigma_i^2 = sigma_f^2 = sigma_r^2 = 1e-5, everything else 0
+        False: dict(nu2=(1.0, 0.0, 1.0, 0.0), sigma2=(1e-5, 1e-5, 1e-5, 1.0),
+                    mu=(0.0, 1.0, 0.0, 0.0)),
+        # "Peephole LSTM": mu_f = 5, all sigma^2 = 1e-5, everything else 0
+        True: dict(nu2=(0.0, 0.0, 0.0, 0.0), sigma2=(1e-5, 1e-5, 1e-5, 1e-5),
+                   mu=(0.0, 5.0, 0.0, 0.0)),
+    }
+
+    def __init__(self, name, summary, peephole):
+        super().__init__(name, summary)
+        self.peephole = peephole
+
+    def shapes(self, m, n):
+        s = super().shapes(m, n)
+        if self.peephole:
+            s.update(w_ci=(n,), w_cf=(n,), w_co=(n,))
+        return s
+
+    def init(self, rng, m, n, dtype, sigma_w=1.0, scheme="paper"):
+        p = super().init(rng, m, n, dtype, sigma_w=sigma_w, scheme=scheme)
+        if self.peephole:
+            p.update(w_ci=np.zeros(n, dtype), w_cf=np.zeros(n, dtype), w_co=np.zeros(n, dtype))
+        return p
+
+    def critical_init(self, rng, m, n, dtype):
+        c = self.CRITICAL[self.peephole]
+        return _stacked(rng, m, n, dtype, [v / m for v in c["nu2"]],
+                        [v / n for v in c["sigma2"]], c["mu"])
+
+    def forward(self, p, x, h0=None, **hyper):
+        self._no_hyper(hyper)
+        T, B, _ = x.shape
+        n = p["weight_hh"].shape[1]
+        hs = _states(x, n, h0)
+        cs = np.zeros_like(hs)                      # c_0 = 0: h0 sets h_0 only
+        gates = np.empty((T, B, 4 * n), dtype=x.dtype)
+        args = (hs, cs, gates, x, p["weight_ih"], p["weight_hh"], p["bias_ih"], p["bias_hh"])
+        if self.peephole:
+            K_lstm.peephole_lstm_forward_cpu(*args, p["w_ci"], p["w_cf"], p["w_co"])
+        else:
+            K_lstm.lstm_forward_cpu(*args)
+        return hs[T], dict(x=x, hs=hs, cs=cs, gates=gates)
+
+    def backward(self, p, cache, dh_T, **hyper):
+        self._no_hyper(hyper)
+        x, hs, cs, gates = cache["x"], cache["hs"], cache["cs"], cache["gates"]
+        g = {k: np.empty_like(v) for k, v in p.items()}
+        dh0 = np.empty_like(hs[0])
+        da = np.empty_like(gates)
+        dh_T = np.asarray(dh_T, dtype=hs.dtype)
+        dW = (g["weight_ih"], g["weight_hh"], g["bias_ih"], g["bias_hh"])
+        if self.peephole:
+            K_lstm.peephole_lstm_backward_cpu(*dW, g["w_ci"], g["w_cf"], g["w_co"], dh0, da,
+                                              dh_T, hs, cs, gates, x, p["weight_hh"],
+                                              p["w_ci"], p["w_cf"], p["w_co"])
+        else:
+            K_lstm.lstm_backward_cpu(*dW, dh0, da, dh_T, hs, cs, gates, x, p["weight_hh"])
+        return g, dh0
+
+
+class GRUCell(StackedGateCell):
+    """PyTorch's GRU, gates r, z, n (kernels/gru.py). The paper scheme sets all biases to 0
+    (Appendix C's forget-gate bias is the LSTM's)."""
+
+    gates = ("r", "z", "n")
+
+    def forward(self, p, x, h0=None, **hyper):
+        self._no_hyper(hyper)
+        T, B, _ = x.shape
+        n = p["weight_hh"].shape[1]
+        hs = _states(x, n, h0)
+        gates = np.empty((T, B, 3 * n), dtype=x.dtype)
+        hn = np.empty((T, B, n), dtype=x.dtype)
+        K_gru.gru_forward_cpu(hs, gates, hn, x, p["weight_ih"], p["weight_hh"], p["bias_ih"],
+                              p["bias_hh"])
+        return hs[T], dict(x=x, hs=hs, gates=gates, hn=hn)
+
+    def backward(self, p, cache, dh_T, **hyper):
+        self._no_hyper(hyper)
+        x, hs, gates, hn = cache["x"], cache["hs"], cache["gates"], cache["hn"]
+        g = {k: np.empty_like(v) for k, v in p.items()}
+        dh0 = np.empty_like(hs[0])
+        K_gru.gru_backward_cpu(g["weight_ih"], g["weight_hh"], g["bias_ih"], g["bias_hh"], dh0,
+                               np.empty_like(gates), np.empty_like(gates),
+                               np.asarray(dh_T, dtype=hs.dtype), hs, gates, hn, x,
+                               p["weight_hh"])
+        return g, dh0
+
+
+register(RNNCell("rnn", "vanilla RNN, tanh(W_ih x + W_hh h + b) (PyTorch nn.RNN)"))
+register(LSTMCell("lstm", "LSTM, gates i f g o (PyTorch nn.LSTM)", peephole=False))
+register(LSTMCell("peephole-lstm", "LSTM with peepholes on c (Gers et al. 2002)", peephole=True))
+register(GRUCell("gru", "GRU, gates r z n (PyTorch nn.GRU)"))

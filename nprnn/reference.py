@@ -158,3 +158,188 @@ def readout_backward(cache):
     dlogits /= B
     # forward was: logits = h W_out^T + b_out
     return dlogits.T @ h, dlogits.sum(axis=0), dlogits @ W_out
+
+
+# ---------------------------------------------------------------------------------------------
+# Baselines: vanilla RNN, LSTM, peephole LSTM, GRU. Parameter names and layouts are PyTorch's
+# single-layer nn.RNN / nn.LSTM / nn.GRU: the gate blocks (n rows each) are stacked along the
+# rows of weight_ih (kn, m), weight_hh (kn, n), bias_ih (kn,), bias_hh (kn,) in the order named
+# below, and both biases are kept, so weights can be exchanged with PyTorch.
+# h_0 = 0 unless `h0` is given; for the LSTMs `h0` sets h_0 only and the cell state starts at
+# c_0 = 0, and the dh_0 returned by the backward functions is dL/dh_0.
+# ---------------------------------------------------------------------------------------------
+
+def _zero_grads(p):
+    return {k: np.zeros(np.shape(v)) for k, v in p.items()}
+
+
+def rnn_forward(p, x, h0=None):
+    """h_t = tanh(W_ih x_t + b_ih + W_hh h_{t-1} + b_hh)."""
+    B, T, m = x.shape
+    n = p["weight_hh"].shape[0]
+    h = _h0(x, n, h0)
+    hs = [h]
+    for t in range(T):
+        a = x[:, t, :] @ p["weight_ih"].T + p["bias_ih"] + h @ p["weight_hh"].T + p["bias_hh"]
+        h = np.tanh(a)                                # (B, n)
+        hs.append(h)
+    return h, dict(x=x, hs=hs)
+
+
+def rnn_backward(p, cache, dh_T):
+    x, hs = cache["x"], cache["hs"]
+    B, T, m = x.shape
+    grads = _zero_grads(p)
+    dh = np.array(dh_T, dtype=np.float64)
+    for t in reversed(range(T)):
+        # forward was: h_t = tanh(a),  a = W_ih x_t + b_ih + W_hh h_{t-1} + b_hh
+        da = dh * (1.0 - hs[t + 1] ** 2)              # (B, n)
+        grads["weight_ih"] += da.T @ x[:, t, :]
+        grads["weight_hh"] += da.T @ hs[t]
+        grads["bias_ih"] += da.sum(axis=0)
+        grads["bias_hh"] += da.sum(axis=0)
+        dh = da @ p["weight_hh"]
+    return grads, dh
+
+
+def _lstm_forward(p, x, h0, peephole):
+    """Gate order i, f, g, o (PyTorch's):
+        a = W_ih x_t + b_ih + W_hh h_{t-1} + b_hh,  split into a_i, a_f, a_g, a_o   (B, n) each
+        i = sigmoid(a_i [+ w_ci o c_{t-1}]),  f = sigmoid(a_f [+ w_cf o c_{t-1}]),  g = tanh(a_g)
+        c_t = f o c_{t-1} + i o g
+        o = sigmoid(a_o [+ w_co o c_t])        (the peephole output gate sees the NEW cell state)
+        h_t = o o tanh(c_t)
+    The bracketed terms are the peepholes (peephole=True)."""
+    B, T, m = x.shape
+    n = p["weight_hh"].shape[1]
+    h = _h0(x, n, h0)
+    c = np.zeros((B, n))                              # c_0 = 0 always; h0 sets h_0 only
+    hs, cs, gates = [h], [c], []
+    for t in range(T):
+        a = x[:, t, :] @ p["weight_ih"].T + p["bias_ih"] + h @ p["weight_hh"].T + p["bias_hh"]
+        a_i, a_f, a_g, a_o = np.split(a, 4, axis=1)
+        if peephole:
+            a_i = a_i + p["w_ci"] * c
+            a_f = a_f + p["w_cf"] * c
+        i, f, g = sigmoid(a_i), sigmoid(a_f), np.tanh(a_g)
+        c = f * c + i * g
+        if peephole:
+            a_o = a_o + p["w_co"] * c
+        o = sigmoid(a_o)
+        h = o * np.tanh(c)
+        hs.append(h)
+        cs.append(c)
+        gates.append((i, f, g, o))
+    return h, dict(x=x, hs=hs, cs=cs, gates=gates, peephole=peephole)
+
+
+def _lstm_backward(p, cache, dh_T):
+    x, hs, cs, gates, peephole = (cache[k] for k in ("x", "hs", "cs", "gates", "peephole"))
+    B, T, m = x.shape
+    grads = _zero_grads(p)
+    dh = np.array(dh_T, dtype=np.float64)
+    dc = np.zeros_like(dh)                            # c_T reaches the loss only through h_T
+    for t in reversed(range(T)):
+        i, f, g, o = gates[t]
+        c, c_prev = cs[t + 1], cs[t]
+        tc = np.tanh(c)
+        # forward was: h_t = o * tanh(c_t)
+        do = dh * tc
+        dc = dc + dh * o * (1.0 - tc ** 2)
+        # forward was: o = sigmoid(a_o [+ w_co * c_t])
+        da_o = do * o * (1.0 - o)
+        if peephole:
+            dc = dc + da_o * p["w_co"]
+            grads["w_co"] += (da_o * c).sum(axis=0)
+        # forward was: c_t = f * c_{t-1} + i * g
+        di, df, dg, dc_prev = dc * g, dc * c_prev, dc * i, dc * f
+        # forward was: i = sigmoid(a_i [+ w_ci c_{t-1}]), f = sigmoid(a_f [+ w_cf c_{t-1}]),
+        #              g = tanh(a_g)
+        da_i = di * i * (1.0 - i)
+        da_f = df * f * (1.0 - f)
+        da_g = dg * (1.0 - g ** 2)
+        if peephole:
+            dc_prev = dc_prev + da_i * p["w_ci"] + da_f * p["w_cf"]
+            grads["w_ci"] += (da_i * c_prev).sum(axis=0)
+            grads["w_cf"] += (da_f * c_prev).sum(axis=0)
+        # forward was: a = W_ih x_t + b_ih + W_hh h_{t-1} + b_hh
+        da = np.concatenate([da_i, da_f, da_g, da_o], axis=1)     # (B, 4n)
+        grads["weight_ih"] += da.T @ x[:, t, :]
+        grads["weight_hh"] += da.T @ hs[t]
+        grads["bias_ih"] += da.sum(axis=0)
+        grads["bias_hh"] += da.sum(axis=0)
+        dh = da @ p["weight_hh"]
+        dc = dc_prev
+    return grads, dh
+
+
+def lstm_forward(p, x, h0=None):
+    """Standard LSTM (no peepholes), PyTorch's nn.LSTM; see `_lstm_forward`."""
+    return _lstm_forward(p, x, h0, peephole=False)
+
+
+def lstm_backward(p, cache, dh_T):
+    return _lstm_backward(p, cache, dh_T)
+
+
+def peephole_lstm_forward(p, x, h0=None):
+    """LSTM with peepholes w_ci, w_cf (on c_{t-1}) and w_co (on c_t); see `_lstm_forward`."""
+    return _lstm_forward(p, x, h0, peephole=True)
+
+
+def peephole_lstm_backward(p, cache, dh_T):
+    return _lstm_backward(p, cache, dh_T)
+
+
+def gru_forward(p, x, h0=None):
+    """PyTorch's nn.GRU, gate order r, z, n:
+        r = sigmoid(W_ir x_t + b_ir + W_hr h_{t-1} + b_hr)
+        z = sigmoid(W_iz x_t + b_iz + W_hz h_{t-1} + b_hz)
+        n_t = tanh(W_in x_t + b_in + r o (W_hn h_{t-1} + b_hn))
+        h_t = (1 - z) o n_t + z o h_{t-1}"""
+    B, T, m = x.shape
+    n = p["weight_hh"].shape[1]
+    h = _h0(x, n, h0)
+    hs, steps = [h], []
+    for t in range(T):
+        gi = x[:, t, :] @ p["weight_ih"].T + p["bias_ih"]        # (B, 3n)
+        gh = h @ p["weight_hh"].T + p["bias_hh"]                 # (B, 3n)
+        gi_r, gi_z, gi_n = np.split(gi, 3, axis=1)
+        gh_r, gh_z, gh_n = np.split(gh, 3, axis=1)
+        r = sigmoid(gi_r + gh_r)
+        z = sigmoid(gi_z + gh_z)
+        n_t = np.tanh(gi_n + r * gh_n)
+        h = (1.0 - z) * n_t + z * h
+        hs.append(h)
+        steps.append((r, z, n_t, gh_n))
+    return h, dict(x=x, hs=hs, steps=steps)
+
+
+def gru_backward(p, cache, dh_T):
+    x, hs, steps = cache["x"], cache["hs"], cache["steps"]
+    B, T, m = x.shape
+    grads = _zero_grads(p)
+    dh = np.array(dh_T, dtype=np.float64)
+    for t in reversed(range(T)):
+        r, z, n_t, gh_n = steps[t]
+        h_prev = hs[t]
+        # forward was: h_t = (1 - z) * n_t + z * h_{t-1}
+        dn = dh * (1.0 - z)
+        dz = dh * (h_prev - n_t)
+        dh_prev = dh * z
+        # forward was: n_t = tanh(gi_n + r * gh_n)
+        da_n = dn * (1.0 - n_t ** 2)
+        dr = da_n * gh_n
+        dgh_n = da_n * r
+        # forward was: r = sigmoid(gi_r + gh_r), z = sigmoid(gi_z + gh_z)
+        da_r = dr * r * (1.0 - r)
+        da_z = dz * z * (1.0 - z)
+        # forward was: gi = W_ih x_t + b_ih,  gh = W_hh h_{t-1} + b_hh
+        dgi = np.concatenate([da_r, da_z, da_n], axis=1)         # (B, 3n)
+        dgh = np.concatenate([da_r, da_z, dgh_n], axis=1)        # (B, 3n)
+        grads["weight_ih"] += dgi.T @ x[:, t, :]
+        grads["bias_ih"] += dgi.sum(axis=0)
+        grads["weight_hh"] += dgh.T @ h_prev
+        grads["bias_hh"] += dgh.sum(axis=0)
+        dh = dh_prev + dgh @ p["weight_hh"]
+    return grads, dh
