@@ -1,0 +1,133 @@
+"""Checkpoints: everything a run needs to continue bit for bit, in one HDF5 file.
+
+Layout of a checkpoint file (h5py):
+
+    /params/<name>                  the model parameters, exact dtype and bits
+    /optimizer/<slot>/<name>        the optimizer state (SGD: velocity, Adagrad: accumulator)
+    attrs["format"]                 "nprnn-checkpoint", attrs["version"] = 1
+    attrs["config"]                 JSON: the run's configuration (model, task, hyperparameters)
+    attrs["optimizer"]              JSON: optimizer name, lr, hyperparameters, steps taken
+    attrs["progress"]               JSON: iteration, position in the data order (epoch, batch),
+                                    the data generator's seed, wall time so far, and the running
+                                    sums of the logging interval in progress
+
+Floats in the JSON attributes are written with Python's repr, which reads back to the same bits.
+
+Writing is atomic: the file is written beside its destination as `<name>.tmp`, flushed to disk,
+and moved over the old checkpoint with `os.replace`, so a crash at any moment leaves either the
+old checkpoint or the new one, never a torn file.
+"""
+import json
+import os
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+FORMAT = "nprnn-checkpoint"
+VERSION = 1
+FILENAME = "checkpoint.h5"
+
+
+class CheckpointError(Exception):
+    """A checkpoint that is missing, unreadable, or does not fit the model it is loaded into."""
+
+
+def save_checkpoint(path, params, optimizer_state, config, progress):
+    """Write a checkpoint atomically to `path` (see the module docstring for the layout).
+
+    params: {name: array}; optimizer_state: `Optimizer.state_dict()`; config, progress: JSON-able
+    dicts."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    opt_meta = {k: v for k, v in optimizer_state.items() if k != "slots"}
+    with h5py.File(tmp, "w") as f:
+        f.attrs["format"] = FORMAT
+        f.attrs["version"] = VERSION
+        f.attrs["config"] = json.dumps(config, sort_keys=True)
+        f.attrs["optimizer"] = json.dumps(opt_meta, sort_keys=True)
+        f.attrs["progress"] = json.dumps(progress, sort_keys=True)
+        g = f.create_group("params")
+        for k, a in params.items():
+            g.create_dataset(k, data=np.asarray(a))
+        g = f.create_group("optimizer")
+        for slot, arrays in optimizer_state["slots"].items():
+            gs = g.create_group(slot)
+            for k, a in arrays.items():
+                gs.create_dataset(k, data=np.asarray(a))
+    with open(tmp, "rb+") as fh:             # the bytes reach the disk before the rename
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    try:                                     # and the rename itself reaches the disk
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(dir_fd)
+    except OSError:
+        pass
+    finally:
+        os.close(dir_fd)
+
+
+def find_checkpoint(path):
+    """The checkpoint file for `path`: the file itself, or `<path>/checkpoint.h5` for a run
+    directory. CheckpointError names what is missing."""
+    path = Path(path)
+    if path.is_dir():
+        ckpt = path / FILENAME
+        if not ckpt.is_file():
+            raise CheckpointError(f"{path} holds no checkpoint ({FILENAME} not found); is it a "
+                                  f"run directory written by `python cli.py train --out {path}`?")
+        return ckpt
+    if path.is_file():
+        return path
+    raise CheckpointError(f"no such run directory or checkpoint file: {path}")
+
+
+def load_checkpoint(path):
+    """Read a checkpoint (a file or a run directory) into
+    {"params": {name: array}, "optimizer": {..., "slots": {slot: {name: array}}},
+     "config": dict, "progress": dict, "path": Path}."""
+    ckpt = find_checkpoint(path)
+    try:
+        with h5py.File(ckpt, "r") as f:
+            if f.attrs.get("format") != FORMAT:
+                raise CheckpointError(f"{ckpt} is an HDF5 file but not an nprnn checkpoint "
+                                      f"(format attribute {f.attrs.get('format')!r})")
+            version = int(f.attrs["version"])
+            if version != VERSION:
+                raise CheckpointError(f"{ckpt} has checkpoint format version {version}; this "
+                                      f"nprnn reads version {VERSION}")
+            params = {k: f["params"][k][()] for k in f["params"]}
+            optimizer = json.loads(f.attrs["optimizer"])
+            optimizer["slots"] = {s: {k: f["optimizer"][s][k][()] for k in f["optimizer"][s]}
+                                  for s in f["optimizer"]}
+            return dict(params=params, optimizer=optimizer, config=json.loads(f.attrs["config"]),
+                        progress=json.loads(f.attrs["progress"]), path=ckpt)
+    except OSError as e:
+        raise CheckpointError(f"cannot read checkpoint {ckpt}: {e}") from None
+    except KeyError as e:
+        raise CheckpointError(f"checkpoint {ckpt} is incomplete: missing {e}") from None
+
+
+def load_params_into(model, params, source="checkpoint"):
+    """Copy saved parameters into `model.params` in place, after checking that they are the
+    parameters of this model: the same names, shapes and dtypes. A mismatch (a checkpoint of
+    another model, or of another size) raises CheckpointError naming the difference."""
+    want, got = set(model.params), set(params)
+    if want != got:
+        raise CheckpointError(
+            f"{source} does not hold the parameters of model {model.name!r}: it has "
+            f"{sorted(got)}, the model has {sorted(want)} (a checkpoint of another model?)")
+    for k, live in model.params.items():
+        a = params[k]
+        if a.shape != live.shape:
+            raise CheckpointError(f"{source}: parameter {k!r} has shape {a.shape}, model "
+                                  f"{model.name!r} expects {live.shape} (another hidden size, "
+                                  f"input size or number of classes?)")
+        if a.dtype != live.dtype:
+            raise CheckpointError(f"{source}: parameter {k!r} has dtype {a.dtype}, the model "
+                                  f"was built with {live.dtype}")
+    for k, live in model.params.items():
+        live[...] = params[k]

@@ -1,0 +1,572 @@
+"""The training loop: batches, steps, clipping, evaluation, metrics, checkpoints, resume, signals.
+
+One iteration is one minibatch step (Appendix C counts 50,000 of them, batch size 128):
+
+    x, y      = the next training batch (B, T, m), (B,)      in the order the task draws from
+                                                              (seed, epoch): see nprnn/datasets.py
+    L, g      = model.loss_and_grad(x, y)                     full BPTT
+    s         = min(1, clip / ||g||)                          gradient-norm clipping (clip = 0: s = 1)
+    params   <- optimizer step with s g                       SGD with momentum or Adagrad
+
+A run lives in a folder, runs/NAME/:
+
+    config.json      the resolved configuration: model, task, every hyperparameter (what
+                     `python cli.py eval` needs to rebuild the model and the task)
+    metrics.jsonl    one JSON object per line: {"iteration", "split", "loss", "accuracy", ...};
+                     split "train" for each logging interval (means over its steps, plus "lr",
+                     "grad_norm", "time", "it_per_s"), "valid"/"test" for each evaluation
+    checkpoint.h5    the latest checkpoint (nprnn/checkpoint.py): parameters, optimizer state,
+                     the iteration, the position in the data order, wall time so far
+
+Nothing is lost:
+  * a checkpoint is written at iteration 0, every `checkpoint_every` iterations, at the end, and
+    when SIGINT (Ctrl-C) or SIGTERM arrives (the current step finishes first); writes are atomic;
+  * `resume=True` restores everything and continues: the batches after iteration i are the ones
+    an uninterrupted run would have seen (epoch = i // batches_per_epoch, batch = i mod it), the
+    optimizer state is the saved one, so on the CPU the parameters are bit-identical to an
+    uninterrupted run's. metrics.jsonl is cut back to the checkpoint's iteration first, so lines
+    written after the last checkpoint by a killed process are not duplicated;
+  * random numbers: the model's initialisation is drawn from `seed`; during training the only
+    random draws are the data order (and the noise of the noise tasks), which nprnn.datasets
+    derives from (seed, epoch, batch index). Those numbers, saved in the checkpoint, are the
+    complete random state of a run;
+  * a NaN or Inf in the loss or the gradient stops the run before the bad step is applied and
+    leaves the last good checkpoint in place (TrainingDiverged names the iteration).
+"""
+import json
+import math
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .checkpoint import (FILENAME, CheckpointError, load_checkpoint, load_params_into,
+                         save_checkpoint)
+from .model import make_model
+from .optim import OPTIMIZERS, clip_scale, global_norm, make_optimizer
+
+# Everything a run is made of. None for eps / gamma / T means "the model's / task's default";
+# the resolved values are written to config.json.
+DEFAULTS = dict(
+    model="antisym", task="mnist", hidden=128, eps=None, gamma=None, sigma_w=1.0, init="paper",
+    optimizer="sgd", lr=0.1, momentum=0.9, batch_size=128, iterations=50_000, clip=0.0, seed=0,
+    eval_every=1000, log_every=100, checkpoint_every=500, eval_batch_size=256, dtype="float32",
+    device="cpu", data_dir=None, valid_size=0, T=None,
+)
+
+# What `--resume` may change: how long to run, how often to report, where the data is, and the two
+# knobs one turns after a divergence. Anything else would make the resumed run a different run.
+CHANGEABLE_ON_RESUME = ("iterations", "eval_every", "log_every", "checkpoint_every",
+                        "eval_batch_size", "data_dir", "device", "lr", "clip")
+
+METRICS = "metrics.jsonl"
+CONFIG = "config.json"
+
+
+class TrainError(Exception):
+    """A run that cannot start or continue as asked (bad options, folder already used, ...)."""
+
+
+class TrainingDiverged(TrainError):
+    """The loss or the gradient became NaN or Inf."""
+
+
+# ----------------------------------------------------------------------------------------------
+# Configuration
+# ----------------------------------------------------------------------------------------------
+
+def _int_option(config, key, minimum):
+    v = config[key]
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < minimum:
+        raise TrainError(f"{key} must be an integer >= {minimum}, got {v!r}")
+    config[key] = int(v)
+
+
+def resolve_config(**options):
+    """DEFAULTS updated with `options`, checked. Unknown keys and out-of-range values raise
+    TrainError naming the value and what is allowed. (The model and task check their own
+    arguments when they are built.)"""
+    unknown = set(options) - set(DEFAULTS)
+    if unknown:
+        raise TrainError(f"unknown option(s) {sorted(unknown)}; known: {sorted(DEFAULTS)}")
+    config = dict(DEFAULTS, **options)
+    for key, minimum in (("hidden", 1), ("batch_size", 1), ("iterations", 0), ("seed", 0),
+                         ("eval_every", 1), ("log_every", 1), ("checkpoint_every", 1),
+                         ("eval_batch_size", 1), ("valid_size", 0)):
+        _int_option(config, key, minimum)
+    if config["optimizer"] not in OPTIMIZERS:
+        raise TrainError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got "
+                         f"{config['optimizer']!r}")
+    for key in ("lr", "clip", "momentum", "sigma_w"):
+        config[key] = float(config[key])
+    if not math.isfinite(config["lr"]) or config["lr"] <= 0:
+        raise TrainError(f"lr must be a finite number > 0, got {config['lr']!r}")
+    if not math.isfinite(config["clip"]) or config["clip"] < 0:
+        raise TrainError(f"clip must be a finite number >= 0 (0 turns clipping off), got "
+                         f"{config['clip']!r}")
+    if not 0.0 <= config["momentum"] < 1.0:
+        raise TrainError(f"momentum must be in [0, 1), got {config['momentum']!r}")
+    if config["T"] is not None:
+        _int_option(config, "T", 1)
+    return config
+
+
+def merge_resume_config(saved, given):
+    """The configuration of a resumed run: the saved one, with the options the user gave again.
+    An option outside CHANGEABLE_ON_RESUME that differs from the saved value raises TrainError.
+    Returns (config, changes) with changes a list of "key: old -> new" strings."""
+    config, changes, conflicts = dict(saved), [], []
+    for key, value in given.items():
+        if key not in DEFAULTS:
+            raise TrainError(f"unknown option {key!r}")
+        old = saved.get(key)
+        if value == old:
+            continue
+        if key in CHANGEABLE_ON_RESUME:
+            config[key] = value
+            changes.append(f"{key}: {old!r} -> {value!r}")
+        else:
+            conflicts.append(f"{key}={value!r} (the run was started with {old!r})")
+    if conflicts:
+        raise TrainError("--resume continues the saved run, whose settings cannot change: "
+                         + "; ".join(conflicts) + ". Leave these options out, or start a new run "
+                         "with another --out. Options that may change on resume: "
+                         + ", ".join(CHANGEABLE_ON_RESUME))
+    return resolve_config(**{k: v for k, v in config.items() if k in DEFAULTS}) | {
+        k: v for k, v in config.items() if k not in DEFAULTS}, changes
+
+
+def load_task(config, task=None):
+    """The task a configuration names (nprnn.datasets.get_task), or `task` if one is given
+    (tests and notebooks pass in-memory tasks)."""
+    if task is not None:
+        return task
+    from .datasets import get_task
+    return get_task(config["task"], data_dir=config["data_dir"], T=config["T"],
+                    seed=config["seed"], valid_size=config["valid_size"])
+
+
+def build_model(config, input_size, num_classes):
+    """The model a configuration names, for inputs of size m = input_size and K = num_classes."""
+    return make_model(config["model"], input_size=input_size, hidden_size=config["hidden"],
+                      num_classes=num_classes, eps=config["eps"], gamma=config["gamma"],
+                      sigma_w=config["sigma_w"], init=config["init"], seed=config["seed"],
+                      dtype=config["dtype"], device=config["device"])
+
+
+def build_optimizer(config, params):
+    extra = dict(momentum=config["momentum"]) if config["optimizer"] == "sgd" else {}
+    return make_optimizer(config["optimizer"], params, config["lr"], **extra)
+
+
+def check_task_fits(model, task, source):
+    """A task whose input size or number of classes differs from the model's cannot be used."""
+    if task.m != model.input_size or task.num_classes != model.num_classes:
+        raise TrainError(f"task {task.name!r} (input size m={task.m}, {task.num_classes} classes) "
+                         f"does not fit the model of {source} (m={model.input_size}, "
+                         f"{model.num_classes} classes)")
+
+
+# ----------------------------------------------------------------------------------------------
+# Evaluation
+# ----------------------------------------------------------------------------------------------
+
+def cross_entropy(logits, y):
+    """Per-example softmax cross-entropy -log p[b, y_b] (B,) in float64, and the predictions."""
+    z = logits.astype(np.float64)
+    z = z - z.max(axis=1, keepdims=True)
+    log_norm = np.log(np.exp(z).sum(axis=1))
+    return log_norm - z[np.arange(len(y)), y], z.argmax(axis=1)
+
+
+def evaluate(model, task, split, batch_size=256, should_stop=None):
+    """Mean loss and accuracy of `model` over a whole split, in the split's fixed order.
+
+    Returns dict(loss, accuracy, count), or None if `should_stop()` became true in between
+    (a stop signal during a long evaluation does not wait for it to finish)."""
+    loss_sum, correct, count = 0.0, 0, 0
+    for x, y in task.batches(split, batch_size):
+        if should_stop is not None and should_stop():
+            return None
+        losses, pred = cross_entropy(model.forward(x), y)
+        loss_sum += float(losses.sum())
+        correct += int((pred == y).sum())
+        count += len(y)
+    if count == 0:
+        raise TrainError(f"split {split!r} of task {task.name!r} is empty")
+    return dict(loss=loss_sum / count, accuracy=correct / count, count=count)
+
+
+# ----------------------------------------------------------------------------------------------
+# The run folder: metrics log and signals
+# ----------------------------------------------------------------------------------------------
+
+class MetricsLog:
+    """Appends one JSON object per line to metrics.jsonl, flushed at once. Opened with
+    `keep_until=i`, it first drops the lines of iterations after i (and a torn last line), so a
+    resumed run's log continues exactly where its checkpoint stands."""
+
+    def __init__(self, path, keep_until=None):
+        self.path = Path(path)
+        if keep_until is not None and self.path.exists():
+            kept = []
+            for line in self.path.read_text().splitlines():
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(rec, dict) and rec.get("iteration", 0) <= keep_until:
+                    kept.append(line)
+            tmp = self.path.with_name(self.path.name + ".tmp")
+            tmp.write_text("".join(line + "\n" for line in kept))
+            os.replace(tmp, self.path)
+        self.file = open(self.path, "a")
+
+    def write(self, **record):
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+
+    def close(self):
+        self.file.close()
+
+
+class StopSignals:
+    """While active, SIGINT and SIGTERM only set `requested` (the signal's name): the loop finishes
+    its step, checkpoints, and returns. A second signal aborts at once (KeyboardInterrupt), which
+    is still safe: checkpoints are atomic. Signal handlers exist only in the main thread; in any
+    other thread this does nothing."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, echo):
+        self.echo = echo
+        self.requested = None
+        self.previous = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self.previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+        return self
+
+    def _handle(self, signum, frame):
+        if self.requested is not None:
+            raise KeyboardInterrupt(f"second {signal.Signals(signum).name}: aborted")
+        self.requested = signal.Signals(signum).name
+        self.echo(f"\n{self.requested} received: finishing this step, then writing a checkpoint "
+                  f"(send it again to abort at once)")
+
+    def __exit__(self, *exc):
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+        return False
+
+
+class Progress:
+    """A one-line progress bar on a terminal (redrawn at most 4 times a second); elsewhere (a log
+    file under nohup) one line per logging interval. Shows it/s, loss and running accuracy."""
+
+    def __init__(self, total, start, stream=None, enabled=True, width=24):
+        self.total, self.stream, self.enabled, self.width = total, stream or sys.stderr, enabled, width
+        self.tty = enabled and hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.t0, self.i0, self.last_draw = time.perf_counter(), start, 0.0
+
+    def _line(self, it, loss, acc):
+        rate = (it - self.i0) / max(time.perf_counter() - self.t0, 1e-9)
+        frac = it / self.total if self.total else 1.0
+        done = int(self.width * frac)
+        eta = (self.total - it) / rate if rate > 0 else float("inf")
+        eta_s = time.strftime("%H:%M:%S", time.gmtime(eta)) if math.isfinite(eta) and eta < 8.64e5 \
+            else "?"
+        return (f"[{'#' * done}{'-' * (self.width - done)}] {it}/{self.total} "
+                f"{rate:.2f} it/s  loss {loss:.4f}  acc {acc:.3f}  eta {eta_s}")
+
+    def update(self, it, loss, acc, interval_end=False):
+        if not self.enabled:
+            return
+        if self.tty:
+            now = time.perf_counter()
+            if now - self.last_draw >= 0.25 or it == self.total:
+                self.stream.write("\r" + self._line(it, loss, acc))
+                self.stream.flush()
+                self.last_draw = now
+        elif interval_end:
+            self.stream.write(self._line(it, loss, acc) + "\n")
+            self.stream.flush()
+
+    def close(self):
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+    def message(self, text):
+        """A line of text that does not collide with the bar."""
+        if self.enabled:
+            self.stream.write(("\n" if self.tty else "") + text + "\n")
+            self.stream.flush()
+            self.last_draw = 0.0
+
+
+# ----------------------------------------------------------------------------------------------
+# The loop
+# ----------------------------------------------------------------------------------------------
+
+def _new_interval():
+    return dict(steps=0, count=0, correct=0, loss_sum=0.0, grad_norm_sum=0.0)
+
+
+def _write_json(path, obj):
+    tmp = Path(str(path) + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def format_config(config, model):
+    """The resolved configuration as aligned 'key  value' lines, and the parameter count."""
+    keys = ["model", "task", "seq_len", "hidden", "eps", "gamma", "sigma_w", "init", "optimizer", "lr",
+            "momentum", "clip", "batch_size", "iterations", "seed", "dtype", "device",
+            "eval_every", "eval_split", "log_every", "checkpoint_every", "data_dir", "valid_size"]
+    lines = [f"  {k:<17} {config.get(k)}" for k in keys
+             if not (k == "momentum" and config["optimizer"] != "sgd")]
+    lines.append(f"  {'parameters':<17} {model.num_params():,}")
+    return "\n".join(lines)
+
+
+def train(config=None, out="runs/run", resume=False, given=None, task=None, echo=print,
+          progress=True, callback=None):
+    """Train (or, with resume=True, continue) the run in folder `out`. Returns a summary dict:
+    iteration, completed (bool), stopped (signal name or None), final (the final test metrics or
+    None), elapsed (wall seconds of training so far), out.
+
+    config:   a dict for resolve_config (a new run); ignored on resume, where the saved one is
+              used with the options in `given` applied (merge_resume_config)
+    task:     an in-memory task to use instead of nprnn.datasets.get_task(config["task"], ...)
+    echo:     prints the messages (the configuration, evaluations, the end)
+    progress: show the progress bar on stderr
+    callback: called as callback(iteration, loss) after every step (tests use it to interrupt)
+    """
+    out = Path(out)
+    ckpt_path = out / FILENAME
+    if resume:
+        if not ckpt_path.is_file():
+            raise TrainError(f"nothing to resume: {ckpt_path} does not exist (start the run "
+                             f"without --resume first)")
+        saved = load_checkpoint(ckpt_path)
+        config, changes = merge_resume_config(saved["config"], given or {})
+        for c in changes:
+            echo(f"resume: {c}")
+    else:
+        if ckpt_path.exists() or (out / CONFIG).exists():
+            raise TrainError(f"{out} already holds a run; continue it with --resume, or choose "
+                             f"another --out")
+        config = resolve_config(**(config or {}))
+
+    if task is not None:
+        config["task"] = task.name
+    task = load_task(config, task)
+    if resume:
+        model = build_model(config, config["input_size"], config["num_classes"])
+        check_task_fits(model, task, f"checkpoint {ckpt_path}")
+        load_params_into(model, saved["params"], f"checkpoint {ckpt_path}")
+    else:
+        model = build_model(config, task.m, task.num_classes)
+    optimizer = build_optimizer(config, model.params)
+    if resume:
+        try:
+            optimizer.load_state_dict(saved["optimizer"])
+        except ValueError as e:
+            raise CheckpointError(f"checkpoint {ckpt_path}: {e}") from None
+
+    # the resolved configuration: every default made explicit, as config.json records it
+    eval_split = "valid" if config["valid_size"] > 0 else "test"
+    config.update(eps=model.hyper.get("eps"), gamma=model.hyper.get("gamma"), seq_len=task.T,
+                  input_size=task.m, num_classes=task.num_classes,
+                  num_params=model.num_params(), eval_split=eval_split)
+    B, total = config["batch_size"], config["iterations"]
+    per_epoch = task.num_batches("train", B)
+    if per_epoch == 0:
+        raise TrainError(f"the training split of {task.name!r} has {task.size('train')} examples, "
+                         f"fewer than one batch of {B}; lower --batch-size")
+    config["batches_per_epoch"] = per_epoch
+    out.mkdir(parents=True, exist_ok=True)
+    _write_json(out / CONFIG, config)
+
+    if resume:
+        prog = saved["progress"]
+        if prog["batches_per_epoch"] != per_epoch:
+            raise TrainError(f"the task now has {per_epoch} batches per epoch, the checkpoint was "
+                             f"written with {prog['batches_per_epoch']}: the data changed "
+                             f"(another --valid-size or data set?)")
+    else:
+        prog = dict(iteration=0, epoch=0, batch=0, data_seed=config["seed"],
+                    batches_per_epoch=per_epoch, elapsed=0.0, evaluated={},
+                    interval=_new_interval())
+
+    echo(("resuming" if resume else "training") + f" {model.name} on {task.name} in {out}")
+    echo(format_config(config, model))
+    if resume:
+        echo(f"  {'from iteration':<17} {prog['iteration']} (epoch {prog['epoch']}, "
+             f"batch {prog['batch']})")
+
+    saved_at = [prog["iteration"]]            # the iteration of the checkpoint on disk
+
+    def checkpoint():
+        save_checkpoint(ckpt_path, model.params, optimizer.state_dict(), config, prog)
+        saved_at[0] = prog["iteration"]
+
+    log = MetricsLog(out / METRICS, keep_until=prog["iteration"] if resume else None)
+    bar = Progress(total, prog["iteration"], enabled=progress)
+    t_start, elapsed0 = time.perf_counter(), prog["elapsed"]
+
+    def elapsed():
+        return elapsed0 + time.perf_counter() - t_start
+
+    def run_eval(split, it, stop, **extra):
+        """Evaluate at iteration `it`, log it; False if a stop signal cut it short."""
+        res = evaluate(model, task, split, config["eval_batch_size"],
+                       should_stop=lambda: stop.requested is not None)
+        if res is None:
+            return False
+        prog["evaluated"][split] = it
+        log.write(iteration=it, split=split, loss=res["loss"], accuracy=res["accuracy"],
+                  count=res["count"], time=round(elapsed(), 3), **extra)
+        bar.message(f"iteration {it}: {split} loss {res['loss']:.4f}  accuracy "
+                    f"{res['accuracy']:.4f}")
+        return True
+
+    def eval_due(it):
+        return it > 0 and (it % config["eval_every"] == 0 or it == total)
+
+    try:
+        with StopSignals(bar.message) as stop:
+            if not resume:
+                checkpoint()                 # iteration 0: a run folder always has a checkpoint
+            it = prog["iteration"]
+            # an evaluation that a stop signal cut short is done now, before going on
+            if eval_due(it) and prog["evaluated"].get(eval_split) != it:
+                run_eval(eval_split, it, stop)
+            acc_run = prog["interval"]
+            while it < total and stop.requested is None:
+                epoch, start = divmod(it, per_epoch)
+                for x, y in task.batches("train", B, seed=config["seed"], epoch=epoch,
+                                         start=start):
+                    loss, grads, logits = model.loss_and_grad(x, y, return_logits=True)
+                    norm = global_norm(grads)
+                    if not (math.isfinite(loss) and math.isfinite(norm)):
+                        raise TrainingDiverged(
+                            f"the {'loss' if not math.isfinite(loss) else 'gradient'} is not "
+                            f"finite at iteration {it + 1} (loss {loss}, gradient norm {norm}); "
+                            f"training stopped before applying that step. The last good "
+                            f"checkpoint (iteration {saved_at[0]}) is kept in "
+                            f"{ckpt_path}. Try a lower learning rate (now {config['lr']:g}) or "
+                            f"gradient clipping, e.g.: python cli.py train --out {out} --resume "
+                            f"--lr {config['lr'] / 2:g} --clip 1")
+                    optimizer.step(model.params, grads, clip_scale(norm, config["clip"]))
+                    it += 1
+                    prog.update(iteration=it, epoch=it // per_epoch, batch=it % per_epoch)
+                    correct = int((logits.argmax(axis=1) == y).sum())
+                    acc_run["steps"] += 1
+                    acc_run["count"] += len(y)
+                    acc_run["correct"] += correct
+                    acc_run["loss_sum"] += loss * len(y)
+                    acc_run["grad_norm_sum"] += norm
+                    run_loss = acc_run["loss_sum"] / acc_run["count"]
+                    run_acc = acc_run["correct"] / acc_run["count"]
+                    interval_end = it % config["log_every"] == 0 or it == total
+                    if interval_end:
+                        t = elapsed()
+                        log.write(iteration=it, split="train", loss=run_loss, accuracy=run_acc,
+                                  grad_norm=acc_run["grad_norm_sum"] / acc_run["steps"],
+                                  lr=config["lr"], epoch=it / per_epoch, time=round(t, 3),
+                                  it_per_s=round(it / max(t, 1e-9), 4))
+                    bar.update(it, run_loss, run_acc, interval_end)
+                    if interval_end:
+                        acc_run.update(_new_interval())
+                    if callback is not None:
+                        callback(it, loss)
+                    if eval_due(it):
+                        run_eval(eval_split, it, stop)
+                    prog["elapsed"] = elapsed()
+                    if it % config["checkpoint_every"] == 0 or it == total:
+                        checkpoint()
+                    if it >= total or stop.requested is not None:
+                        break
+            final = None
+            if it >= total and stop.requested is None:
+                if prog["evaluated"].get("test") != it:
+                    if run_eval("test", it, stop, final=True):
+                        prog["elapsed"] = elapsed()
+                        checkpoint()
+                final = _last_record(out / METRICS, "test", it)
+            prog["elapsed"] = elapsed()
+            if stop.requested is not None:
+                checkpoint()
+            stopped = stop.requested
+    finally:
+        log.close()
+        bar.close()
+    if stopped:
+        echo(f"stopped by {stopped} at iteration {it}; checkpoint saved to {ckpt_path}. "
+             f"Continue with: python cli.py train --out {out} --resume")
+    elif final is not None:
+        echo(f"final test accuracy after {it} iterations: {final['accuracy']:.4f} "
+             f"(loss {final['loss']:.4f}, {prog['elapsed']:.0f} s of training)")
+    return dict(iteration=it, completed=it >= total and not stopped, stopped=stopped,
+                final=final, elapsed=prog["elapsed"], out=str(out))
+
+
+def _last_record(metrics_path, split, iteration):
+    """The last metrics.jsonl record of `split` at `iteration`, or None."""
+    found = None
+    with open(metrics_path) as f:
+        for line in f:
+            rec = json.loads(line)
+            if rec.get("split") == split and rec.get("iteration") == iteration:
+                found = rec
+    return found
+
+
+# ----------------------------------------------------------------------------------------------
+# Evaluating a saved run
+# ----------------------------------------------------------------------------------------------
+
+def evaluate_checkpoint(path, split="test", task_name=None, data_dir=None, T=None,
+                        batch_size=None, task=None):
+    """Evaluate the checkpoint of a run folder (or a checkpoint file) on a split of its task, or
+    on another task with the same input size and number of classes (`task_name`).
+
+    A run folder's config.json and its checkpoint must describe the same model; a task that does
+    not fit the model raises TrainError. Returns dict(loss, accuracy, count, iteration, model,
+    task, split, checkpoint)."""
+    saved = load_checkpoint(path)
+    config = dict(saved["config"])
+    where = saved["path"]
+    for key in ("model", "task", "input_size", "num_classes"):
+        if key not in config:
+            raise CheckpointError(f"{where} has no {key!r} in its configuration")
+    config_json = Path(path) / CONFIG
+    if config_json.is_file():
+        listed = json.loads(config_json.read_text()).get("model")
+        if listed != config["model"]:
+            raise CheckpointError(f"{where} is a checkpoint of model {config['model']!r}, but "
+                                  f"{config_json} describes model {listed!r}: the folder mixes "
+                                  f"two runs")
+    trained_on = config["task"]
+    if task_name is not None and task_name != trained_on:
+        config["task"], config["T"] = task_name, None     # another task: its own length
+    if T is not None:
+        config["T"] = T
+    if data_dir is not None:
+        config["data_dir"] = data_dir
+    if config.get("device") == "auto":
+        config["device"] = "cpu"
+    model = build_model(config, config["input_size"], config["num_classes"])
+    load_params_into(model, saved["params"], f"checkpoint {where}")
+    task = load_task(config, task)
+    check_task_fits(model, task, f"{where} (trained on {trained_on!r})")
+    res = evaluate(model, task, split, batch_size or config.get("eval_batch_size", 256))
+    return dict(res, iteration=saved["progress"]["iteration"], model=model.name, task=task.name,
+                split=split, checkpoint=str(where))
