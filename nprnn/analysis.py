@@ -75,11 +75,11 @@ W_MINUS = np.array([[-2.0, 2.0], [0.0, -2.0]])   # eigenvalues -2, -2
 W_ZERO = np.array([[0.0, -2.0], [2.0, 0.0]])     # eigenvalues +2i, -2i
 W_DIFF = W_ZERO - GAMMA_DIFF * np.eye(2)         # eigenvalues -0.15 +- 2i
 
-FEEDBACK_MATRICES = {       # Figure 1(e)-(h) and Figure 5(a)-(d)
-    "W+": ("positive eigenvalues", W_PLUS),
-    "W-": ("negative eigenvalues", W_MINUS),
-    "W0": ("imaginary eigenvalues", W_ZERO),
-    "Wdiff": ("imaginary eigenvalues and diffusion", W_DIFF),
+FEEDBACK_MATRICES = {       # Figure 1(e)-(h) and Figure 5(a)-(d): key -> (eigenvalues, W)
+    "W+": ("2, 2", W_PLUS),
+    "W-": ("-2, -2", W_MINUS),
+    "W0": ("+-2i", W_ZERO),
+    "Wdiff": ("-0.15 +- 2i", W_DIFF),
 }
 
 
@@ -189,16 +189,15 @@ def figure1(steps=SIM_STEPS, eps=SIM_EPS, seed=0):
     """Figure 1's eight panels: (a)-(d) vanilla, (e)-(h) feedback. Returns a list of panel dicts
     (see `_panel`); `states` of each is (steps + 1, 3, 2)."""
     return [
-        _panel("a", f"(a) random Gaussian W (seed {seed})", "vanilla", gaussian_matrix(seed),
-               steps, eps),
+        _panel("a", f"(a) Gaussian W (seed {seed})", "vanilla", gaussian_matrix(seed), steps, eps),
         _panel("b", "(b) identity", "vanilla", np.eye(2), steps, eps),
-        _panel("c", f"(c) random reflection (seed {seed}), det -1", "vanilla",
+        _panel("c", f"(c) reflection (seed {seed}), det -1", "vanilla",
                random_reflection(seed), steps, eps),
-        _panel("d", f"(d) random rotation (seed {seed + 1}), det +1", "vanilla",
+        _panel("d", f"(d) rotation (seed {seed + 1}), det +1", "vanilla",
                random_rotation(seed + 1), steps, eps),
     ] + [
-        _panel(k, f"({letter}) feedback, {name}: {k}", "feedback", W, steps, eps)
-        for letter, (k, (name, W)) in zip("efgh", FEEDBACK_MATRICES.items())
+        _panel(k, f"({letter}) feedback {k}, eig. {eigs}", "feedback", W, steps, eps)
+        for letter, (k, (eigs, W)) in zip("efgh", FEEDBACK_MATRICES.items())
     ]
 
 
@@ -217,11 +216,34 @@ def figure4(steps=SIM_STEPS, eps=SIM_EPS, gamma=GAMMA_FIG4, seeds=APPENDIX_SEEDS
 def figure5(steps=SIM_STEPS, eps=SIM_EPS, seed=0):
     """Figure 5: the four feedback matrices with x_t ~ N(0, I_2) inside the tanh."""
     x = np.random.default_rng(seed).standard_normal((steps,) + INITIAL_STATES.shape)
-    return [_panel(k, f"({letter}) {name}, with input", "feedback", W, steps, eps, inputs=x)
-            for letter, (k, (name, W)) in zip("abcd", FEEDBACK_MATRICES.items())]
+    return [_panel(k, f"({letter}) {k}, eig. {eigs}, with input", "feedback", W, steps, eps,
+                   inputs=x)
+            for letter, (k, (eigs, W)) in zip("abcd", FEEDBACK_MATRICES.items())]
 
 
-SIMULATION_FIGURES = dict(figure1=figure1, figure3=figure3, figure4=figure4, figure5=figure5)
+SIMULATION_FIGURES = (1, 3, 4, 5)
+
+
+def simulation_figure(number, steps=SIM_STEPS, eps=SIM_EPS, seed=0):
+    """(panels, caption) of the paper's Figure `number` (1, 3, 4 or 5). `seed` picks Figure 1's
+    random matrices ((a), (c) use seed, (d) seed + 1) and Figure 5's input; Figures 3 and 4 always
+    use seeds 1..16 as the paper does."""
+    if number == 1:
+        return (figure1(steps, eps, seed),
+                f"Figure 1: vanilla h_t = tanh(W h_(t-1)) (top) and feedback "
+                f"h_t = h_(t-1) + {eps:g} tanh(W h_(t-1)) (bottom), T = {steps}")
+    if number == 3:
+        return (figure3(steps),
+                f"Figure 3: vanilla RNNs, W_ij ~ N(0, 1), seeds 1-16, T = {steps}")
+    if number == 4:
+        return (figure4(steps, eps),
+                f"Figure 4: feedback with W = U - U^T - {GAMMA_FIG4:g} I, U_12 ~ N(0, 1), "
+                f"seeds 1-16, eps = {eps:g}, T = {steps}")
+    if number == 5:
+        return (figure5(steps, eps, seed),
+                f"Figure 5: h_t = h_(t-1) + {eps:g} tanh(W h_(t-1) + x_t), x_t ~ N(0, I) "
+                f"(seed {seed}), T = {steps}")
+    raise ValueError(f"no simulation figure {number!r}; the paper's are {SIMULATION_FIGURES}")
 
 
 def panels_to_rows(figure, panels):
@@ -284,7 +306,8 @@ def eigenvalue_magnitudes(model, xs):
 
 def gaussian_sequences(num, steps, input_size, seed=0):
     """xs (num, steps, input_size) of independent N(0, 1) values: the noise of noise-padded
-    CIFAR-10 (section 5.3), i.e. what the models see after the 32 image rows."""
+    CIFAR-10 (section 5.3), i.e. what the models see after the 32 image rows. `seed` is anything
+    numpy's default_rng accepts (an int, or a list such as [seed, T])."""
     return np.random.default_rng(seed).standard_normal((num, steps, input_size))
 
 

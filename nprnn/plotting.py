@@ -14,6 +14,7 @@ INSTALL_HINT = ("matplotlib is not installed, so no PNG was drawn (the numbers w
                 "Install the plot extra to get the figures: pip install -e '.[plot]'")
 
 TRAJECTORY_COLORS = ("tab:blue", "tab:orange", "tab:green")   # one per initial state
+FIELD_GRID = 15                                                # vector-field arrows per side
 
 
 class PlotUnavailable(ImportError):
@@ -55,8 +56,12 @@ def draw_panel(ax, panel, field=True):
     hs = panel["states"]                       # (T+1, S, 2)
     xlim, ylim = _limits(panel)
     if field and panel["kind"] == "feedback":
-        X, Y, U, V = vector_field(panel["W"], xlim, ylim)
-        ax.quiver(X, Y, U, V, color="0.6", angles="xy", width=0.004)
+        X, Y, U, V = vector_field(panel["W"], xlim, ylim, num=FIELD_GRID)
+        # arrow length proportional to |h'|, the longest one 0.9 grid spacings
+        spacing = (xlim[1] - xlim[0]) / (FIELD_GRID - 1)
+        longest = max(float(np.hypot(U, V).max()), 1e-12)
+        ax.quiver(X, Y, U, V, color="0.65", angles="xy", scale_units="xy",
+                  scale=longest / (0.9 * spacing), width=0.005)
     alpha = np.linspace(0.08, 1.0, hs.shape[0] - 1)
     for s in range(hs.shape[1]):
         color = TRAJECTORY_COLORS[s % len(TRAJECTORY_COLORS)]

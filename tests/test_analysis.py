@@ -1,0 +1,388 @@
+"""nprnn/analysis.py, nprnn/plotting.py and the `simulate`, `jacobian`, `plot` commands.
+
+The simulations are checked by the numbers the paper states in section 4 (not by the pictures),
+the end-to-end Jacobian against central finite differences (float64) for every registered cell,
+and each command with and without matplotlib.
+"""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import nprnn
+from nprnn import analysis as A
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # cli.py is at the repo root
+from cli import cli  # noqa: E402
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def feedback_radii(W):
+    """|h_t| (T+1, 3) of the paper's feedback run: eps = 0.1, T = 50, the three initial states."""
+    return A.radii(A.simulate(W, A.INITIAL_STATES, A.SIM_STEPS, "feedback", A.SIM_EPS))
+
+
+# ----------------------------------------------------------------------------------------------
+# Section 4: the paper's statements about Figure 1, as numbers
+# ----------------------------------------------------------------------------------------------
+
+def test_matrices_have_the_eigenvalues_the_paper_states():
+    eig = {k: np.sort_complex(np.linalg.eigvals(W)) for k, (_, W) in A.FEEDBACK_MATRICES.items()}
+    np.testing.assert_allclose(eig["W+"], [2, 2])
+    np.testing.assert_allclose(eig["W-"], [-2, -2])
+    np.testing.assert_allclose(eig["W0"], [-2j, 2j])
+    np.testing.assert_allclose(eig["Wdiff"], [-0.15 - 2j, -0.15 + 2j])
+
+
+def test_feedback_W_plus_radius_grows_at_every_step():
+    r = feedback_radii(A.W_PLUS)
+    assert (np.diff(r, axis=0) > 0).all()
+    assert (r[-1] > 5 * r[0]).all()          # measured: 8.8x to 14.7x
+
+
+def test_feedback_W_minus_shrinks_towards_zero():
+    r = feedback_radii(A.W_MINUS)
+    assert (np.diff(r, axis=0) < 0).all()
+    assert (r[-1] < 1e-3 * r[0]).all()       # measured: about 2e-4 of the start
+
+
+def test_feedback_W0_is_an_outward_spiral():
+    hs = A.simulate(A.W_ZERO, A.INITIAL_STATES, A.SIM_STEPS, "feedback", A.SIM_EPS)
+    r = A.radii(hs)
+    growth = r[-1] / r[0]
+    assert ((growth > 1.3) & (growth < 1.6)).all(), growth     # measured: 1.58, 1.44, 1.32
+    # it turns counter-clockwise at every step: h_{t-1} x h_t > 0
+    cross = hs[:-1, :, 0] * hs[1:, :, 1] - hs[:-1, :, 1] * hs[1:, :, 0]
+    assert (cross > 0).all()
+
+
+def test_feedback_W_diff_keeps_its_distance_from_the_origin():
+    r = feedback_radii(A.W_DIFF)
+    deviation = np.abs(r / r[0] - 1)
+    assert (deviation <= 0.1).all(), deviation.max()      # measured: at most 9.1%
+    # ...while W0 without diffusion drifts outward by 30% or more
+    assert (feedback_radii(A.W_ZERO)[-1] / feedback_radii(A.W_ZERO)[0] > 1.3).all()
+
+
+def test_vanilla_identity_and_orthogonal_contract_towards_the_origin():
+    """|tanh(a)| < |a| componentwise, so for orthogonal W every step shrinks |h| strictly."""
+    for W in (np.eye(2), A.random_reflection(0), A.random_rotation(1)):
+        r = A.radii(A.simulate(W, A.INITIAL_STATES, A.SIM_STEPS, "vanilla"))
+        assert (np.diff(r, axis=0) < 0).all()
+        assert (r[-1] < 0.4 * r[0]).all()
+
+
+def test_orthogonal_draws_are_a_reflection_and_a_rotation():
+    for seed in range(5):
+        F, R = A.random_reflection(seed), A.random_rotation(seed)
+        np.testing.assert_allclose(F @ F.T, np.eye(2), atol=1e-12)
+        np.testing.assert_allclose(R @ R.T, np.eye(2), atol=1e-12)
+        assert np.linalg.det(F) == pytest.approx(-1)
+        assert np.linalg.det(R) == pytest.approx(1)
+    assert not np.allclose(A.random_rotation(1), A.random_rotation(2))
+
+
+def test_figure4_matrices_are_antisymmetric_minus_diffusion():
+    for p in A.figure4(steps=3):
+        W = np.array(p["W"])
+        np.testing.assert_allclose(W + W.T, -2 * A.GAMMA_FIG4 * np.eye(2))
+        np.testing.assert_allclose([z[0] for z in p["eigenvalues"]], -A.GAMMA_FIG4)
+    assert len({p["W"][0][1] for p in A.figure4(steps=3)}) == 16
+
+
+def test_figure1_panels():
+    panels = A.figure1(steps=4)
+    assert [p["kind"] for p in panels] == ["vanilla"] * 4 + ["feedback"] * 4
+    assert [round(p["determinant"]) for p in panels[2:4]] == [-1, 1]
+    for p in panels:
+        assert p["states"].shape == (5, 3, 2)
+        np.testing.assert_array_equal(p["states"][0], A.INITIAL_STATES)
+
+
+def test_figure5_is_figure1_plus_input_inside_the_tanh():
+    steps = 6
+    x = np.random.default_rng(0).standard_normal((steps, 3, 2))
+    for p, (_, W) in zip(A.figure5(steps=steps), A.FEEDBACK_MATRICES.values()):
+        h = A.INITIAL_STATES.copy()
+        for t in range(steps):
+            h = h + A.SIM_EPS * np.tanh(h @ W.T + x[t])
+        np.testing.assert_allclose(p["states"][-1], h, rtol=1e-14)
+        assert not np.allclose(p["states"][-1], A.simulate(W, A.INITIAL_STATES, steps,
+                                                           "feedback")[-1])
+
+
+def test_feedback_panels_agree_with_the_feedback_cell_kernel():
+    """The plain NumPy recurrence of section 4 is eq. (12)'s kernel with A = W, V_h = I, b_h = 0."""
+    cell = nprnn.CELLS["feedback"]
+    steps = 8
+    x = np.random.default_rng(0).standard_normal((steps, 3, 2))
+    panels = A.figure1(steps)[4:] + A.figure4(steps)[:2] + A.figure5(steps, seed=0)
+    for p in panels:
+        inputs = x if p["with_input"] else np.zeros_like(x)
+        params = dict(W=np.array(p["W"]), V_h=np.eye(2), b_h=np.zeros(2))
+        h_T, _ = cell.forward(params, inputs, A.INITIAL_STATES.copy(), eps=A.SIM_EPS)
+        np.testing.assert_allclose(h_T, p["states"][-1], rtol=1e-12, atol=1e-14)
+
+
+def test_vector_field_is_the_ode_right_hand_side():
+    X, Y, U, V = A.vector_field(A.W_DIFF, (-1, 1), (-2, 2), num=5)
+    assert X.shape == (5, 5)
+    h = np.array([X[1, 3], Y[1, 3]])
+    np.testing.assert_allclose([U[1, 3], V[1, 3]], np.tanh(A.W_DIFF @ h))
+
+
+def test_panels_to_rows_and_json():
+    panels = A.figure1(steps=2)
+    rows = A.panels_to_rows("figure1", panels)
+    assert len(rows) == 8 * 3 * 3
+    assert rows[0] == dict(figure="figure1", panel="a", trajectory=0, t=0, h1=0.0, h2=0.5,
+                           radius=0.5)
+    assert "states" not in A.panels_to_json(panels)[0]
+    json.dumps(A.panels_to_json(panels))
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(W=np.eye(3)), "shape"),
+    (dict(kind="lstm"), "kind"),
+    (dict(steps=0), "steps"),
+    (dict(eps=0.0), "eps"),
+    (dict(inputs=np.zeros((4, 3, 2))), "inputs"),
+])
+def test_simulate_rejects_bad_input(kwargs, match):
+    args = dict(W=np.eye(2), h0=A.INITIAL_STATES, steps=5, kind="feedback", eps=0.1)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        A.simulate(**args)
+
+
+def test_simulation_figure_rejects_unknown_figure():
+    with pytest.raises(ValueError, match="no simulation figure 2"):
+        A.simulation_figure(2)
+
+
+# ----------------------------------------------------------------------------------------------
+# The end-to-end Jacobian dh_T / dh_0
+# ----------------------------------------------------------------------------------------------
+
+def tiny_model(name, **kw):
+    hyper = nprnn.CELLS[name].hyper
+    return nprnn.make_model(name, input_size=2, hidden_size=3, num_classes=2, sigma_w=2.0,
+                            dtype="float64", seed=1, eps=0.7 if "eps" in hyper else None,
+                            gamma=kw.get("gamma", 0.1) if "gamma" in hyper else None)
+
+
+def fd_jacobian(model, x, h0, delta=1e-6):
+    """J[:, j] = (h_T(h0 + delta e_j) - h_T(h0 - delta e_j)) / (2 delta), from the forward pass."""
+    n = model.hidden_size
+    xt = np.ascontiguousarray(x[:, None, :])          # (T, 1, m)
+
+    def h_T(h):
+        out, _ = model.cell.forward(model.cell_params(), xt, h[None, :].copy(), **model.hyper)
+        return out[0]
+
+    J = np.empty((n, n))
+    for j in range(n):
+        e = np.zeros(n)
+        e[j] = delta
+        J[:, j] = (h_T(h0 + e) - h_T(h0 - e)) / (2 * delta)
+    return J
+
+
+@pytest.mark.parametrize("name", sorted(nprnn.CELLS))
+def test_jacobian_matches_finite_differences(name):
+    model = tiny_model(name)
+    x = np.random.default_rng(2).standard_normal((4, 2))
+    h0 = np.array([0.3, -0.2, 0.5])
+    J = A.end_to_end_jacobian(model, x, h0)
+    J_fd = fd_jacobian(model, x, h0)
+    assert np.abs(J - np.eye(3)).max() > 1e-2         # a Jacobian worth checking
+    rel = np.abs(J - J_fd).max() / max(np.abs(J_fd).max(), 1e-12)
+    assert rel < 1e-7, (name, J, J_fd)
+
+
+def test_jacobian_of_a_single_step_is_the_formula():
+    """T = 1, antisym from h0 = 0: J = I + eps diag(1 - tanh(a)^2) A, a = V_h x_1 + b_h."""
+    model = tiny_model("antisym", gamma=0.3)
+    x = np.random.default_rng(3).standard_normal((1, 2))
+    p = model.params
+    A_mat = p["W"] - p["W"].T - 0.3 * np.eye(3)
+    a = p["V_h"] @ x[0] + p["b_h"]
+    expected = np.eye(3) + 0.7 * (1 - np.tanh(a) ** 2)[:, None] * A_mat
+    np.testing.assert_allclose(A.end_to_end_jacobian(model, x), expected, rtol=1e-13)
+
+
+def test_more_diffusion_shrinks_the_eigenvalues():
+    xs = A.gaussian_sequences(2, 12, 2, seed=0)
+    models = [(f"g={g:g}", tiny_model("antisym", gamma=g)) for g in (0.0, 2.0)]
+    rows = A.jacobian_spectra(models, [12], lambda T: xs)
+    assert [r["label"] for r in rows] == ["g=0", "g=2"]
+    assert rows[1]["mean"] < 0.5 * rows[0]["mean"]
+    assert rows[0]["sequences"] == 2 and rows[0]["T"] == 12 and rows[0]["gamma"] == 0.0
+    assert A.eigenvalue_magnitudes(models[0][1], xs).shape == (2, 3)
+
+
+def test_jacobian_rejects_bad_input():
+    model = tiny_model("antisym")
+    with pytest.raises(ValueError, match="m = input_size = 2"):
+        A.end_to_end_jacobian(model, np.zeros((4, 3)))
+    with pytest.raises(ValueError, match="h0 must have shape"):
+        A.end_to_end_jacobian(model, np.zeros((4, 2)), h0=np.zeros(2))
+    with pytest.raises(ValueError, match="NaN"):
+        A.end_to_end_jacobian(model, np.full((4, 2), np.nan))
+
+
+# ----------------------------------------------------------------------------------------------
+# Run folders
+# ----------------------------------------------------------------------------------------------
+
+def make_run(root, name, model="antisym", task="mnist", iterations=(0, 10, 20), extra=None):
+    d = root / name
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(dict(model=model, task=task, lr=0.1)))
+    lines = []
+    for it in iterations:
+        lines.append(dict(iteration=it, split="train", loss=2.3 / (1 + it), accuracy=0.1,
+                          lr=0.1, seconds=1.0))
+        lines.append(dict(iteration=it, split="test", loss=2.4 / (1 + it),
+                          accuracy=min(0.9, 0.1 + it / 30)))
+    text = "\n".join(json.dumps(r) for r in lines) + "\n" + (extra or "")
+    (d / "metrics.jsonl").write_text(text)
+    return d
+
+
+def test_read_runs(tmp_path):
+    runs = A.read_runs([make_run(tmp_path, "a"), make_run(tmp_path, "b", model="lstm"),
+                        make_run(tmp_path, "c", model="lstm")])
+    assert [r["label"] for r in runs] == ["antisym on mnist", "lstm on mnist (b)",
+                                          "lstm on mnist (c)"]
+    it, acc = A.curve(runs[0], "test", "accuracy")
+    np.testing.assert_array_equal(it, [0, 10, 20])
+    np.testing.assert_allclose(acc, [0.1, 0.1 + 1 / 3, 0.1 + 2 / 3])
+    rows = A.runs_to_rows(runs)
+    assert len(rows) == 18 and set(rows[0]) == {"run", "label", "model", "task", "iteration",
+                                                "split", "loss", "accuracy"}
+
+
+@pytest.mark.parametrize("extra, match", [
+    ("not json\n", "line 7 is not valid JSON"),
+    ('{"iteration": 1.5, "split": "train", "loss": 1}\n', "'iteration' must be an integer"),
+    ('{"iteration": 1, "loss": 1}\n', "'split' must be a string"),
+    ('{"iteration": 1, "split": "train", "loss": "high"}\n', "'loss' must be a number"),
+    ("[1, 2]\n", "expected a JSON object"),
+])
+def test_read_run_names_the_bad_line(tmp_path, extra, match):
+    with pytest.raises(ValueError, match=match):
+        A.read_run(make_run(tmp_path, "r", extra=extra))
+
+
+def test_read_run_needs_both_files_and_the_keys(tmp_path):
+    d = tmp_path / "empty"
+    d.mkdir()
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        A.read_run(d)
+    (d / "config.json").write_text(json.dumps(dict(model="antisym")))
+    (d / "metrics.jsonl").write_text("")
+    with pytest.raises(ValueError, match="'model' and 'task'"):
+        A.read_run(d)
+    (d / "config.json").write_text(json.dumps(dict(model="antisym", task="mnist")))
+    with pytest.raises(ValueError, match="no records"):
+        A.read_run(d)
+
+
+# ----------------------------------------------------------------------------------------------
+# The commands, with and without matplotlib
+# ----------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def no_matplotlib(monkeypatch):
+    """Make every `import matplotlib...` fail, as on an install without the plot extra."""
+    for mod in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, mod)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+
+
+def run_cli(args):
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    return result.output
+
+
+def is_png(path):
+    return path.is_file() and path.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_matplotlib_is_not_imported_by_the_library():
+    code = ("import sys, nprnn, nprnn.analysis, nprnn.plotting; "
+            "assert 'matplotlib' not in sys.modules, 'matplotlib was imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_simulate_command(tmp_path):
+    pytest.importorskip("matplotlib")
+    out = run_cli(["simulate", "--out", str(tmp_path), "--steps", "5", "--figures", "1,5"])
+    assert "W0" in out
+    for n in (1, 5):
+        assert is_png(tmp_path / f"figure{n}.png")
+    summary = json.loads((tmp_path / "figure1.json").read_text())
+    assert len(summary["panels"]) == 8 and summary["steps"] == 5
+    lines = (tmp_path / "figure1.csv").read_text().splitlines()
+    assert lines[0] == "figure,panel,trajectory,t,h1,h2,radius" and len(lines) == 1 + 8 * 3 * 6
+
+
+def test_jacobian_command(tmp_path):
+    pytest.importorskip("matplotlib")
+    out = run_cli(["jacobian", "--out", str(tmp_path), "--models", "antisym,lstm",
+                   "--gammas", "0.01,1", "--lengths", "3,5", "--hidden-size", "3",
+                   "--input-size", "2", "--sequences", "2"])
+    assert "antisym gamma=0.01" in out and "lstm" in out
+    assert is_png(tmp_path / "figure2_jacobian.png")
+    rows = json.loads((tmp_path / "figure2_jacobian.json").read_text())["rows"]
+    assert [(r["label"], r["T"]) for r in rows] == [
+        ("antisym gamma=0.01", 3), ("antisym gamma=1", 3), ("lstm", 3),
+        ("antisym gamma=0.01", 5), ("antisym gamma=1", 5), ("lstm", 5)]
+    assert len((tmp_path / "figure2_jacobian.csv").read_text().splitlines()) == 7
+
+
+def test_plot_command(tmp_path):
+    pytest.importorskip("matplotlib")
+    a, b = make_run(tmp_path, "a"), make_run(tmp_path, "b", model="lstm", task="cifar10")
+    out = run_cli(["plot", str(a), str(b), "--out", str(tmp_path / "figs")])
+    assert "lstm on cifar10" in out
+    assert is_png(tmp_path / "figs" / "learning_curves.png")
+    assert len((tmp_path / "figs" / "learning_curves.csv").read_text().splitlines()) == 13
+
+
+def test_commands_write_numbers_without_matplotlib(tmp_path, no_matplotlib):
+    out = run_cli(["simulate", "--out", str(tmp_path), "--steps", "3", "--figures", "4"])
+    assert "pip install -e '.[plot]'" in out
+    assert (tmp_path / "figure4.json").is_file() and (tmp_path / "figure4.csv").is_file()
+    out = run_cli(["jacobian", "--out", str(tmp_path), "--models", "antisym", "--gammas", "0.1",
+                   "--lengths", "2", "--hidden-size", "2", "--input-size", "1",
+                   "--sequences", "1"])
+    assert "pip install -e '.[plot]'" in out and (tmp_path / "figure2_jacobian.csv").is_file()
+    out = run_cli(["plot", str(make_run(tmp_path, "r")), "--out", str(tmp_path)])
+    assert "pip install -e '.[plot]'" in out and (tmp_path / "learning_curves.csv").is_file()
+    assert not list(tmp_path.glob("*.png"))
+
+
+@pytest.mark.parametrize("args, match", [
+    (["simulate", "--figures", "2"], "no simulation figure 2"),
+    (["simulate", "--figures", "one"], "comma-separated int"),
+    (["jacobian", "--models", "transformer"], "unknown model 'transformer'"),
+    (["jacobian", "--lengths", "0"], "lengths must be >= 1"),
+    (["jacobian", "--gammas", "-1"], "gammas must be >= 0"),
+])
+def test_commands_reject_bad_options(tmp_path, args, match):
+    result = CliRunner().invoke(cli, args + ["--out", str(tmp_path)])
+    assert result.exit_code != 0 and match in result.output, result.output
+
+
+def test_plot_command_reports_a_bad_run(tmp_path):
+    d = make_run(tmp_path, "r", extra="oops\n")
+    result = CliRunner().invoke(cli, ["plot", str(d), "--out", str(tmp_path)])
+    assert result.exit_code != 0 and "line 7 is not valid JSON" in result.output
