@@ -72,6 +72,25 @@ def _out_dir(out):
     return path
 
 
+def _given(*names):
+    """The options among `names` that were typed on the command line, as "--name"."""
+    ctx = click.get_current_context()
+    return [f"--{n.replace('_', '-')}" for n in names
+            if ctx.get_parameter_source(n) == click.core.ParameterSource.COMMANDLINE]
+
+
+def _task_sequences(task, lengths, num, data_dir):
+    """{T: xs (num, T, m)}, the first test sequences of task `task` made with length T."""
+    from nprnn import analysis
+
+    try:
+        from nprnn.datasets import get_task
+    except ImportError as e:
+        raise click.ClickException(f"--task needs nprnn.datasets.get_task: {e}") from None
+    return {T: analysis.task_sequences(get_task(task, T=T, data_dir=data_dir), num)
+            for T in lengths}
+
+
 def _plot_or_hint(draw, *args, **kwargs):
     """Call nprnn.plotting.<draw>(*args); without matplotlib print how to get the PNG instead."""
     from nprnn import plotting
@@ -147,54 +166,91 @@ def simulate(out, figures, steps, eps, seed):
               type=click.FloatRange(min=0, min_open=True), help="Step size of Euler cells.")
 @click.option("--sigma-w", default=1.0, show_default=True, type=click.FloatRange(min=0),
               help="Recurrent init scale, W ~ N(0, sigma_w^2 / n) (Appendix C).")
+@click.option("--checkpoint", "checkpoints", multiple=True,
+              type=click.Path(exists=True),
+              help="A trained model instead: a run folder or checkpoint file written by `train`. "
+                   "Repeat for several. Replaces --models, --gammas, --hidden-size, --eps, "
+                   "--sigma-w.")
+@click.option("--task", default=None,
+              help="Take the inputs from this task's test split (nprnn.datasets.get_task(TASK, "
+                   "T=T)) instead of N(0, 1) noise.")
+@click.option("--data-dir", default=None, type=click.Path(file_okay=False),
+              help="Data folder for --task (the datasets module's default if left out).")
 @click.option("--sequences", default=8, show_default=True, type=click.IntRange(min=1),
               help="Input sequences per T; the eigenvalues of all of them are pooled.")
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0),
               help="Seed of the models' initialisation and of the input noise.")
 @click.option("--dtype", default="float64", show_default=True,
               type=click.Choice(["float32", "float64"]), help="Precision of the kernels.")
-def jacobian(out, models, gammas, lengths, hidden_size, input_size, eps, sigma_w, sequences,
-             seed, dtype):
-    """Figure 2: mean and std of |eigenvalues| of dh_T/dh_0 at initialisation, against T.
+def jacobian(out, models, gammas, lengths, hidden_size, input_size, eps, sigma_w, checkpoints,
+             task, data_dir, sequences, seed, dtype):
+    """Figure 2: mean and std of |eigenvalues| of dh_T/dh_0 against T, at initialisation (or of
+    trained checkpoints).
 
     J = dh_T/dh_0 comes from each model's own BPTT kernel (the sequence replicated n times,
     dh_T = I, so dh_0 = J). Inputs are independent N(0, 1) sequences (the noise of noise-padded
-    CIFAR-10), drawn from default_rng([seed, T]); every model sees the same ones."""
+    CIFAR-10) drawn from default_rng([seed, T]), or a task's first test sequences (--task);
+    every model sees the same ones."""
     from nprnn import analysis
+    from nprnn.checkpoint import CheckpointError
 
+    model_options = _given("models", "gammas", "hidden_size", "input_size", "eps", "sigma_w")
+    if checkpoints and model_options:
+        raise click.UsageError(f"--checkpoint takes the model from the checkpoint; leave out "
+                               f"{', '.join(model_options)}")
+    if task and "--input-size" in model_options:
+        raise click.UsageError("--task sets the input size; leave out --input-size")
     if any(T < 1 for T in lengths):
         raise click.BadParameter(f"lengths must be >= 1, got {lengths}", param_hint="--lengths")
     if any(g < 0 for g in gammas):
         raise click.BadParameter(f"gammas must be >= 0, got {gammas}", param_hint="--gammas")
-    built = []
-    for name in [s.strip() for s in models.split(",") if s.strip()]:
-        if name not in nprnn.CELLS:
-            raise click.BadParameter(f"unknown model {name!r}; choose from "
-                                     f"{', '.join(nprnn.CELLS)}", param_hint="--models")
-        hyper = nprnn.CELLS[name].hyper
-        for g in (gammas if "gamma" in hyper else [None]):
-            label = name if g is None else f"{name} gamma={g:g}"
-            built.append((label, nprnn.make_model(
-                name, input_size, hidden_size, num_classes=10, sigma_w=sigma_w, seed=seed,
-                dtype=dtype, eps=eps if "eps" in hyper else None, gamma=g)))
-    rows = analysis.jacobian_spectra(
-        built, lengths,
-        lambda T: analysis.gaussian_sequences(sequences, T, input_size, seed=[seed, T]))
+    try:
+        # 1. the inputs of a task (their m is the models' input size) ...
+        if task:
+            seqs = _task_sequences(task, lengths, sequences, data_dir)
+            input_size = next(iter(seqs.values())).shape[2]
+        # 2. the models: trained ones, or fresh ones at initialisation ...
+        if checkpoints:
+            built = []
+            for path in checkpoints:
+                model, _ = analysis.model_from_checkpoint(path, dtype)
+                built.append((analysis.checkpoint_label(model, path), model))
+            sizes = sorted({m.input_size for _, m in built})
+            if not task and len(sizes) > 1:
+                raise ValueError(f"the checkpoints have different input sizes {sizes}; compare "
+                                 f"models of one input size at a time")
+            input_size = input_size if task else sizes[0]
+        else:
+            names = [s.strip() for s in models.split(",") if s.strip()]
+            built = analysis.jacobian_models(names, gammas, hidden_size, input_size, eps,
+                                             sigma_w, seed, dtype)
+        # 3. ... or N(0, 1) noise, the same for every model
+        if task:
+            source, inputs = seqs.__getitem__, f"the first test sequences of task {task!r}"
+        else:
+            def source(T):
+                return analysis.gaussian_sequences(sequences, T, input_size, seed=[seed, T])
+            inputs = "N(0, 1) noise, default_rng([seed, T])"
+        rows = analysis.jacobian_spectra(built, lengths, source)
+    except (CheckpointError, OSError, ValueError) as e:
+        raise click.ClickException(str(e)) from None
     out = _out_dir(out)
     stem = out / "figure2_jacobian"
     analysis.write_csv(stem.with_suffix(".csv"), rows)
     analysis.write_json(stem.with_suffix(".json"), dict(
-        inputs="N(0, 1) noise, default_rng([seed, T])", hidden_size=hidden_size,
-        input_size=input_size, eps=eps, sigma_w=sigma_w, sequences=sequences, seed=seed,
-        dtype=dtype, rows=rows))
-    click.echo(f"{'model':<22} {'T':>5} {'mean |lambda|':>14} {'std |lambda|':>13} "
+        inputs=inputs, input_size=input_size, checkpoints=list(checkpoints),
+        hidden_size=None if checkpoints else hidden_size, eps=None if checkpoints else eps,
+        sigma_w=None if checkpoints else sigma_w, sequences=sequences, seed=seed, dtype=dtype,
+        rows=rows))
+    click.echo(f"{'model':<28} {'T':>5} {'mean |lambda|':>14} {'std |lambda|':>13} "
                f"{'max |lambda|':>13}")
     for r in rows:
-        click.echo(f"{r['label']:<22} {r['T']:>5} {r['mean']:>14.4g} {r['std']:>13.4g} "
+        click.echo(f"{r['label']:<28} {r['T']:>5} {r['mean']:>14.4g} {r['std']:>13.4g} "
                    f"{r['max']:>13.4g}")
+    what = "trained models" if checkpoints else f"initialisation, n = {hidden_size}"
     if _plot_or_hint("plot_jacobian", rows, stem.with_suffix(".png"),
-                     f"End-to-end Jacobian at initialisation, n = {hidden_size}, N(0,1) inputs "
-                     f"(m = {input_size}), {sequences} sequences per T"):
+                     f"End-to-end Jacobian dh_T/dh_0 ({what}); inputs: {inputs}, "
+                     f"{sequences} per T"):
         click.echo(f"wrote {stem}.png")
     click.echo(f"wrote {stem}.csv, {stem}.json")
 
@@ -221,6 +277,120 @@ def plot_runs(runs, out, name):
     if _plot_or_hint("plot_learning_curves", loaded, stem.with_suffix(".png")):
         click.echo(f"wrote {stem}.png")
     click.echo(f"wrote {stem}.csv")
+
+
+# ----------------------------------------------------------------------------------------------
+# train, eval: the experiments of section 5 (settings of Appendix C); see nprnn/train.py
+# ----------------------------------------------------------------------------------------------
+
+@cli.command()
+@click.option("--model", default="antisym", show_default=True,
+              type=click.Choice(list(nprnn.CELLS)), help="The recurrent cell (see `params`).")
+@click.option("--task", default="mnist", show_default=True,
+              help="mnist, pmnist, cifar10, cifar10-noise, padded-mnist, mnist-noise, "
+                   "fashion-mnist, mnist-sample (see nprnn/datasets.py).")
+@click.option("--device", default="cpu", show_default=True,
+              type=click.Choice(["cpu", "cuda", "auto"]), help="Where the kernels run.")
+@click.option("--hidden", default=128, show_default=True, type=click.IntRange(min=1),
+              help="Hidden units n.")
+@click.option("--eps", default=None, type=float,
+              help="Step size eps of the Euler cells (Appendix C grid: 0.01, 0.1, 1) "
+                   "[default: 0.01].")
+@click.option("--gamma", default=None, type=float,
+              help="Diffusion gamma (grid: 0.001, 0.01, 0.1, 1) [default: 0.01].")
+@click.option("--sigma-w", default=1.0, show_default=True, type=click.FloatRange(min=0),
+              help="Recurrent init W ~ N(0, sigma_w^2 / n) (grid: 0, 1, 2, 4, 8, 16).")
+@click.option("--init", default="paper", show_default=True,
+              type=click.Choice(["paper", "critical"]),
+              help="Initialisation: Appendix C, or critical (LSTMs only).")
+@click.option("--optimizer", default="sgd", show_default=True,
+              type=click.Choice(["sgd", "adagrad"]), help="SGD with momentum, or Adagrad.")
+@click.option("--lr", default=0.1, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Learning rate (grid: 0.1, 0.2, 0.3, 0.4, 0.5, 0.75, 1).")
+@click.option("--momentum", default=0.9, show_default=True,
+              type=click.FloatRange(min=0, max=1, max_open=True), help="SGD momentum.")
+@click.option("--batch-size", default=128, show_default=True, type=click.IntRange(min=1),
+              help="Examples per step.")
+@click.option("--iterations", default=50_000, show_default=True, type=click.IntRange(min=0),
+              help="Training steps in all (a resumed run counts those already done).")
+@click.option("--clip", default=0.0, show_default=True, type=click.FloatRange(min=0),
+              help="Clip the gradient to this global norm; 0 turns clipping off.")
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0),
+              help="Seed of the initialisation and of the data order.")
+@click.option("--eval-every", default=1000, show_default=True, type=click.IntRange(min=1),
+              help="Evaluate on the test split (or valid, with --valid-size) this often.")
+@click.option("--log-every", default=100, show_default=True, type=click.IntRange(min=1),
+              help="Write a training line (mean loss, accuracy) to metrics.jsonl this often.")
+@click.option("--checkpoint-every", default=500, show_default=True, type=click.IntRange(min=1),
+              help="Write runs/NAME/checkpoint.h5 this often (also at the end and on Ctrl-C).")
+@click.option("--eval-batch-size", default=256, show_default=True, type=click.IntRange(min=1),
+              help="Examples per forward pass when evaluating.")
+@click.option("--dtype", default="float32", show_default=True,
+              type=click.Choice(["float32", "float64"]), help="Precision of the kernels.")
+@click.option("--out", default=None, type=click.Path(file_okay=False),
+              help="Run folder [default: runs/MODEL-TASK].")
+@click.option("--resume", is_flag=True,
+              help="Continue the run in --out from its checkpoint; only --iterations, the "
+                   "reporting intervals, --data-dir, --device, --lr and --clip may change.")
+@click.option("--data-dir", default=None, type=click.Path(file_okay=False),
+              help="Where the task's raw files and cache are (nprnn.datasets' default if left "
+                   "out).")
+@click.option("--valid-size", default=0, show_default=True, type=click.IntRange(min=0),
+              help="Hold out this many training examples and evaluate on them during training.")
+@click.option("--T", "T", default=None, type=click.IntRange(min=1),
+              help="Sequence length of the noise-padded tasks.")
+@click.option("--progress/--no-progress", default=True, show_default=True,
+              help="Show the progress bar (on a terminal; one line per log interval otherwise).")
+def train(progress, out, resume, **options):
+    """Train a model on a task; writes runs/NAME/config.json, metrics.jsonl, checkpoint.h5.
+
+    Prints the resolved configuration and the parameter count, a progress bar (it/s, loss and
+    accuracy over the current logging interval), each evaluation, and the final test accuracy.
+    Ctrl-C (or SIGTERM) finishes the step, writes a checkpoint and exits; --resume continues
+    bit for bit."""
+    from nprnn import train as training
+    from nprnn.checkpoint import CheckpointError
+
+    if out is None:
+        out = f"runs/{options['model']}-{options['task']}"
+    given = {k: options[k] for k in options
+             if click.get_current_context().get_parameter_source(k)
+             == click.core.ParameterSource.COMMANDLINE}
+    try:
+        if resume:
+            training.train(out=out, resume=True, given=given, echo=click.echo, progress=progress)
+        else:
+            training.train(options, out, echo=click.echo, progress=progress)
+    except (training.TrainError, CheckpointError, ValueError, RuntimeError, OSError) as e:
+        raise click.ClickException(str(e)) from None
+
+
+@cli.command("eval")
+@click.argument("run", type=click.Path())
+@click.option("--split", default="test", show_default=True,
+              type=click.Choice(["test", "valid", "train"]), help="Which split to score.")
+@click.option("--task", default=None,
+              help="Another task with the same input size and classes [default: the run's].")
+@click.option("--data-dir", default=None, type=click.Path(file_okay=False),
+              help="Where the task's data is [default: the run's].")
+@click.option("--T", "T", default=None, type=click.IntRange(min=1),
+              help="Sequence length of a noise-padded task [default: the run's].")
+@click.option("--batch-size", default=None, type=click.IntRange(min=1),
+              help="Examples per forward pass [default: the run's --eval-batch-size].")
+def eval_run(run, split, task, data_dir, T, batch_size):
+    """Evaluate the checkpoint of RUN (a run folder or a checkpoint file): loss and accuracy."""
+    from nprnn import train as training
+    from nprnn.checkpoint import CheckpointError
+
+    try:
+        r = training.evaluate_checkpoint(run, split=split, task_name=task, data_dir=data_dir,
+                                         T=T, batch_size=batch_size)
+    except (training.TrainError, CheckpointError, ValueError, RuntimeError, OSError) as e:
+        raise click.ClickException(str(e)) from None
+    correct = round(r["accuracy"] * r["count"])
+    click.echo(f"{r['model']} from {r['checkpoint']} (iteration {r['iteration']}) on "
+               f"{r['task']} {r['split']}: accuracy {r['accuracy']:.4f} "
+               f"({correct}/{r['count']}), loss {r['loss']:.4f}")
 
 
 if __name__ == "__main__":

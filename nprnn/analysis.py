@@ -311,11 +311,68 @@ def gaussian_sequences(num, steps, input_size, seed=0):
     return np.random.default_rng(seed).standard_normal((num, steps, input_size))
 
 
+def jacobian_models(names, gammas, hidden_size, input_size, eps, sigma_w=1.0, seed=0,
+                    dtype="float64"):
+    """Models at initialisation for Figure 2: [(label, model)], one per name, and one per gamma
+    for cells that have a diffusion gamma ("antisym gamma=0.01"); eps goes to cells that have it."""
+    from .cells import CELLS
+    from .model import make_model
+
+    built = []
+    for name in names:
+        if name not in CELLS:
+            raise ValueError(f"unknown model {name!r}; choose from {', '.join(CELLS)}")
+        hyper = CELLS[name].hyper
+        for g in (gammas if "gamma" in hyper else [None]):
+            label = name if g is None else f"{name} gamma={g:g}"
+            built.append((label, make_model(name, input_size, hidden_size, num_classes=2,
+                                             sigma_w=sigma_w, seed=seed, dtype=dtype, gamma=g,
+                                             eps=eps if "eps" in hyper else None)))
+    return built
+
+
+def task_sequences(task, num, split="test"):
+    """The first `num` sequences of a task's `split` in file order (fewer if the split is
+    smaller): xs (num, T, m) float32, from `task.batches` (nprnn.datasets' contract)."""
+    try:
+        x, _ = next(task.batches(split, num))
+    except StopIteration:
+        raise ValueError(f"split {split!r} of task {task.name!r} is empty") from None
+    return x
+
+
+def model_from_checkpoint(path, dtype="float64"):
+    """The trained model saved by `nprnn.train` in a run folder or checkpoint file, rebuilt from
+    the checkpoint's configuration with its parameters cast to `dtype` (float64 by default, so
+    products of hundreds of step Jacobians keep their digits). Returns (model, config)."""
+    from .checkpoint import CheckpointError, load_checkpoint, load_params_into
+    from .train import build_model
+
+    saved = load_checkpoint(path)
+    config = dict(saved["config"])
+    for key in ("model", "input_size", "num_classes"):
+        if key not in config:
+            raise CheckpointError(f"{saved['path']} has no {key!r} in its configuration")
+    config.update(dtype=dtype, device="cpu")
+    model = build_model(config, config["input_size"], config["num_classes"])
+    params = {k: np.asarray(v, dtype=model.dtype) for k, v in saved["params"].items()}
+    load_params_into(model, params, f"checkpoint {saved['path']}")
+    return model, config
+
+
+def checkpoint_label(model, path):
+    """"antisym gamma=0.1 (runs/NAME)": the cell, its gamma if it has one, and where it came from."""
+    g = model.hyper.get("gamma")
+    name = model.name if g is None else f"{model.name} gamma={g:g}"
+    return f"{name} ({os.path.basename(os.path.normpath(path))})"
+
+
 def jacobian_spectra(models, lengths, sequences):
     """Figure 2's numbers.
 
     models:    list of (label, model) pairs; lengths: list of T;
-    sequences: a function (T) -> xs (S, T, m) giving the input sequences of length T.
+    sequences: a function (T) -> xs (S, T', m) giving the input sequences for length T (T' = T,
+               unless a task has a fixed length; the row records T').
     Returns one dict per (model, T): label, model, gamma (None for cells without it), eps, T,
     sequences S, mean and std of |lambda| pooled over the S*n eigenvalues, min, max, and the mean
     over sequences of log10 of the largest |lambda| (how fast the dominant direction grows/decays).
@@ -328,7 +385,8 @@ def jacobian_spectra(models, lengths, sequences):
             with np.errstate(divide="ignore"):
                 top = np.log10(mags.max(axis=1))
             rows.append(dict(label=label, model=model.name, gamma=model.hyper.get("gamma"),
-                             eps=model.hyper.get("eps"), T=int(T), sequences=int(xs.shape[0]),
+                             eps=model.hyper.get("eps"), T=int(xs.shape[1]),
+                             sequences=int(xs.shape[0]),
                              hidden_size=model.hidden_size, mean=float(mags.mean()),
                              std=float(mags.std()), min=float(mags.min()),
                              max=float(mags.max()), mean_log10_max=float(top.mean())))

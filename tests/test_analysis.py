@@ -386,3 +386,77 @@ def test_plot_command_reports_a_bad_run(tmp_path):
     d = make_run(tmp_path, "r", extra="oops\n")
     result = CliRunner().invoke(cli, ["plot", str(d), "--out", str(tmp_path)])
     assert result.exit_code != 0 and "line 7 is not valid JSON" in result.output
+
+
+# ----------------------------------------------------------------------------------------------
+# The Jacobian of trained models (checkpoints of nprnn.train) and of a task's sequences
+# ----------------------------------------------------------------------------------------------
+
+def toy_task(T=5, m=2):
+    from nprnn.datasets import ArrayTask
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((32, T, m)).astype("float32")
+    y = (x[:, 0, 0] > 0).astype(np.int64)
+    return ArrayTask("toy", x, y, x[:8], y[:8], num_classes=2)
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    from nprnn.train import train
+
+    out = tmp_path_factory.mktemp("runs") / "antisym-toy"
+    train(dict(model="antisym", hidden=3, iterations=6, batch_size=8, eval_every=3,
+               log_every=3, checkpoint_every=3, eps=0.5, gamma=0.1),
+          out=out, task=toy_task(), progress=False, echo=lambda *a: None)
+    return out
+
+
+def test_model_from_checkpoint(trained_run):
+    from nprnn.checkpoint import load_checkpoint
+
+    model, config = A.model_from_checkpoint(trained_run)
+    saved = load_checkpoint(trained_run)["params"]
+    assert model.dtype == np.float64 and model.hyper == dict(eps=0.5, gamma=0.1)
+    for k, v in saved.items():
+        np.testing.assert_array_equal(model.params[k], v.astype(np.float64))
+    fresh = nprnn.make_model("antisym", 2, 3, 2, eps=0.5, gamma=0.1, dtype="float64")
+    assert not np.allclose(fresh.params["W"], model.params["W"])     # trained, not initial
+    assert A.checkpoint_label(model, trained_run) == "antisym gamma=0.1 (antisym-toy)"
+
+
+def test_jacobian_command_with_a_checkpoint(tmp_path, trained_run):
+    out = run_cli(["jacobian", "--out", str(tmp_path), "--checkpoint", str(trained_run),
+                   "--lengths", "4", "--sequences", "2"])
+    assert "antisym gamma=0.1 (antisym-toy)" in out
+    row = json.loads((tmp_path / "figure2_jacobian.json").read_text())["rows"][0]
+    model, _ = A.model_from_checkpoint(trained_run)
+    xs = A.gaussian_sequences(2, 4, 2, seed=[0, 4])
+    mags = A.eigenvalue_magnitudes(model, xs)
+    assert row["mean"] == pytest.approx(mags.mean(), rel=1e-12)
+    result = CliRunner().invoke(cli, ["jacobian", "--out", str(tmp_path), "--checkpoint",
+                                      str(trained_run), "--hidden-size", "4"])
+    assert result.exit_code != 0 and "leave out --hidden-size" in result.output
+
+
+def test_jacobian_command_with_a_task(tmp_path, monkeypatch):
+    """--task reads sequences through nprnn.datasets.get_task(name, T=T, data_dir=...)."""
+    import nprnn.datasets
+
+    asked = []
+
+    def get_task(name, T=None, data_dir=None, **kw):
+        asked.append((name, T, data_dir))
+        return toy_task(T=T, m=3)
+
+    monkeypatch.setattr(nprnn.datasets, "get_task", get_task, raising=False)
+    run_cli(["jacobian", "--out", str(tmp_path), "--task", "toy", "--models", "lstm",
+             "--lengths", "2,3", "--hidden-size", "2", "--sequences", "3"])
+    assert asked == [("toy", 2, None), ("toy", 3, None)]
+    saved = json.loads((tmp_path / "figure2_jacobian.json").read_text())
+    assert saved["input_size"] == 3 and [r["T"] for r in saved["rows"]] == [2, 3]
+    model = nprnn.make_model("lstm", 3, 2, 2, dtype="float64")
+    xs = A.task_sequences(toy_task(T=3, m=3), 3)
+    np.testing.assert_array_equal(xs, toy_task(T=3, m=3)._x["test"][:3])
+    assert saved["rows"][1]["mean"] == pytest.approx(
+        A.eigenvalue_magnitudes(model, xs).mean(), rel=1e-12)
