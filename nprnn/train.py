@@ -142,12 +142,13 @@ def merge_resume_config(saved, given):
 
 def load_task(config, task=None):
     """The task a configuration names (nprnn.datasets.get_task), or `task` if one is given
-    (tests and notebooks pass in-memory tasks)."""
+    (tests and notebooks pass in-memory tasks). The training seed is not the task's: pmnist keeps
+    its one fixed permutation whatever the seed of the run."""
     if task is not None:
         return task
     from .datasets import get_task
     return get_task(config["task"], data_dir=config["data_dir"], T=config["T"],
-                    seed=config["seed"], valid_size=config["valid_size"])
+                    valid_size=config["valid_size"])
 
 
 def build_model(config, input_size, num_classes):

@@ -21,6 +21,8 @@ the GPU twins below (one thread per element) take exactly the same arguments.
 """
 import math
 
+import numpy as np
+
 from .common import njit
 
 
@@ -33,7 +35,7 @@ def sum_squares_cpu(out, g):
     """out[0] += sum_i g_i**2, accumulated in out's dtype (float64). g (N,) read; out (1,)."""
     acc = 0.0
     for i in range(g.shape[0]):
-        gi = float(g[i])
+        gi = np.float64(g[i])             # square in float64: a float32 square can overflow
         acc += gi * gi
     out[0] += acc
 

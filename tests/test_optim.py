@@ -1,0 +1,189 @@
+"""Optimizers: updates checked against numbers worked out by hand, clipping, the antisymmetric W
+kept strictly upper triangular, state saved and restored, and a tiny batch learned by heart."""
+import math
+
+import numpy as np
+import pytest
+
+import nprnn
+from nprnn.optim import SGD, Adagrad, clip_scale, global_norm, make_optimizer
+
+
+def test_sgd_momentum_matches_hand_computed_steps():
+    # p = [1, -2], g = [0.5, 1] every step, lr = 0.1, momentum 0.9:
+    #   step 1: v = [0.5, 1.0]                 p = [1 - 0.05, -2 - 0.1]   = [0.95, -2.1]
+    #   step 2: v = [0.45 + 0.5, 0.9 + 1]      p = [0.95 - 0.095, -2.1 - 0.19] = [0.855, -2.29]
+    #   step 3: v = [0.855 + 0.5, 1.71 + 1]    p = [0.855 - 0.1355, -2.29 - 0.271]
+    p = {"w": np.array([1.0, -2.0])}
+    g = {"w": np.array([0.5, 1.0])}
+    opt = SGD(p, lr=0.1, momentum=0.9)
+    expected_p = [[0.95, -2.1], [0.855, -2.29], [0.7195, -2.561]]
+    expected_v = [[0.5, 1.0], [0.95, 1.9], [1.355, 2.71]]
+    for ep, ev in zip(expected_p, expected_v):
+        opt.step(p, g)
+        np.testing.assert_allclose(p["w"], ep, rtol=0, atol=1e-14)
+        np.testing.assert_allclose(opt.slots["velocity"]["w"], ev, rtol=0, atol=1e-14)
+    assert opt.steps == 3
+
+
+def test_sgd_momentum_zero_is_plain_sgd_and_scale_multiplies_gradient():
+    p = {"w": np.array([[1.0, 2.0], [3.0, 4.0]])}
+    opt = SGD(p, lr=0.5, momentum=0.0)
+    opt.step(p, {"w": np.array([[1.0, -1.0], [2.0, 0.0]])}, scale=0.5)
+    # p - lr * scale * g = p - 0.25 g
+    np.testing.assert_allclose(p["w"], [[0.75, 2.25], [2.5, 4.0]], rtol=0, atol=1e-15)
+
+
+def test_adagrad_matches_hand_computed_steps():
+    # G0 = 0.1, delta = 1e-7, lr = 0.1; gradients [0.3, -0.4] then [0.1, 0.2]:
+    #   step 1: G = [0.1 + 0.09, 0.1 + 0.16] = [0.19, 0.26]
+    #           p = [1 - 0.1*0.3/(sqrt(0.19)+d), 0 + 0.1*0.4/(sqrt(0.26)+d)]
+    #   step 2: G = [0.19 + 0.01, 0.26 + 0.04] = [0.2, 0.3]
+    d = 1e-7
+    p = {"w": np.array([1.0, 0.0])}
+    opt = Adagrad(p, lr=0.1, initial_accumulator=0.1, delta=d)
+    opt.step(p, {"w": np.array([0.3, -0.4])})
+    p1 = [1 - 0.03 / (math.sqrt(0.19) + d), 0.04 / (math.sqrt(0.26) + d)]
+    np.testing.assert_allclose(opt.slots["accumulator"]["w"], [0.19, 0.26], rtol=0, atol=1e-15)
+    np.testing.assert_allclose(p["w"], p1, rtol=0, atol=1e-14)
+    opt.step(p, {"w": np.array([0.1, 0.2])})
+    p2 = [p1[0] - 0.01 / (math.sqrt(0.2) + d), p1[1] - 0.02 / (math.sqrt(0.3) + d)]
+    np.testing.assert_allclose(opt.slots["accumulator"]["w"], [0.2, 0.3], rtol=0, atol=1e-15)
+    np.testing.assert_allclose(p["w"], p2, rtol=0, atol=1e-14)
+
+
+def test_adagrad_accumulates_the_clipped_gradient():
+    # scale 0.5: G = 0 + (0.5 * 2)^2 = 1, p = 0 - 1 * 1 / (1 + 0) ... with delta 1e-7
+    p = {"w": np.zeros(1)}
+    opt = Adagrad(p, lr=1.0, initial_accumulator=0.0, delta=1e-7)
+    opt.step(p, {"w": np.array([2.0])}, scale=0.5)
+    assert opt.slots["accumulator"]["w"][0] == 1.0
+    assert p["w"][0] == pytest.approx(-1.0 / (1.0 + 1e-7), abs=1e-15)
+
+
+def test_float32_update_agrees_with_float64():
+    rng = np.random.default_rng(0)
+    p64 = {"w": rng.standard_normal(50)}
+    p32 = {"w": p64["w"].astype(np.float32)}
+    g64 = rng.standard_normal(50)
+    for name in ("sgd", "adagrad"):
+        a, b = make_optimizer(name, p64, 0.1), make_optimizer(name, p32, 0.1)
+        for _ in range(3):
+            a.step(p64, {"w": g64})
+            b.step(p32, {"w": g64.astype(np.float32)})
+        assert p32["w"].dtype == np.float32
+        np.testing.assert_allclose(p32["w"], p64["w"], rtol=1e-5, atol=1e-6)
+
+
+def test_global_norm_and_clip_scale():
+    grads = {"a": np.array([3.0]), "b": np.array([[0.0, 4.0]], dtype=np.float32)}
+    assert global_norm(grads) == 5.0
+    assert clip_scale(5.0, 1.0) == pytest.approx(0.2)
+    assert clip_scale(5.0, 10.0) == 1.0          # already short enough
+    assert clip_scale(5.0, 0.0) == 1.0           # clipping off
+    with pytest.raises(ValueError, match="clip must be >= 0"):
+        clip_scale(5.0, -1.0)
+    # float32 squares that would overflow a float32 sum are accumulated in float64
+    big = {"a": np.full(4, 1e20, dtype=np.float32)}
+    assert global_norm(big) == pytest.approx(2e20, rel=1e-6)
+    assert math.isnan(global_norm({"a": np.array([1.0, np.nan])}))
+    assert math.isinf(global_norm({"a": np.array([np.inf])}))
+
+
+def test_clipped_step_has_the_clipped_length():
+    p = {"a": np.zeros(2), "b": np.zeros(1)}
+    g = {"a": np.array([3.0, 0.0]), "b": np.array([4.0])}
+    opt = SGD(p, lr=1.0, momentum=0.0)
+    opt.step(p, g, clip_scale(global_norm(g), 1.0))
+    assert math.hypot(*p["a"], *p["b"]) == pytest.approx(1.0, abs=1e-15)
+
+
+@pytest.mark.parametrize("name", ["antisym", "antisym-gated"])
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
+def test_antisymmetric_W_stays_strictly_upper_triangular(name, optimizer):
+    model = nprnn.make_model(name, 2, 6, 3, eps=0.5, gamma=0.1, dtype="float64", seed=1)
+    opt = make_optimizer(optimizer, model.params, lr=0.3)
+    rng = np.random.default_rng(2)
+    x, y = rng.standard_normal((4, 5, 2)), rng.integers(0, 3, size=4)
+    lower = np.tril(np.ones((6, 6), dtype=bool))        # on and below the diagonal
+    W0 = model.params["W"].copy()
+    for _ in range(5):
+        _, grads = model.loss_and_grad(x, y)
+        assert np.all(grads["W"][lower] == 0.0)
+        opt.step(model.params, grads)
+    W = model.params["W"]
+    assert np.all(W[lower] == 0.0)
+    assert not np.array_equal(W[~lower], W0[~lower])    # the upper triangle did move
+    slot = opt.slot_names[0]
+    untouched = 0.0 if optimizer == "sgd" else opt.hyper["initial_accumulator"]
+    assert np.all(opt.slots[slot]["W"][lower] == untouched)
+
+
+@pytest.mark.parametrize("optimizer,lr", [("sgd", 0.5), ("adagrad", 0.1)])
+def test_one_tiny_batch_is_learned_by_heart(optimizer, lr):
+    model = nprnn.make_model("antisym", 2, 16, 4, eps=0.5, gamma=0.01, dtype="float64", seed=0)
+    rng = np.random.default_rng(3)
+    x, y = rng.standard_normal((8, 6, 2)), rng.integers(0, 4, size=8)
+    opt = make_optimizer(optimizer, model.params, lr=lr)
+    first, _ = model.loss_and_grad(x, y)
+    for _ in range(300):
+        loss, grads = model.loss_and_grad(x, y)
+        opt.step(model.params, grads)
+    assert loss < 0.05 < first
+    assert np.array_equal(model.forward(x).argmax(axis=1), y)
+
+
+@pytest.mark.parametrize("name", ["sgd", "adagrad"])
+def test_state_dict_round_trip_continues_identically(name):
+    rng = np.random.default_rng(4)
+    p = {"W": rng.standard_normal((3, 3)).astype(np.float32), "b": np.zeros(3, np.float32)}
+    q = {k: v.copy() for k, v in p.items()}
+    grads = [{k: rng.standard_normal(v.shape).astype(np.float32) for k, v in p.items()}
+             for _ in range(4)]
+    a = make_optimizer(name, p, lr=0.1)
+    for g in grads[:2]:
+        a.step(p, g)
+    saved = {k: v for k, v in a.state_dict().items()}
+    saved["slots"] = {s: {k: v.copy() for k, v in d.items()} for s, d in saved["slots"].items()}
+    b = make_optimizer(name, q, lr=0.1)
+    for k in q:
+        q[k][...] = p[k]
+    b.load_state_dict(saved)
+    assert b.steps == 2
+    for g in grads[2:]:
+        a.step(p, g)
+        b.step(q, g)
+    for k in p:
+        assert p[k].tobytes() == q[k].tobytes()
+
+
+def test_load_state_dict_rejects_state_of_another_shape_or_optimizer():
+    p = {"W": np.zeros((2, 2))}
+    sgd = SGD(p, lr=0.1)
+    with pytest.raises(ValueError, match="'sgd', not 'adagrad'"):
+        Adagrad(p, lr=0.1).load_state_dict(sgd.state_dict())
+    other = SGD({"W": np.zeros((3, 3))}, lr=0.1).state_dict()
+    with pytest.raises(ValueError, match=r"velocity/W has shape \(3, 3\)"):
+        sgd.load_state_dict(other)
+    with pytest.raises(ValueError, match="must hold the parameters"):
+        sgd.load_state_dict(SGD({"V": np.zeros(2)}, lr=0.1).state_dict())
+
+
+def test_bad_arguments_are_named():
+    p = {"w": np.zeros(3)}
+    with pytest.raises(ValueError, match="lr .* > 0, got 0.0"):
+        SGD(p, lr=0.0)
+    with pytest.raises(ValueError, match=r"momentum must be in \[0, 1\), got 1.0"):
+        SGD(p, lr=0.1, momentum=1.0)
+    with pytest.raises(ValueError, match="unknown optimizer 'adam'; choose one of: sgd, adagrad"):
+        make_optimizer("adam", p, lr=0.1)
+    with pytest.raises(ValueError, match="initial_accumulator"):
+        Adagrad(p, lr=0.1, initial_accumulator=-1)
+    opt = SGD(p, lr=0.1)
+    with pytest.raises(ValueError, match="gradient 'w' has shape"):
+        opt.step(p, {"w": np.zeros(4)})
+    with pytest.raises(ValueError, match="must have the keys"):
+        opt.step(p, {"v": np.zeros(3)})
+    strided = {"w": np.zeros(6)[::2]}
+    with pytest.raises(ValueError, match="C-contiguous"):
+        SGD(strided, lr=0.1).step(strided, {"w": np.zeros(3)})

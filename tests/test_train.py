@@ -1,0 +1,314 @@
+"""The training loop and its run folder: learning, metrics format, checkpoints, bit-identical
+resume after a signal, a crash or a SIGTERM to another process, the NaN guard, evaluation of a
+saved run, and the `train` / `eval` commands.
+
+All runs use a tiny in-memory task (T=6, m=2, 3 classes): the label is decided by the signs of
+the first input step, so a model must carry it through 5 more steps."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import nprnn.datasets
+from nprnn.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from nprnn.datasets import ArrayTask
+from nprnn.train import TrainError, TrainingDiverged, evaluate_checkpoint, train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+import cli  # noqa: E402  (cli.py lives at the repository root)
+
+
+def toy_task(seed=0, name="toy", m=2, num_train=64):
+    """num_train training and 32 test sequences (T=6, m), label (x_0[0] > 0) + (x_0[1] > 0)."""
+    rng = np.random.default_rng(seed)
+
+    def make(N):
+        x = rng.standard_normal((N, 6, m)).astype(np.float32)
+        return x, ((x[:, 0, 0] > 0).astype(np.int64) + (x[:, 0, 1] > 0))
+    return ArrayTask(name, *make(num_train), *make(32), num_classes=3)
+
+
+# 8 batches of 8 per epoch: N = 13 stops mid-epoch (epoch 1, batch 5), off every logging and
+# checkpoint interval below, so resume has to restore all of them.
+CONFIG = dict(model="antisym", hidden=8, eps=0.5, gamma=0.01, lr=0.1, batch_size=8,
+              iterations=26, eval_every=10, log_every=4, checkpoint_every=5, seed=3)
+
+
+def quiet(**kw):
+    return dict(echo=lambda s: None, progress=False, **kw)
+
+
+def records(out, drop=("time", "it_per_s")):
+    """metrics.jsonl without the wall-clock fields."""
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        return [{k: v for k, v in json.loads(line).items() if k not in drop} for line in f]
+
+
+def assert_same_state(a, b):
+    """Two checkpoints with bit-identical parameters and optimizer state."""
+    ca, cb = load_checkpoint(a), load_checkpoint(b)
+    assert ca["progress"]["iteration"] == cb["progress"]["iteration"]
+    for k, v in ca["params"].items():
+        assert v.tobytes() == cb["params"][k].tobytes(), f"parameter {k} differs"
+    for s, d in ca["optimizer"]["slots"].items():
+        for k, v in d.items():
+            assert v.tobytes() == cb["optimizer"]["slots"][s][k].tobytes(), f"{s}/{k} differs"
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory):
+    """CONFIG trained for 26 iterations without interruption, per optimizer."""
+    runs = {}
+    for opt in ("sgd", "adagrad"):
+        out = tmp_path_factory.mktemp(f"ref-{opt}")
+        train(dict(CONFIG, optimizer=opt), out, task=toy_task(), **quiet())
+        runs[opt] = str(out)
+    return runs
+
+
+# ----------------------------------------------------------------------------------------------
+# The run folder
+# ----------------------------------------------------------------------------------------------
+
+def test_training_learns_and_writes_the_run_folder(tmp_path):
+    lines = []
+    res = train(dict(CONFIG, iterations=200, eval_every=100, log_every=20, checkpoint_every=50),
+                tmp_path, task=toy_task(num_train=512), echo=lines.append, progress=False)
+    assert res["completed"] and res["iteration"] == 200 and res["stopped"] is None
+    assert res["final"]["accuracy"] >= 0.8            # the majority class is about half
+    text = "\n".join(lines)
+    assert "parameters        79" in text and "final test accuracy after 200 iterations" in text
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["model"] == "antisym" and config["task"] == "toy"
+    assert (config["eps"], config["gamma"], config["input_size"], config["num_classes"],
+            config["seq_len"], config["num_params"]) == (0.5, 0.01, 2, 3, 6, 79)
+    recs = records(tmp_path)
+    train_recs = [r for r in recs if r["split"] == "train"]
+    assert [r["iteration"] for r in train_recs] == list(range(20, 201, 20))
+    assert [r["iteration"] for r in recs if r["split"] == "test"] == [100, 200]
+    for r in recs:
+        assert isinstance(r["iteration"], int) and 0.0 <= r["accuracy"] <= 1.0
+        assert np.isfinite(r["loss"])
+    assert train_recs[-1]["loss"] < train_recs[0]["loss"]
+    ckpt = load_checkpoint(tmp_path)
+    assert ckpt["progress"]["iteration"] == 200
+    assert (ckpt["progress"]["epoch"], ckpt["progress"]["batch"]) == (3, 8)    # 64 per epoch
+
+
+def test_a_used_folder_is_not_overwritten_and_resume_needs_a_checkpoint(tmp_path):
+    train(dict(CONFIG, iterations=2), tmp_path, task=toy_task(), **quiet())
+    with pytest.raises(TrainError, match="already holds a run; continue it with --resume"):
+        train(dict(CONFIG, iterations=2), tmp_path, task=toy_task(), **quiet())
+    with pytest.raises(TrainError, match="nothing to resume"):
+        train(out=tmp_path / "empty", resume=True, task=toy_task(), **quiet())
+
+
+def test_resume_refuses_other_settings_but_allows_a_lower_learning_rate(tmp_path):
+    train(dict(CONFIG, iterations=4), tmp_path, task=toy_task(), **quiet())
+    with pytest.raises(TrainError, match=r"model='lstm' \(the run was started with 'antisym'\)"):
+        train(out=tmp_path, resume=True, given=dict(model="lstm"), task=toy_task(), **quiet())
+    with pytest.raises(TrainError,
+                       match=r"cannot change: hidden=16 \(the run was started with 8\)"):
+        train(out=tmp_path, resume=True, given=dict(hidden=16), task=toy_task(), **quiet())
+    lines = []
+    res = train(out=tmp_path, resume=True, given=dict(lr=0.05, iterations=8), task=toy_task(),
+                echo=lines.append, progress=False)
+    assert res["iteration"] == 8
+    assert "resume: lr: 0.1 -> 0.05" in lines
+    assert [r["lr"] for r in records(tmp_path) if r["split"] == "train"] == [0.1, 0.05]
+
+
+def test_a_task_that_does_not_fit_the_checkpoint_is_refused(tmp_path):
+    train(dict(CONFIG, iterations=2), tmp_path, task=toy_task(), **quiet())
+    with pytest.raises(TrainError, match=r"input size m=3.*does not fit.*m=2"):
+        train(out=tmp_path, resume=True, task=toy_task(m=3), **quiet())
+
+
+# ----------------------------------------------------------------------------------------------
+# Nothing lost: bit-identical resume
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
+def test_sigint_then_resume_is_bit_identical(tmp_path, reference_run, optimizer):
+    """SIGINT after 13 of 26 iterations: the step finishes, a checkpoint is written, the run
+    returns; --resume then ends with exactly the uninterrupted run's parameters and metrics."""
+    def interrupt(it, loss):
+        if it == 13:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    first = train(dict(CONFIG, optimizer=optimizer), tmp_path, task=toy_task(),
+                  **quiet(callback=interrupt))
+    assert first["stopped"] == "SIGINT" and first["iteration"] == 13 and not first["completed"]
+    progress = load_checkpoint(tmp_path)["progress"]
+    assert (progress["iteration"], progress["epoch"], progress["batch"]) == (13, 1, 5)
+    second = train(out=tmp_path, resume=True, task=toy_task(), **quiet())
+    assert second["completed"] and second["iteration"] == 26
+    assert_same_state(tmp_path, reference_run[optimizer])
+    assert records(tmp_path) == records(reference_run[optimizer])
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler   # handler restored
+
+
+def test_crash_between_checkpoints_then_resume_is_bit_identical(tmp_path, reference_run):
+    """A process that dies at iteration 17 (last checkpoint at 15) leaves metrics lines past the
+    checkpoint; resume cuts them and continues as if nothing happened."""
+    def crash(it, loss):
+        if it == 17:
+            raise SystemExit("killed")
+
+    with pytest.raises(SystemExit):
+        train(dict(CONFIG), tmp_path, task=toy_task(), **quiet(callback=crash))
+    assert load_checkpoint(tmp_path)["progress"]["iteration"] == 15
+    assert max(r["iteration"] for r in records(tmp_path)) == 16
+    train(out=tmp_path, resume=True, task=toy_task(), **quiet())
+    assert_same_state(tmp_path, reference_run["sgd"])
+    assert records(tmp_path) == records(reference_run["sgd"])
+
+
+CHILD = textwrap.dedent("""
+    import sys
+    import time
+    sys.path.insert(0, {tests!r})
+    from test_train import CONFIG, toy_task
+    from nprnn.train import train
+
+    def report(it, loss):
+        print("iteration", it, flush=True)
+        time.sleep(0.05)       # pace the steps so that the parent's signal lands mid-run
+        if it == 40:           # never reached: the parent's SIGTERM comes first
+            sys.exit("no SIGTERM arrived")
+
+    res = train(dict(CONFIG, iterations=52), {out!r}, task=toy_task(), echo=lambda s: None,
+                progress=False, callback=report)
+    print("stopped", res["stopped"], res["iteration"], flush=True)
+""")
+
+
+def test_sigterm_to_another_process_then_resume_is_bit_identical(tmp_path, reference_run):
+    """A real process, stopped by SIGTERM at whatever step it is in, exits cleanly with a
+    checkpoint; resuming it gives the uninterrupted run's parameters bit for bit."""
+    ref = tmp_path / "ref"
+    train(dict(CONFIG, iterations=52), ref, task=toy_task(), **quiet())
+    out = tmp_path / "run"
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD.format(tests=os.path.join(ROOT, "tests"), out=str(out))],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    # the first line comes once numba has loaded its kernels; signal after a few steps
+    for line in child.stdout:
+        if line.startswith("iteration") and int(line.split()[1]) >= 3:
+            child.send_signal(signal.SIGTERM)
+            break
+    rest, err = child.communicate(timeout=120)
+    assert child.returncode == 0, err
+    stopped = [ln for ln in rest.splitlines() if ln.startswith("stopped")]
+    assert stopped and stopped[0].split()[1] == "SIGTERM", rest + err
+    k = int(stopped[0].split()[2])
+    assert 3 <= k < 52
+    assert load_checkpoint(out)["progress"]["iteration"] == k
+    train(out=out, resume=True, task=toy_task(), **quiet())
+    assert_same_state(out, ref)
+    assert records(out) == records(ref)
+
+
+# ----------------------------------------------------------------------------------------------
+# The NaN guard
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_divergence_stops_with_the_iteration_and_keeps_the_last_good_checkpoint(tmp_path):
+    # an absurd learning rate: float32 logits overflow within a few steps
+    config = dict(CONFIG, model="feedback", gamma=None, lr=1e37, iterations=100,
+                  checkpoint_every=1)
+    with pytest.raises(TrainingDiverged) as e:
+        train(config, tmp_path, task=toy_task(), **quiet())
+    msg = str(e.value)
+    bad = int(msg.split("finite at iteration ")[1].split()[0])
+    assert "lower learning rate" in msg and f"--resume --lr 5e+36" in msg
+    ckpt = load_checkpoint(tmp_path)
+    assert ckpt["progress"]["iteration"] == bad - 1
+    assert f"last good checkpoint (iteration {bad - 1})" in msg
+    assert all(np.isfinite(v).all() for v in ckpt["params"].values())
+
+
+# ----------------------------------------------------------------------------------------------
+# Evaluating a saved run
+# ----------------------------------------------------------------------------------------------
+
+def test_evaluate_checkpoint_reproduces_the_final_test_metrics(reference_run):
+    res = evaluate_checkpoint(reference_run["sgd"], task=toy_task())
+    final = [r for r in records(reference_run["sgd"]) if r["split"] == "test"][-1]
+    assert (res["iteration"], res["model"], res["split"]) == (26, "antisym", "test")
+    assert res["accuracy"] == final["accuracy"] and res["loss"] == pytest.approx(final["loss"])
+
+
+def test_evaluate_checkpoint_errors(tmp_path, reference_run):
+    with pytest.raises(CheckpointError, match="no such run directory or checkpoint file"):
+        evaluate_checkpoint(tmp_path / "nope", task=toy_task())
+    with pytest.raises(CheckpointError, match="holds no checkpoint"):
+        evaluate_checkpoint(tmp_path, task=toy_task())
+    (tmp_path / "junk.h5").write_bytes(b"not hdf5")
+    with pytest.raises(CheckpointError, match="cannot read checkpoint"):
+        evaluate_checkpoint(tmp_path / "junk.h5", task=toy_task())
+    with pytest.raises(TrainError, match=r"input size m=3.*does not fit"):
+        evaluate_checkpoint(reference_run["sgd"], task=toy_task(m=3))
+    # a run folder whose config.json and checkpoint disagree about the model
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    ckpt = load_checkpoint(reference_run["sgd"])
+    save_checkpoint(mixed / "checkpoint.h5", ckpt["params"], ckpt["optimizer"], ckpt["config"],
+                    ckpt["progress"])
+    (mixed / "config.json").write_text(json.dumps(dict(ckpt["config"], model="lstm")))
+    with pytest.raises(CheckpointError, match="checkpoint of model 'antisym', but .* 'lstm'"):
+        evaluate_checkpoint(mixed, task=toy_task())
+    # a checkpoint whose parameters are another model's
+    other = tmp_path / "other.h5"
+    params = dict(ckpt["params"], V_z=np.zeros((8, 2), np.float32))
+    save_checkpoint(other, params, ckpt["optimizer"], ckpt["config"], ckpt["progress"])
+    with pytest.raises(CheckpointError, match="does not hold the parameters of model 'antisym'"):
+        evaluate_checkpoint(other, task=toy_task())
+
+
+# ----------------------------------------------------------------------------------------------
+# The commands
+# ----------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def toy_get_task(monkeypatch):
+    """`get_task` answering every name with the toy task (the commands load tasks by name)."""
+    def get_task(name, data_dir=None, T=None, seed=0, valid_size=0, download=True):
+        return toy_task(name=name)
+    monkeypatch.setattr(nprnn.datasets, "get_task", get_task, raising=False)
+
+
+def test_cli_train_then_eval(tmp_path, toy_get_task):
+    out = str(tmp_path / "run")
+    runner = CliRunner()
+    r = runner.invoke(cli.cli, ["train", "--model", "antisym", "--task", "mnist", "--hidden", "8",
+                                "--eps", "0.5", "--gamma", "0.01", "--batch-size", "8",
+                                "--iterations", "30", "--eval-every", "15", "--out", out])
+    assert r.exit_code == 0, r.output
+    assert "parameters        79" in r.output and "final test accuracy after 30" in r.output
+    r = runner.invoke(cli.cli, ["eval", out])
+    assert r.exit_code == 0, r.output
+    assert "antisym" in r.output and "iteration 30" in r.output and "accuracy" in r.output
+    r = runner.invoke(cli.cli, ["train", "--out", out, "--resume", "--iterations", "40"])
+    assert r.exit_code == 0, r.output
+    assert "final test accuracy after 40" in r.output
+
+
+def test_cli_errors_are_clean(tmp_path, toy_get_task):
+    runner = CliRunner()
+    r = runner.invoke(cli.cli, ["train", "--device", "cuda", "--hidden", "8", "--iterations", "2",
+                                "--out", str(tmp_path / "gpu")])
+    assert r.exit_code == 1 and "Error:" in r.output and "cuda" in r.output
+    assert r.exc_info[0] is SystemExit                 # a message, not a traceback
+    r = runner.invoke(cli.cli, ["eval", str(tmp_path / "missing")])
+    assert r.exit_code == 1 and "no such run directory" in r.output
+    r = runner.invoke(cli.cli, ["train", "--out", str(tmp_path / "x"), "--resume"])
+    assert r.exit_code == 1 and "nothing to resume" in r.output
