@@ -19,6 +19,7 @@ import numpy as np
 
 from . import reference
 from .kernels import antisym as K_euler
+from .kernels.common import one_blas_thread
 from .kernels import gru as K_gru
 from .kernels import lstm as K_lstm
 from .kernels import rnn as K_rnn
@@ -142,31 +143,37 @@ class EulerCell(Cell):
     def forward(self, p, x, h0=None, eps=DEFAULT_EPS, gamma=DEFAULT_GAMMA):
         T, B, _ = x.shape
         n = p["b_h"].shape[0]
+        eps = x.dtype.type(eps)                # float32 models compute in float32 throughout
         A = self.matrix(p["W"], gamma)
         hs = _states(x, n, h0)
         th = np.empty((T, B, n), dtype=x.dtype)
         cache = dict(x=x, A=A, hs=hs, th=th)
-        if self.gated:
-            z = np.empty_like(th)
-            K_euler.euler_gated_forward_cpu(hs, th, z, x, A, p["V_h"], p["b_h"],
-                                            p["V_z"], p["b_z"], eps)
-            cache["z"] = z
-        else:
-            K_euler.euler_forward_cpu(hs, th, x, A, p["V_h"], p["b_h"], eps)
+        with one_blas_thread():
+            if self.gated:
+                z = np.empty_like(th)
+                K_euler.euler_gated_forward_cpu(hs, th, z, x, A, p["V_h"], p["b_h"],
+                                                p["V_z"], p["b_z"], eps)
+                cache["z"] = z
+            else:
+                K_euler.euler_forward_cpu(hs, th, x, A, p["V_h"], p["b_h"], eps)
         return hs[T], cache
 
     def backward(self, p, cache, dh_T, eps=DEFAULT_EPS, gamma=DEFAULT_GAMMA):
         x, A, hs, th = cache["x"], cache["A"], cache["hs"], cache["th"]
+        eps = x.dtype.type(eps)
+        dh_T = np.ascontiguousarray(dh_T, dtype=x.dtype)
         g = {k: np.empty_like(v) for k, v in p.items()}
         dA = np.empty_like(A)
         dh0 = np.empty_like(hs[0])
         da = np.empty_like(th)
-        if self.gated:
-            K_euler.euler_gated_backward_cpu(dA, g["V_h"], g["b_h"], g["V_z"], g["b_z"], dh0,
-                                             da, np.empty_like(th), np.empty_like(th),
-                                             dh_T, hs, th, cache["z"], x, A, eps)
-        else:
-            K_euler.euler_backward_cpu(dA, g["V_h"], g["b_h"], dh0, da, dh_T, hs, th, x, A, eps)
+        with one_blas_thread():
+            if self.gated:
+                K_euler.euler_gated_backward_cpu(dA, g["V_h"], g["b_h"], g["V_z"], g["b_z"], dh0,
+                                                 da, np.empty_like(th), np.empty_like(th),
+                                                 dh_T, hs, th, cache["z"], x, A, eps)
+            else:
+                K_euler.euler_backward_cpu(dA, g["V_h"], g["b_h"], dh0, da, dh_T, hs, th, x, A,
+                                           eps)
         g["W"] = self.dW(dA)
         return g, dh0
 
