@@ -299,21 +299,29 @@ LAYOUTS = {
 }
 
 
+_MASK64 = (1 << 64) - 1
+
+
+def splitmix64(state):
+    """One step of SplitMix64 (Steele, Lea & Flood 2014): (new state, 64-bit output), in plain
+    integers, so it gives the same numbers everywhere. From state 0 the outputs begin
+    0xe220a8397b1dcdaf, 0x6e789e6aa1b965f4, 0x06c45d188009454f."""
+    state = (state + 0x9E3779B97F4A7C15) & _MASK64
+    z = state
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return state, z ^ (z >> 31)
+
+
 def splitmix64_permutation(n, seed):
     """A permutation of range(n) that is the same on every machine and every NumPy version:
-    Fisher-Yates (for i = n-1 .. 1: swap a[i], a[j], j = r mod (i + 1)), with r from the
-    SplitMix64 generator (Steele, Lea & Flood 2014) started at `seed`. (The modulo's bias is below
-    n / 2^64.)"""
-    mask = (1 << 64) - 1
-    state = int(seed) & mask
+    Fisher-Yates (for i = n-1 .. 1: swap a[i] and a[j], j = r mod (i + 1)) with the r from
+    SplitMix64 started at state `seed`. (The modulo's bias is below n / 2^64.)"""
+    state = int(seed) & _MASK64
     perm = list(range(n))
     for i in range(n - 1, 0, -1):
-        state = (state + 0x9E3779B97F4A7C15) & mask
-        z = state
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
-        z ^= z >> 31
-        j = z % (i + 1)
+        state, r = splitmix64(state)
+        j = r % (i + 1)
         perm[i], perm[j] = perm[j], perm[i]
     return np.array(perm, dtype=np.int64)
 

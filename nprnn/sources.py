@@ -345,14 +345,14 @@ class IdxSource:
         found = self.locate(data_dir)
         missing = [role for role in IDX_ROLES if found[role] is None]
         failures = []
-        for role in missing:
-            if not download:
-                continue
+        for role in missing if download else []:
             try:
                 found[role] = download_file(self.files[role], self.search_dirs(data_dir)[0],
                                             progress=progress)
             except DownloadError as e:
+                # the next files would most likely fail the same way (offline): stop here
                 failures.append(str(e))
+                break
         still = [self.files[r].name for r in IDX_ROLES if found[r] is None]
         if still:
             why = ("downloads are switched off" if not download else
@@ -402,12 +402,15 @@ CIFAR_RECORD = 1 + 3072
 
 class _ArrayOnlyUnpickler(pickle.Unpickler):
     """Unpickles plain containers and numpy arrays, nothing else (a pickle can run any callable
-    it names; a CIFAR batch needs only numpy's array reconstructor and dtype)."""
+    it names; a CIFAR batch needs only numpy's array reconstructor and dtype, and a protocol-2
+    pickle written by Python 3 spells bytes as _codecs.encode(text, "latin1"))."""
+    import codecs
     _reconstruct = np.ndarray.__reduce__(np.zeros(1))[0]     # numpy's own, whatever its module
     ALLOWED = {("numpy.core.multiarray", "_reconstruct"): _reconstruct,
                ("numpy._core.multiarray", "_reconstruct"): _reconstruct,
                ("numpy", "ndarray"): np.ndarray,
-               ("numpy", "dtype"): np.dtype}
+               ("numpy", "dtype"): np.dtype,
+               ("_codecs", "encode"): codecs.encode}
 
     def find_class(self, module, name):
         try:

@@ -1,8 +1,24 @@
-"""Tasks and batch iteration: the Task contract on the in-memory ArrayTask."""
+"""Tasks and batch iteration: the Task contract (on the in-memory ArrayTask), the sequence
+layouts, every task over its HDF5 cache (on small fake files, and on the real MNIST files where
+they are), and the cache's checks: reuse, corruption, a build killed halfway, concurrent builders."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
 import numpy as np
 import pytest
 
-from nprnn.datasets import ArrayTask
+from nprnn import datasets, sources
+from nprnn.datasets import (PIXELS, TASKS, ArrayTask, cache_path, check_cache, get_task,
+                            image_then_noise, permuted_sequence, pixel_sequence, resolve_data_dir,
+                            rows_then_noise, splitmix64, splitmix64_permutation)
+
+import fake_data as fd
 
 
 def toy_task(valid_size=0):
@@ -71,3 +87,355 @@ def test_batches_reject_bad_arguments():
         task.num_batches("train", 0)
     with pytest.raises(ValueError, match="start"):
         list(task.batches("train", 8, start=99))
+
+
+# ==============================================================================================
+# from images to sequences
+# ==============================================================================================
+
+def tiny_images():
+    """uint8 (B=2, H=2, W=3, C=2) with distinct values."""
+    return (np.arange(2 * 2 * 3 * 2, dtype=np.uint8) * 10).reshape(2, 2, 3, 2)
+
+
+def test_pixel_lookup_is_exact_division():
+    assert PIXELS.dtype == np.float32 and PIXELS[0] == 0 and PIXELS[255] == 1
+    assert np.array_equal(PIXELS, (np.arange(256) / 255).astype(np.float32))
+
+
+def test_layouts_by_hand():
+    im = tiny_images()
+    B, H, W, C = im.shape
+    x = pixel_sequence(im, None, None, None)
+    assert x.shape == (B, H * W, C) and x.dtype == np.float32 and x.flags.c_contiguous
+    for b, t, c in [(0, 0, 0), (0, 4, 1), (1, 5, 0), (1, 3, 1)]:
+        assert x[b, t, c] == np.float32(im[b, t // W, t % W, c] / 255)
+    perm = np.array([5, 0, 3, 1, 4, 2])
+    xp = permuted_sequence(im, None, perm, None)
+    assert np.array_equal(xp, x[:, perm])
+    rngs = [np.random.default_rng(0)] * B
+    xr = rows_then_noise(im, 5, None, rngs)
+    assert xr.shape == (B, 5, W * C) and xr.flags.c_contiguous
+    # row t: pixel 0's channels, then pixel 1's, ... (interleaved)
+    assert xr[1, 1, 2 * 2 + 1] == np.float32(im[1, 1, 2, 1] / 255)
+    assert np.array_equal(xr[:, :H].reshape(B, H, W, C), PIXELS[im])
+    # the noise continues one stream in batch order
+    rng = np.random.default_rng(0)
+    want = np.stack([rng.standard_normal((5 - H, W * C), dtype=np.float32) for _ in range(B)])
+    assert np.array_equal(xr[:, H:], want)
+    xi = image_then_noise(im, 4, None, [np.random.default_rng(1), np.random.default_rng(2)])
+    assert xi.shape == (B, 4, H * W * C)
+    assert np.array_equal(xi[:, 0], PIXELS[im.reshape(B, -1)])
+    assert np.array_equal(xi[1, 1:], np.random.default_rng(2).standard_normal(
+        (3, H * W * C), dtype=np.float32))
+
+
+def test_splitmix64_reference_values_and_permutation():
+    state, outs = 0, []
+    for _ in range(3):
+        state, z = splitmix64(state)
+        outs.append(z)
+    assert outs == [0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4, 0x06C45D188009454F]
+    p = splitmix64_permutation(784, 0)
+    assert np.array_equal(np.sort(p), np.arange(784))
+    assert p[:8].tolist() == [484, 411, 326, 479, 169, 18, 364, 604]   # pinned: same everywhere
+    assert not np.array_equal(p, splitmix64_permutation(784, 1))
+
+
+def test_task_shapes_and_T_option(monkeypatch):
+    assert list(TASKS) == ["mnist", "pmnist", "cifar10", "cifar10-noise", "padded-mnist",
+                           "mnist-noise", "fashion-mnist", "mnist-sample"]
+    shapes = {name: spec.shape() for name, spec in TASKS.items()}
+    assert shapes == {"mnist": (784, 1), "pmnist": (784, 1), "cifar10": (1024, 3),
+                      "cifar10-noise": (1000, 96), "padded-mnist": (100, 784),
+                      "mnist-noise": (1000, 28), "fashion-mnist": (784, 1),
+                      "mnist-sample": (784, 1)}
+    assert TASKS["cifar10-noise"].shape(200) == (200, 96)
+    assert TASKS["mnist"].shape(784) == (784, 1)
+    with pytest.raises(ValueError, match="fixed length T = 784"):
+        TASKS["mnist"].shape(100)
+    with pytest.raises(ValueError, match="T >= 32"):
+        TASKS["cifar10-noise"].shape(31)
+    with pytest.raises(ValueError, match="T >= 1"):
+        TASKS["padded-mnist"].shape(0)
+    with pytest.raises(ValueError, match="unknown task 'mnits'; the tasks are mnist, pmnist"):
+        get_task("mnits")
+
+
+def test_data_dir_precedence(monkeypatch, tmp_path):
+    monkeypatch.delenv("NPRNN_DATA_DIR", raising=False)
+    assert resolve_data_dir() == Path("data")
+    monkeypatch.setenv("NPRNN_DATA_DIR", str(tmp_path / "env"))
+    assert resolve_data_dir() == tmp_path / "env"
+    assert resolve_data_dir(tmp_path / "opt") == tmp_path / "opt"
+    assert cache_path("pmnist") == tmp_path / "env" / "pmnist.h5"
+    assert cache_path("pmnist", seed=7) == tmp_path / "env" / "pmnist-seed7.h5"
+    assert cache_path("mnist", seed=7) == tmp_path / "env" / "mnist.h5"
+
+
+# ==============================================================================================
+# tasks over the cache, on small fake data
+# ==============================================================================================
+
+@pytest.fixture
+def fake_mnist(tmp_path, monkeypatch):
+    """data dir with fake MNIST (60 train / 20 test digits) registered as the mnist source."""
+    arrays = fd.write_fake_mnist(tmp_path / "mnist")
+    monkeypatch.setitem(sources.SOURCES, "mnist", fd.fake_idx_source(tmp_path, arrays=arrays))
+    return tmp_path, arrays
+
+
+def test_mnist_task_from_fake_files(fake_mnist):
+    data_dir, arrays = fake_mnist
+    task = get_task("mnist", data_dir=data_dir, valid_size=10)
+    assert (task.T, task.m, task.num_classes) == (784, 1, 10)
+    assert [task.size(s) for s in ("train", "valid", "test")] == [50, 10, 20]
+    x, y = next(task.batches("test", 20))
+    assert np.array_equal(x[:, :, 0], PIXELS[arrays["test_images"].reshape(20, 784)])
+    assert np.array_equal(y, arrays["test_labels"])
+    # train + valid together are the training file, each example once
+    seen = np.concatenate([next(task.batches(s, 50, drop_last=False))[0] for s in
+                           ("train", "valid")])
+    assert sorted(map(bytes, seen)) == sorted(map(bytes, PIXELS[arrays["train_images"]]
+                                                  .reshape(60, 784, 1)))
+    info = task.info()
+    assert info["label_counts"]["test"] == np.bincount(arrays["test_labels"], minlength=10).tolist()
+    assert info["cache"]["format_version"] == datasets.CACHE_FORMAT_VERSION
+    assert {r["check"] for r in info["raw_files"]} == {"published MD5"}
+    json.dumps(info)                                   # data info prints it as JSON
+
+
+def test_pmnist_is_mnist_permuted(fake_mnist):
+    data_dir, _ = fake_mnist
+    plain, perm = get_task("mnist", data_dir), get_task("pmnist", data_dir, seed=3)
+    assert cache_path("pmnist", data_dir, 3).name == "pmnist-seed3.h5"
+    assert np.array_equal(perm.permutation, splitmix64_permutation(784, 3))
+    for (xa, ya), (xb, yb) in zip(plain.batches("train", 16, seed=5, epoch=1),
+                                  perm.batches("train", 16, seed=5, epoch=1)):
+        assert np.array_equal(ya, yb) and np.array_equal(xb, xa[:, perm.permutation])
+
+
+def test_noise_tasks_fresh_in_training_fixed_in_evaluation(fake_mnist):
+    data_dir, arrays = fake_mnist
+    task = get_task("mnist-noise", data_dir, T=40)
+    assert (task.T, task.m) == (40, 28)
+    a = list(task.batches("train", 8, seed=1, epoch=0))
+    b = list(task.batches("train", 8, seed=1, epoch=0))
+    assert all(np.array_equal(xa, xb) for (xa, _), (xb, _) in zip(a, b))
+    assert not np.array_equal(a[0][0][:, 28:], a[1][0][:, 28:])         # fresh per batch
+    c = next(task.batches("train", 8, seed=1, epoch=1))[0]
+    assert not np.array_equal(a[0][0][:, 28:], c[:, 28:])                # and per epoch
+    resumed = list(task.batches("train", 8, seed=1, epoch=0, start=4))
+    assert all(np.array_equal(xa, xb) for (xa, _), (xb, _) in zip(a[4:], resumed))
+    # digit rows first
+    t = np.concatenate([x for x, _ in task.batches("test", 20)])
+    assert np.array_equal(t[:, :28], PIXELS[arrays["test_images"]])
+    # test noise: the same at every evaluation and for every batch size
+    t7 = np.concatenate([x for x, _ in task.batches("test", 7)])
+    assert np.array_equal(t, t7)
+    noise = np.concatenate([x[:, 28:] for x, _ in a])
+    assert abs(noise.mean()) < 0.02 and abs(noise.std() - 1) < 0.02      # 36k N(0,1) samples
+    assert not np.array_equal(t[0, 28:], t[1, 28:])
+
+
+def test_padded_mnist_digit_then_noise(fake_mnist):
+    data_dir, arrays = fake_mnist
+    task = get_task("padded-mnist", data_dir, T=5, valid_size=10)
+    x, y = next(task.batches("valid", 10))
+    assert x.shape == (10, 5, 784)
+    valid_rows = datasets.split_train_valid(60, 10)[1]
+    assert np.array_equal(x[:, 0], PIXELS[arrays["train_images"][valid_rows].reshape(10, 784)])
+    assert np.array_equal(y, arrays["train_labels"][valid_rows])
+    again = next(get_task("padded-mnist", data_dir, T=5, valid_size=10).batches("valid", 10))[0]
+    assert np.array_equal(x, again)
+
+
+def test_cifar_tasks_from_fake_tarball(tmp_path, monkeypatch):
+    batches = fd.fake_cifar_arrays()
+    fd.write_fake_cifar(tmp_path / "cifar-10", "binary", "tar", batches)
+    monkeypatch.setitem(sources.SOURCES, "cifar10", fd.fake_cifar_source(batches))
+    train_im, train_lb, test_im, test_lb = fd.cifar_expected(batches)
+    task = get_task("cifar10", tmp_path)
+    assert (task.T, task.m, task.size("train"), task.size("test")) == (1024, 3, 20, 4)
+    x, y = next(task.batches("test", 4))
+    # step t = pixel (t // 32, t % 32), its three channels
+    assert np.array_equal(x, PIXELS[test_im].reshape(4, 1024, 3)) and np.array_equal(y, test_lb)
+    assert x[2, 33, 1] == np.float32(test_im[2, 1, 1, 1] / 255)
+    noisy = get_task("cifar10-noise", tmp_path, T=50)
+    xn, _ = next(noisy.batches("test", 4))
+    assert xn.shape == (4, 50, 96)
+    assert np.array_equal(xn[:, :32], PIXELS[test_im].reshape(4, 32, 96))
+
+
+# ==============================================================================================
+# the cache: reopening, corruption, atomicity, concurrency
+# ==============================================================================================
+
+def test_cache_is_reused_and_checked(fake_mnist, capsys):
+    data_dir, _ = fake_mnist
+    get_task("mnist", data_dir)
+    assert "building" in capsys.readouterr().err
+    path = cache_path("mnist", data_dir)
+    stamp = path.stat().st_mtime_ns
+    get_task("mnist", data_dir)
+    assert path.stat().st_mtime_ns == stamp and capsys.readouterr().err == ""
+    with h5py.File(path, "r") as f:
+        assert f["train/images"].dtype == np.uint8 and f["train/images"].shape == (60, 28, 28, 1)
+        assert f.attrs["format_version"] == datasets.CACHE_FORMAT_VERSION
+        assert f.attrs["normalisation"] == datasets.NORMALISATION
+        assert len(json.loads(f.attrs["raw_files"])) == 4
+
+
+def _flip_image_byte(path):
+    with h5py.File(path, "r") as f:
+        offset = f["train/images"].id.get_offset() + 1000
+    with open(path, "r+b") as fh:
+        fh.seek(offset)
+        byte = fh.read(1)
+        fh.seek(offset)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+
+
+def _truncate(path):
+    os.truncate(path, path.stat().st_size // 2)
+
+
+def _outdate(path):
+    with h5py.File(path, "a") as f:
+        f.attrs["format_version"] = 0
+
+
+def _garbage(path):
+    path.write_bytes(b"this is not HDF5" * 100)
+
+
+@pytest.mark.parametrize("damage, reason", [
+    (_flip_image_byte, "do not match their stored CRC-32"),
+    (_truncate, "cannot be read"),
+    (_outdate, "format version 0"),
+    (_garbage, "cannot be read"),
+])
+def test_damaged_cache_is_detected_and_rebuilt(fake_mnist, capsys, damage, reason):
+    data_dir, arrays = fake_mnist
+    get_task("mnist", data_dir)
+    path = cache_path("mnist", data_dir)
+    damage(path)
+    assert reason in check_cache(path, "mnist")
+    capsys.readouterr()
+    task = get_task("mnist", data_dir)
+    err = capsys.readouterr().err
+    assert "is not usable" in err and reason in err and "rebuilding" in err
+    assert check_cache(path, "mnist") is None
+    x, _ = next(task.batches("test", 20))
+    assert np.array_equal(x[:, :, 0], PIXELS[arrays["test_images"].reshape(20, 784)])
+
+
+def test_failed_build_leaves_no_cache_and_no_temporary(fake_mnist, monkeypatch):
+    data_dir, _ = fake_mnist
+    real_write = datasets._write_split
+
+    def write_then_fail(f, split, images, labels):
+        real_write(f, split, images, labels)
+        if split == "test":
+            raise RuntimeError("injected failure after writing the test split")
+    monkeypatch.setattr(datasets, "_write_split", write_then_fail)
+    with pytest.raises(RuntimeError, match="injected"):
+        get_task("mnist", data_dir)
+    assert sorted(p.name for p in data_dir.iterdir()) == ["mnist"]
+
+
+# A builder in a subprocess: fake MNIST, and a _write_split that announces itself and then waits.
+BUILDER = """
+import sys, time, pathlib
+sys.path.insert(0, {tests!r})
+import fake_data
+from nprnn import datasets
+data_dir, mode = pathlib.Path({data_dir!r}), {mode!r}
+fake_data.install_fake_mnist(data_dir)
+real_write = datasets._write_split
+def write_and_wait(f, split, images, labels):
+    real_write(f, split, images, labels)
+    (data_dir / f"writing-{{split}}-{{__import__('os').getpid()}}").touch()
+    if mode == "hang":
+        time.sleep(60)
+    else:                     # "race": wait until the other builder is writing too
+        deadline = time.time() + 20
+        while len(list(data_dir.glob("writing-train-*"))) < 2 and time.time() < deadline:
+            time.sleep(0.01)
+datasets._write_split = write_and_wait
+task = datasets.get_task("mnist", data_dir)
+print(task.size("train"), task.size("test"))
+"""
+
+
+def _builder(data_dir, mode):
+    code = BUILDER.format(tests=str(Path(__file__).parent), data_dir=str(data_dir), mode=mode)
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(pattern, directory, count=1, timeout=60):
+    deadline = time.time() + timeout
+    while len(list(Path(directory).glob(pattern))) < count:
+        assert time.time() < deadline, f"no {pattern} in {directory} after {timeout} s"
+        time.sleep(0.02)
+
+
+def test_build_killed_halfway_leaves_no_cache(tmp_path, monkeypatch):
+    proc = _builder(tmp_path, "hang")
+    try:
+        _wait_for("writing-train-*", tmp_path)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    path = cache_path("mnist", tmp_path)
+    assert not path.exists()
+    stale = list(tmp_path.glob(".mnist.h5.tmp-*"))
+    assert len(stale) == 1                                   # the half-written file
+    assert check_cache(path, "mnist") == "it does not exist"
+    arrays = fd.fake_mnist_arrays()
+    monkeypatch.setitem(sources.SOURCES, "mnist", fd.fake_idx_source(tmp_path, arrays=arrays))
+    task = get_task("mnist", tmp_path)                       # builds afresh
+    assert task.size("train") == 60 and check_cache(path, "mnist") is None
+    assert list(tmp_path.glob(".mnist.h5.tmp-*")) == []      # the dead builder's file is gone
+
+
+def test_two_builders_at_once_leave_one_good_cache(tmp_path):
+    procs = [_builder(tmp_path, "race") for _ in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err
+        assert out.split() == ["60", "20"]
+    assert len(list(tmp_path.glob("writing-train-*"))) == 2  # both were writing at once
+    assert check_cache(cache_path("mnist", tmp_path), "mnist") is None
+    assert list(tmp_path.glob(".mnist.h5.tmp-*")) == []
+
+
+# ==============================================================================================
+# the real MNIST files (../shared/data/mnist beside the repository; CI has them)
+# ==============================================================================================
+
+MNIST_TRAIN_COUNTS = [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
+MNIST_TEST_COUNTS = [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
+
+
+@pytest.mark.skipif(not (fd.REAL_MNIST / "train-images-idx3-ubyte.gz").exists(),
+                    reason=f"real MNIST files not found in {fd.REAL_MNIST}")
+def test_real_mnist_and_pmnist_caches(tmp_path):
+    (tmp_path / "mnist").symlink_to(fd.REAL_MNIST)
+    mnist = get_task("mnist", tmp_path, download=False)
+    pmnist = get_task("pmnist", tmp_path, download=False)
+    for task in (mnist, pmnist):
+        info = task.info()
+        assert info["sizes"] == dict(train=60000, valid=0, test=10000)
+        assert info["label_counts"]["train"] == MNIST_TRAIN_COUNTS
+        assert info["label_counts"]["test"] == MNIST_TEST_COUNTS
+        assert {r["check"] for r in info["raw_files"]} == {"published MD5"}
+    with h5py.File(mnist.path, "r") as f:
+        assert f["train/images"].shape == (60000, 28, 28, 1) and f["train/labels"][0] == 5
+        assert f["test/images"].shape == (10000, 28, 28, 1) and f["test/labels"][0] == 7
+        assert 0.12 < f.attrs["pixel_mean"][0] < 0.14 and 0.30 < f.attrs["pixel_std"][0] < 0.32
+    x, y = next(mnist.batches("train", 128, seed=0))
+    xp, yp = next(pmnist.batches("train", 128, seed=0))
+    assert np.array_equal(y, yp) and np.array_equal(xp, x[:, pmnist.permutation])
+    assert x.shape == (128, 784, 1) and x.min() == 0 and x.max() == 1
