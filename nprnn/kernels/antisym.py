@@ -32,6 +32,8 @@ from numba import prange
 
 from .common import (dsigmoid_from_y, dtanh_from_y, matmul_nt_rows, matmul_tn_rows, njit,
                      njit_parallel, num_slices, row_slice, sigmoid, sum_rows, tanh)
+from .gpu_common import (MAX_THREADS_PER_BLOCK, SHARED_BYTES_MAX, TILE, WARP, cdiv,
+                         column_sums_gpu, cuda, matmul_tn_gpu, round_up, scratch)
 
 
 # ------------------------------------------------------------------------------------------
@@ -190,3 +192,628 @@ def euler_gated_backward_cpu(dA, dV_h, db_h, dV_z, db_z, dh0, da, dzp, ds,
     matmul_tn_rows(dV_z, dzp.reshape(T * B, n), x2)                     # sum_t dzp_t^T x_t
     sum_rows(db_h, da.reshape(T * B, n))
     sum_rows(db_z, dzp.reshape(T * B, n))
+
+
+# ------------------------------------------------------------------------------------------
+# GPU twins
+# ------------------------------------------------------------------------------------------
+# Two versions of every pass, side by side (as llm.c's dev/cuda keeps its kernel versions), both
+# checked against the CPU twins above by tests/gpu/test_gpu_kernels.py:
+#
+#   version 1, "step"        one thread per (b, i) and one launch per time step. Obvious, and at
+#                            n = 128 the T launches cost more than the arithmetic they run.
+#   version 2, "persistent"  one launch runs all T steps (the persistent RNN of Diamos et al.,
+#                            2016). Block k owns batch rows [k R, (k+1) R) and keeps A and its
+#                            rows' state in shared memory for the whole sequence. Rows never
+#                            exchange data, so blocks never wait for each other and
+#                            cuda.syncthreads() is the only synchronisation: one per step.
+#
+# Both versions end BPTT with the same parameter-gradient products as the CPU twins,
+# dA = DA^T H, dV_h = DA^T X, db_h = DA^T 1, formed by `matmul_tn_gpu` (see gpu_common.py for
+# why a tiled product over the stored steps and not an accumulation inside the BPTT kernel).
+#
+# Host functions named like the CPU twins (`euler_forward_gpu`, ...) take the CPU twin's
+# arguments, all device arrays, followed by keyword-only launch options.
+
+@cuda.jit
+def antisym_matrix_kernel(A, W, gamma):
+    """A = W - W^T - gamma I (written, =). One thread per (i, j); 2-d grid over (j, i)."""
+    j, i = cuda.grid(2)
+    n = W.shape[0]
+    if i < n and j < n:
+        a = W[i, j] - W[j, i]
+        if i == j:
+            a -= gamma
+        A[i, j] = a
+
+
+@cuda.jit
+def shifted_matrix_kernel(A, W, gamma):
+    """A = W - gamma I (written, =). One thread per (i, j); 2-d grid over (j, i)."""
+    j, i = cuda.grid(2)
+    n = W.shape[0]
+    if i < n and j < n:
+        A[i, j] = W[i, j] - gamma if i == j else W[i, j]
+
+
+@cuda.jit
+def antisym_dW_kernel(dW, dA):
+    """dW_ij = dA_ij - dA_ji above the diagonal, 0 on and below it (written, =).
+    One thread per (i, j); 2-d grid over (j, i)."""
+    j, i = cuda.grid(2)
+    n = dA.shape[0]
+    if i < n and j < n:
+        dW[i, j] = dA[i, j] - dA[j, i] if j > i else 0
+
+
+def antisym_matrix_gpu(A, W, gamma, *, block=(16, 16)):
+    """Twin of antisym_matrix_cpu (device arrays): A = W - W^T - gamma I (written, =)."""
+    n = W.shape[0]
+    antisym_matrix_kernel[(cdiv(n, block[0]), cdiv(n, block[1])), block](A, W, gamma)
+
+
+def shifted_matrix_gpu(A, W, gamma, *, block=(16, 16)):
+    """A = W - gamma I (written, =), the ablation model's matrix (section 5.4); the CPU path
+    forms it with NumPy in cells.py."""
+    n = W.shape[0]
+    shifted_matrix_kernel[(cdiv(n, block[0]), cdiv(n, block[1])), block](A, W, gamma)
+
+
+def antisym_dW_gpu(dW, dA, *, block=(16, 16)):
+    """Twin of antisym_dW_cpu (device arrays): dW = dA - dA^T on the strict upper triangle, 0
+    elsewhere (written, =)."""
+    n = dA.shape[0]
+    antisym_dW_kernel[(cdiv(n, block[0]), cdiv(n, block[1])), block](dW, dA)
+
+
+# -- version 1: one thread per (b, i), one launch per step ----------------------------------
+
+@cuda.jit
+def euler_forward_step_kernel(hs, th, x, A, V_h, b_h, eps, t):
+    """Step t of (12): a = A h_{t-1} + V_h x_t + b_h ; th_t = tanh(a) ; h_t = h_{t-1} + eps th_t.
+
+    Written (=): th[t] (B, n), hs[t+1] (B, n). Read: hs[t], x[t] (B, m), A (n, n), V_h (n, m),
+    b_h (n,). One thread per (b, i); 2-d grid over (i, b).
+    """
+    i, b = cuda.grid(2)
+    B, n, m = hs.shape[1], A.shape[0], x.shape[2]
+    if b < B and i < n:
+        a = b_h[i]
+        for j in range(n):
+            a += A[i, j] * hs[t, b, j]
+        for k in range(m):
+            a += V_h[i, k] * x[t, b, k]
+        y = tanh(a)
+        th[t, b, i] = y
+        hs[t + 1, b, i] = hs[t, b, i] + eps * y
+
+
+@cuda.jit
+def euler_gated_forward_step_kernel(hs, th, z, x, A, V_h, b_h, V_z, b_z, eps, t):
+    """Step t of (13): with s = A h_{t-1} (shared by gate and candidate),
+    z_t = sigmoid(s + V_z x_t + b_z) ; th_t = tanh(s + V_h x_t + b_h) ; h_t = h_{t-1} + eps z_t th_t.
+
+    Written (=): th[t], z[t], hs[t+1] (B, n). Read: hs[t], x[t], A, V_h, b_h, V_z, b_z.
+    One thread per (b, i); 2-d grid over (i, b).
+    """
+    i, b = cuda.grid(2)
+    B, n, m = hs.shape[1], A.shape[0], x.shape[2]
+    if b < B and i < n:
+        s = hs.dtype.type(0)
+        for j in range(n):
+            s += A[i, j] * hs[t, b, j]
+        a = s + b_h[i]
+        zp = s + b_z[i]
+        for k in range(m):
+            a += V_h[i, k] * x[t, b, k]
+            zp += V_z[i, k] * x[t, b, k]
+        zt = sigmoid(zp)
+        y = tanh(a)
+        z[t, b, i] = zt
+        th[t, b, i] = y
+        hs[t + 1, b, i] = hs[t, b, i] + eps * zt * y
+
+
+@cuda.jit
+def euler_backward_step_kernel(dh_prev, da, dh, th, A, eps, t):
+    """BPTT through step t of (12).
+
+    forward was: h_t = h_{t-1} + eps * tanh(a_t),   a_t = A h_{t-1} + V_h x_t + b_h
+    so:          da_t = dh_t * eps * (1 - th_t**2) ;  dh_{t-1} = dh_t + A^T da_t
+
+    Written (=): da[t] (B, n), dh_prev (B, n). Read: dh (B, n) = dL/dh_t, th[t], A.
+    One thread per (b, i); 2-d grid over (i, b). dh_{t-1}[b, i] needs da_t[b, j] for every j,
+    which other threads (maybe other blocks) own, and a launch has no barrier across blocks:
+    so each thread recomputes the n values da_t[b, :] it needs (n multiplies, cheap next to
+    the n multiply-adds of A^T da_t).
+    """
+    i, b = cuda.grid(2)
+    B, n = dh.shape
+    if b < B and i < n:
+        acc = dh[b, i]
+        for j in range(n):
+            acc += dh[b, j] * eps * dtanh_from_y(th[t, b, j]) * A[j, i]
+        da[t, b, i] = dh[b, i] * eps * dtanh_from_y(th[t, b, i])
+        dh_prev[b, i] = acc
+
+
+@cuda.jit
+def euler_gated_backward_step_kernel(dh_prev, da, dzp, ds, dh, th, z, A, eps, t):
+    """BPTT through step t of (13).
+
+    forward was: h_t = h_{t-1} + eps * z_t * th_t,  th_t = tanh(a_t), z_t = sigmoid(zp_t),
+                 a_t = A h_{t-1} + ...,  zp_t = A h_{t-1} + ...
+    so:          da_t  = dh_t * eps * z_t * (1 - th_t**2)
+                 dzp_t = dh_t * eps * th_t * z_t * (1 - z_t)
+                 ds_t  = da_t + dzp_t ;   dh_{t-1} = dh_t + A^T ds_t
+
+    Written (=): da[t], dzp[t], ds[t] (B, n), dh_prev (B, n). Read: dh = dL/dh_t, th[t], z[t], A.
+    One thread per (b, i); 2-d grid over (i, b); ds_t[b, :] recomputed per thread as in
+    euler_backward_step_kernel.
+    """
+    i, b = cuda.grid(2)
+    B, n = dh.shape
+    if b < B and i < n:
+        acc = dh[b, i]
+        for j in range(n):
+            g = dh[b, j] * eps
+            ds_j = (g * z[t, b, j] * dtanh_from_y(th[t, b, j])
+                    + g * th[t, b, j] * dsigmoid_from_y(z[t, b, j]))
+            acc += ds_j * A[j, i]
+        g = dh[b, i] * eps
+        da_i = g * z[t, b, i] * dtanh_from_y(th[t, b, i])
+        dzp_i = g * th[t, b, i] * dsigmoid_from_y(z[t, b, i])
+        da[t, b, i] = da_i
+        dzp[t, b, i] = dzp_i
+        ds[t, b, i] = da_i + dzp_i
+        dh_prev[b, i] = acc
+
+
+def step_grid(B, n, block):
+    """(grid, block) for the one-thread-per-(b, i) step kernels; block = (units, rows)."""
+    return (cdiv(n, block[0]), cdiv(B, block[1])), block
+
+
+def euler_forward_gpu(hs, th, x, A, V_h, b_h, eps, *, block=(128, 1)):
+    """Version 1 twin of euler_forward_cpu (same arguments, device arrays): T launches of
+    euler_forward_step_kernel. Written (=): hs[1:], th. Read: hs[0] = h_0, x, A, V_h, b_h."""
+    T, B, _ = x.shape
+    grid, block = step_grid(B, A.shape[0], block)
+    eps = hs.dtype.type(eps)
+    for t in range(T):
+        euler_forward_step_kernel[grid, block](hs, th, x, A, V_h, b_h, eps, t)
+
+
+def euler_gated_forward_gpu(hs, th, z, x, A, V_h, b_h, V_z, b_z, eps, *, block=(128, 1)):
+    """Version 1 twin of euler_gated_forward_cpu: T launches of euler_gated_forward_step_kernel.
+    Written (=): hs[1:], th, z. Read: hs[0], x, A, V_h, b_h, V_z, b_z."""
+    T, B, _ = x.shape
+    grid, block = step_grid(B, A.shape[0], block)
+    eps = hs.dtype.type(eps)
+    for t in range(T):
+        euler_gated_forward_step_kernel[grid, block](hs, th, z, x, A, V_h, b_h, V_z, b_z, eps, t)
+
+
+def _backward_buffers(dh0, dh_T, T):
+    """The running dL/dh_t alternates between dh0 and a scratch buffer, one step writing what
+    the next reads; the order is chosen so that step t = 0 writes dh0. Returns (first input,
+    the other buffer) after copying dh_T into the first input."""
+    other = scratch("euler_dh", dh0.shape, dh0.dtype)
+    first_in = other if T % 2 == 1 else dh0        # step t writes dh0 exactly when t is even
+    first_in.copy_to_device(dh_T)
+    return first_in, (dh0 if first_in is other else other)
+
+
+def euler_backward_gpu(dA, dV_h, db_h, dh0, da, dh_T, hs, th, x, A, eps, *, block=(128, 1),
+                       tile=TILE):
+    """Version 1 twin of euler_backward_cpu (same arguments, device arrays): T launches of
+    euler_backward_step_kernel, then the parameter-gradient products.
+    Written (=): dA, dV_h, db_h, dh0, da. Read: dh_T, hs, th, x, A."""
+    T, B, _ = x.shape
+    grid, block = step_grid(B, A.shape[0], block)
+    eps = dh0.dtype.type(eps)
+    dh, dh_prev = _backward_buffers(dh0, dh_T, T)
+    for t in range(T - 1, -1, -1):
+        euler_backward_step_kernel[grid, block](dh_prev, da, dh, th, A, eps, t)
+        dh, dh_prev = dh_prev, dh
+    euler_param_grads_gpu(dA, dV_h, db_h, da, da, hs, x, tile=tile)
+
+
+def euler_gated_backward_gpu(dA, dV_h, db_h, dV_z, db_z, dh0, da, dzp, ds,
+                             dh_T, hs, th, z, x, A, eps, *, block=(128, 1), tile=TILE):
+    """Version 1 twin of euler_gated_backward_cpu: T launches of
+    euler_gated_backward_step_kernel, then the parameter-gradient products.
+    Written (=): dA, dV_h, db_h, dV_z, db_z, dh0, da, dzp, ds. Read: dh_T, hs, th, z, x, A."""
+    T, B, _ = x.shape
+    grid, block = step_grid(B, A.shape[0], block)
+    eps = dh0.dtype.type(eps)
+    dh, dh_prev = _backward_buffers(dh0, dh_T, T)
+    for t in range(T - 1, -1, -1):
+        euler_gated_backward_step_kernel[grid, block](dh_prev, da, dzp, ds, dh, th, z, A, eps, t)
+        dh, dh_prev = dh_prev, dh
+    euler_param_grads_gpu(dA, dV_h, db_h, ds, da, hs, x, tile=tile)
+    euler_input_grads_gpu(dV_z, db_z, dzp, x, tile=tile)
+
+
+def euler_input_grads_gpu(dV, db, da, x, *, tile=TILE):
+    """dV = sum_t da_t^T x_t = DA^T X ; db = DA^T 1 (both written, =).
+    dV (n, m), db (n,), da (T, B, n), x (T, B, m)."""
+    T, B, m = x.shape
+    n = da.shape[2]
+    DA = da.reshape(T * B, n)
+    matmul_tn_gpu(dV, DA, x.reshape(T * B, m), tile=tile)
+    column_sums_gpu(db, DA, tile=tile)
+
+
+def euler_param_grads_gpu(dA, dV_h, db_h, ds, da, hs, x, *, tile=TILE):
+    """The products that end BPTT, as in the CPU twins (all written, =):
+    dA = sum_t ds_t^T h_{t-1} = DS^T H ; dV_h = DA^T X ; db_h = DA^T 1.
+    ds is the signal reaching A h_{t-1} (da for (12), da + dzp for (13)); ds, da (T, B, n),
+    hs (T+1, B, n), x (T, B, m)."""
+    T, B, _ = x.shape
+    n = hs.shape[2]
+    matmul_tn_gpu(dA, ds.reshape(T * B, n), hs[:T].reshape(T * B, n), tile=tile)
+    euler_input_grads_gpu(dV_h, db_h, da, x, tile=tile)
+
+
+# -- version 2: persistent, one launch per pass ----------------------------------------------
+#
+# Shared-memory layout of the recurrent matrix. Thread i of a block computes unit i (and
+# i + blockDim, ...) of A v for the block's rows, where v is h_{t-1} (forward) or, transposed,
+# of A^T d for the BPTT signal d. Two layouts:
+#
+# * dense ("skew" false; ablation, feedback): all n*n values, M[j*n + i] = A[i, j] for the
+#   forward pass (A^T stored row by row) and M[j*n + i] = A[j, i] for BPTT, so that for each j
+#   the threads of a warp read consecutive addresses (no bank conflicts).
+# * skew ("skew" true; antisym, antisym-gated): A = S - gamma I with S antisymmetric, so A is
+#   known from the n(n-1)/2 values above the diagonal plus gamma = -A[0, 0]. They are stored by
+#   diagonals, P[diag_start(k) + i] = S[i, i + k] for k = 1 .. n-1, and thread i visits
+#   j = (i + k) mod n for k = 1 .. n-1: above the diagonal S[i, j] = P[diag_start(k) + i], below
+#   it S[i, j] = -S[j, i] = -P[diag_start(n - k) + j]. For a given k consecutive threads read
+#   consecutive addresses in either case. n = 128 in float32 needs 8128 * 4 = 32.5 KB.
+#
+# A block also keeps its rows' state vectors in shared memory (`buffers` vectors of n per row).
+# Everything must fit in SHARED_BYTES_MAX (48 KB); `persistent_fits` says whether it does, and
+# nprnn/gpu.py falls back to version 1 when it does not (dense n = 128 in float32 is 64 KB,
+# skew n = 128 in float64 is 65 KB: both run version 1).
+
+@cuda.jit(device=True)
+def diag_start(k, n):
+    """Offset of diagonal k (1 <= k < n) of the strict upper triangle in the packed layout:
+    diagonals 1 .. k-1 come first and hold (n - 1) + ... + (n - k + 1) values."""
+    return (k - 1) * n - (k - 1) * k // 2
+
+
+@cuda.jit(device=True)
+def skew_dot(P, v, i, n):
+    """sum_{j != i} S[i, j] v[j] for the antisymmetric S packed by diagonals in P."""
+    acc = v.dtype.type(0)
+    for k in range(1, n):
+        j = i + k
+        if j < n:                                   # above the diagonal: S[i, j]
+            acc += P[diag_start(k, n) + i] * v[j]
+        else:                                       # below: S[i, j] = -S[j, i], j = i + k - n
+            j -= n
+            acc -= P[diag_start(n - k, n) + j] * v[j]
+    return acc
+
+
+@cuda.jit(device=True)
+def dense_dot(M, v, i, n):
+    """sum_j M[j*n + i] v[j]: row i of the n x n matrix whose transpose M holds row by row."""
+    acc = v.dtype.type(0)
+    for j in range(n):
+        acc += M[j * n + i] * v[j]
+    return acc
+
+
+@cuda.jit(device=True)
+def load_matrix(Msh, A, skew, transpose):
+    """Copy A into the block's shared memory, every thread taking a share (see the layouts
+    above): skew -> P (the strict upper triangle by diagonals); dense -> M = A^T row by row if
+    `transpose` (forward: row i of A times v) else M = A (BPTT: row i of A^T times d)."""
+    n = A.shape[0]
+    tid, nthreads = cuda.threadIdx.x, cuda.blockDim.x
+    if skew:
+        for k in range(1, n):
+            for i in range(tid, n - k, nthreads):
+                Msh[diag_start(k, n) + i] = A[i, i + k]
+    else:
+        for e in range(tid, n * n, nthreads):
+            j, i = e // n, e % n
+            Msh[e] = A[i, j] if transpose else A[j, i]
+
+
+@cuda.jit(device=True)
+def matvec_row(Msh, v, i, n, skew, diag, transposed):
+    """(A v)_i, or (A^T v)_i if `transposed`, for A in shared memory (a dense Msh must have been
+    loaded with transpose = not transposed). skew: A = S - gamma I with diag = -gamma and
+    S^T = -S, so (A v)_i = diag v_i + (S v)_i and (A^T v)_i = diag v_i - (S v)_i."""
+    if skew:
+        s = skew_dot(Msh, v, i, n)
+        return diag * v[i] - s if transposed else diag * v[i] + s
+    return dense_dot(Msh, v, i, n)
+
+
+def persistent_shared_bytes(n, rows, itemsize, skew, buffers):
+    """Shared memory of one block of a persistent kernel: the matrix plus `buffers` state
+    vectors of n values per batch row."""
+    matrix = n * (n - 1) // 2 if skew else n * n
+    return (matrix + buffers * rows * n) * itemsize
+
+
+FORWARD_BUFFERS = 2             # h_{t-1} and h_t of the block's rows (read one, write the other)
+BACKWARD_BUFFERS = 3            # dL/dh and two copies of the signal da_t (read one, write other)
+
+
+def persistent_fits(n, dtype, skew, backward=True, rows=1):
+    """Whether a persistent kernel's shared memory fits in SHARED_BYTES_MAX."""
+    buffers = BACKWARD_BUFFERS if backward else FORWARD_BUFFERS
+    return persistent_shared_bytes(n, rows, np.dtype(dtype).itemsize, skew,
+                                   buffers) <= SHARED_BYTES_MAX
+
+
+def persistent_launch(B, n, dtype, skew, buffers, rows, threads):
+    """(grid, threads, shared bytes) of a persistent kernel, or ValueError if it cannot fit."""
+    if threads is None:
+        threads = min(MAX_THREADS_PER_BLOCK, round_up(n, WARP))
+    if not 1 <= threads <= MAX_THREADS_PER_BLOCK or rows < 1:
+        raise ValueError(f"need 1 <= threads <= {MAX_THREADS_PER_BLOCK} and rows >= 1, got "
+                         f"threads={threads}, rows={rows}")
+    shared = persistent_shared_bytes(n, rows, np.dtype(dtype).itemsize, skew, buffers)
+    if shared > SHARED_BYTES_MAX:
+        raise ValueError(f"the persistent kernel needs {shared} bytes of shared memory at "
+                         f"n={n}, rows={rows}, {np.dtype(dtype).name}, "
+                         f"{'skew' if skew else 'dense'} matrix; at most {SHARED_BYTES_MAX} are "
+                         f"available: use the step kernels (version 1)")
+    return cdiv(B, rows), threads, shared
+
+
+@cuda.jit
+def euler_forward_persistent_kernel(hs, th, x, A, V_h, b_h, eps, skew, rows):
+    """All T steps of (12) in one launch:
+        a = A h_{t-1} + V_h x_t + b_h ;  th_t = tanh(a) ;  h_t = h_{t-1} + eps th_t
+
+    Written (=): hs[1:] (T+1, B, n), th (T, B, n). Read: hs[0] = h_0, x (T, B, m), A (n, n),
+    V_h (n, m), b_h (n,). skew: A = S - gamma I with S antisymmetric (antisym).
+    Work split: block k owns batch rows b = k*rows .. k*rows + rows - 1; thread `tid` computes
+    units i = tid, tid + blockDim, ... of each of them. Shared memory: the matrix, then two
+    (rows, n) copies of the rows' hidden state, h_{t-1} read while h_t is written.
+    """
+    T, B, m = x.shape
+    n = A.shape[0]
+    tid, nthreads = cuda.threadIdx.x, cuda.blockDim.x
+    b0 = cuda.blockIdx.x * rows
+    size_A = n * (n - 1) // 2 if skew else n * n
+    smem = cuda.shared.array(0, dtype=hs.dtype)
+    Msh = smem[:size_A]
+    hbuf = smem[size_A:size_A + 2 * rows * n]
+    load_matrix(Msh, A, skew, True)
+    diag = A[0, 0]
+    for r in range(rows):
+        b = b0 + r
+        if b < B:
+            for i in range(tid, n, nthreads):
+                hbuf[r * n + i] = hs[0, b, i]
+    cuda.syncthreads()
+    for t in range(T):
+        cur, nxt = (t % 2) * rows * n, ((t + 1) % 2) * rows * n
+        for r in range(rows):
+            b = b0 + r
+            if b < B:
+                h = hbuf[cur + r * n:cur + r * n + n]                   # h_{t-1}, row b
+                for i in range(tid, n, nthreads):
+                    a = matvec_row(Msh, h, i, n, skew, diag, False) + b_h[i]
+                    for k in range(m):
+                        a += V_h[i, k] * x[t, b, k]
+                    y = tanh(a)
+                    h_new = h[i] + eps * y
+                    th[t, b, i] = y
+                    hs[t + 1, b, i] = h_new
+                    hbuf[nxt + r * n + i] = h_new
+        cuda.syncthreads()
+
+
+@cuda.jit
+def euler_gated_forward_persistent_kernel(hs, th, z, x, A, V_h, b_h, V_z, b_z, eps, skew, rows):
+    """All T steps of (13) in one launch: with s = A h_{t-1} (shared by gate and candidate),
+        z_t = sigmoid(s + V_z x_t + b_z) ; th_t = tanh(s + V_h x_t + b_h) ; h_t = h_{t-1} + eps z_t th_t
+
+    Written (=): hs[1:], th, z (T, B, n). Read: hs[0], x, A, V_h, b_h, V_z, b_z.
+    Work split and shared memory as in euler_forward_persistent_kernel.
+    """
+    T, B, m = x.shape
+    n = A.shape[0]
+    tid, nthreads = cuda.threadIdx.x, cuda.blockDim.x
+    b0 = cuda.blockIdx.x * rows
+    size_A = n * (n - 1) // 2 if skew else n * n
+    smem = cuda.shared.array(0, dtype=hs.dtype)
+    Msh = smem[:size_A]
+    hbuf = smem[size_A:size_A + 2 * rows * n]
+    load_matrix(Msh, A, skew, True)
+    diag = A[0, 0]
+    for r in range(rows):
+        b = b0 + r
+        if b < B:
+            for i in range(tid, n, nthreads):
+                hbuf[r * n + i] = hs[0, b, i]
+    cuda.syncthreads()
+    for t in range(T):
+        cur, nxt = (t % 2) * rows * n, ((t + 1) % 2) * rows * n
+        for r in range(rows):
+            b = b0 + r
+            if b < B:
+                h = hbuf[cur + r * n:cur + r * n + n]
+                for i in range(tid, n, nthreads):
+                    s = matvec_row(Msh, h, i, n, skew, diag, False)
+                    a = s + b_h[i]
+                    zp = s + b_z[i]
+                    for k in range(m):
+                        a += V_h[i, k] * x[t, b, k]
+                        zp += V_z[i, k] * x[t, b, k]
+                    zt = sigmoid(zp)
+                    y = tanh(a)
+                    h_new = h[i] + eps * zt * y
+                    z[t, b, i] = zt
+                    th[t, b, i] = y
+                    hs[t + 1, b, i] = h_new
+                    hbuf[nxt + r * n + i] = h_new
+        cuda.syncthreads()
+
+
+@cuda.jit
+def euler_backward_persistent_kernel(dh0, da, dh_T, th, A, eps, skew, rows):
+    """BPTT through all T steps of (12) in one launch.
+
+    forward was: h_t = h_{t-1} + eps * tanh(a_t),   a_t = A h_{t-1} + V_h x_t + b_h
+    so:          da_t = dh_t * eps * (1 - th_t**2) ;  dh_{t-1} = dh_t + A^T da_t
+
+    Written (=): dh0 (B, n) = dL/dh_0, da (T, B, n). Read: dh_T (B, n), th (T, B, n), A (n, n).
+    Work split as in the forward kernel. Shared memory: the matrix, the rows' dL/dh (each value
+    touched only by the thread that owns it), and two copies of the rows' da_t: step t writes one
+    while step t+1's copy may still be read, so one barrier per step suffices.
+    """
+    T, B = th.shape[0], th.shape[1]
+    n = A.shape[0]
+    tid, nthreads = cuda.threadIdx.x, cuda.blockDim.x
+    b0 = cuda.blockIdx.x * rows
+    size_A = n * (n - 1) // 2 if skew else n * n
+    smem = cuda.shared.array(0, dtype=dh0.dtype)
+    Msh = smem[:size_A]
+    dh = smem[size_A:size_A + rows * n]
+    dbuf = smem[size_A + rows * n:size_A + 3 * rows * n]
+    load_matrix(Msh, A, skew, False)
+    diag = A[0, 0]
+    for r in range(rows):
+        b = b0 + r
+        if b < B:
+            for i in range(tid, n, nthreads):
+                dh[r * n + i] = dh_T[b, i]
+    for t in range(T - 1, -1, -1):
+        cur = (t % 2) * rows * n
+        for r in range(rows):
+            b = b0 + r
+            if b < B:
+                for i in range(tid, n, nthreads):
+                    g = dh[r * n + i] * eps * dtanh_from_y(th[t, b, i])
+                    da[t, b, i] = g
+                    dbuf[cur + r * n + i] = g
+        cuda.syncthreads()                        # da_t of the block's rows complete (and A)
+        for r in range(rows):
+            b = b0 + r
+            if b < B:
+                d = dbuf[cur + r * n:cur + r * n + n]
+                for i in range(tid, n, nthreads):
+                    dh[r * n + i] += matvec_row(Msh, d, i, n, skew, diag, True)
+    for r in range(rows):
+        b = b0 + r
+        if b < B:
+            for i in range(tid, n, nthreads):
+                dh0[b, i] = dh[r * n + i]
+
+
+@cuda.jit
+def euler_gated_backward_persistent_kernel(dh0, da, dzp, ds, dh_T, th, z, A, eps, skew, rows):
+    """BPTT through all T steps of (13) in one launch.
+
+    forward was: h_t = h_{t-1} + eps * z_t * th_t,  th_t = tanh(a_t), z_t = sigmoid(zp_t),
+                 a_t = A h_{t-1} + ...,  zp_t = A h_{t-1} + ...
+    so:          da_t  = dh_t * eps * z_t * (1 - th_t**2)
+                 dzp_t = dh_t * eps * th_t * z_t * (1 - z_t)
+                 ds_t  = da_t + dzp_t ;   dh_{t-1} = dh_t + A^T ds_t
+
+    Written (=): dh0 (B, n), da, dzp, ds (T, B, n). Read: dh_T, th, z, A.
+    Work split and shared memory as in euler_backward_persistent_kernel (ds_t in place of da_t).
+    """
+    T, B = th.shape[0], th.shape[1]
+    n = A.shape[0]
+    tid, nthreads = cuda.threadIdx.x, cuda.blockDim.x
+    b0 = cuda.blockIdx.x * rows
+    size_A = n * (n - 1) // 2 if skew else n * n
+    smem = cuda.shared.array(0, dtype=dh0.dtype)
+    Msh = smem[:size_A]
+    dh = smem[size_A:size_A + rows * n]
+    dbuf = smem[size_A + rows * n:size_A + 3 * rows * n]
+    load_matrix(Msh, A, skew, False)
+    diag = A[0, 0]
+    for r in range(rows):
+        b = b0 + r
+        if b < B:
+            for i in range(tid, n, nthreads):
+                dh[r * n + i] = dh_T[b, i]
+    for t in range(T - 1, -1, -1):
+        cur = (t % 2) * rows * n
+        for r in range(rows):
+            b = b0 + r
+            if b < B:
+                for i in range(tid, n, nthreads):
+                    g = dh[r * n + i] * eps
+                    da_i = g * z[t, b, i] * dtanh_from_y(th[t, b, i])
+                    dzp_i = g * th[t, b, i] * dsigmoid_from_y(z[t, b, i])
+                    da[t, b, i] = da_i
+                    dzp[t, b, i] = dzp_i
+                    ds[t, b, i] = da_i + dzp_i
+                    dbuf[cur + r * n + i] = da_i + dzp_i
+        cuda.syncthreads()
+        for r in range(rows):
+            b = b0 + r
+            if b < B:
+                d = dbuf[cur + r * n:cur + r * n + n]
+                for i in range(tid, n, nthreads):
+                    dh[r * n + i] += matvec_row(Msh, d, i, n, skew, diag, True)
+    for r in range(rows):
+        b = b0 + r
+        if b < B:
+            for i in range(tid, n, nthreads):
+                dh0[b, i] = dh[r * n + i]
+
+
+def euler_forward_gpu_persistent(hs, th, x, A, V_h, b_h, eps, *, skew=False, rows=1,
+                                 threads=None):
+    """Version 2 twin of euler_forward_cpu: one launch of euler_forward_persistent_kernel.
+    skew=True (antisym) keeps only A's upper triangle in shared memory and requires
+    A = S - gamma I with S antisymmetric. ValueError if the block's shared memory would not fit
+    (see `persistent_fits`). Written (=): hs[1:], th."""
+    T, B, _ = x.shape
+    grid, threads, shared = persistent_launch(B, A.shape[0], hs.dtype, skew, FORWARD_BUFFERS,
+                                              rows, threads)
+    euler_forward_persistent_kernel[grid, threads, 0, shared](
+        hs, th, x, A, V_h, b_h, hs.dtype.type(eps), skew, rows)
+
+
+def euler_gated_forward_gpu_persistent(hs, th, z, x, A, V_h, b_h, V_z, b_z, eps, *, skew=False,
+                                       rows=1, threads=None):
+    """Version 2 twin of euler_gated_forward_cpu: one launch of
+    euler_gated_forward_persistent_kernel. Written (=): hs[1:], th, z."""
+    T, B, _ = x.shape
+    grid, threads, shared = persistent_launch(B, A.shape[0], hs.dtype, skew, FORWARD_BUFFERS,
+                                              rows, threads)
+    euler_gated_forward_persistent_kernel[grid, threads, 0, shared](
+        hs, th, z, x, A, V_h, b_h, V_z, b_z, hs.dtype.type(eps), skew, rows)
+
+
+def euler_backward_gpu_persistent(dA, dV_h, db_h, dh0, da, dh_T, hs, th, x, A, eps, *,
+                                  skew=False, rows=1, threads=None, tile=TILE):
+    """Version 2 twin of euler_backward_cpu: one launch of euler_backward_persistent_kernel,
+    then the parameter-gradient products. Written (=): dA, dV_h, db_h, dh0, da."""
+    T, B, _ = x.shape
+    grid, threads, shared = persistent_launch(B, A.shape[0], dh0.dtype, skew, BACKWARD_BUFFERS,
+                                              rows, threads)
+    euler_backward_persistent_kernel[grid, threads, 0, shared](
+        dh0, da, dh_T, th, A, dh0.dtype.type(eps), skew, rows)
+    euler_param_grads_gpu(dA, dV_h, db_h, da, da, hs, x, tile=tile)
+
+
+def euler_gated_backward_gpu_persistent(dA, dV_h, db_h, dV_z, db_z, dh0, da, dzp, ds,
+                                        dh_T, hs, th, z, x, A, eps, *, skew=False, rows=1,
+                                        threads=None, tile=TILE):
+    """Version 2 twin of euler_gated_backward_cpu: one launch of
+    euler_gated_backward_persistent_kernel, then the parameter-gradient products.
+    Written (=): dA, dV_h, db_h, dV_z, db_z, dh0, da, dzp, ds."""
+    T, B, _ = x.shape
+    grid, threads, shared = persistent_launch(B, A.shape[0], dh0.dtype, skew, BACKWARD_BUFFERS,
+                                              rows, threads)
+    euler_gated_backward_persistent_kernel[grid, threads, 0, shared](
+        dh0, da, dzp, ds, dh_T, th, z, A, dh0.dtype.type(eps), skew, rows)
+    euler_param_grads_gpu(dA, dV_h, db_h, ds, da, hs, x, tile=tile)
+    euler_input_grads_gpu(dV_z, db_z, dzp, x, tile=tile)

@@ -1,0 +1,182 @@
+"""What the GPU twins of every kernel file share: the `cuda` module, launch arithmetic, cached
+scratch buffers, and the one tiled matrix product that forms every parameter gradient.
+
+Parameter gradients as one product over all stored steps
+--------------------------------------------------------
+The CPU twins end BPTT with products over all T*B stored rows, e.g. for the recurrent matrix
+
+    dA = sum_t da_t^T h_{t-1} = DA^T H          DA (T*B, n), H (T*B, n)  ->  dA (n, n)
+
+and the GPU twins do the same with `matmul_tn_gpu`, C = A^T B for A (N, P), B (N, Q). The
+reduction dimension N = T*B is long (100 352 for sequential MNIST at B = 128) and the output is
+small (n x n, or n x m with m = 1), so output tiles alone would give too few blocks to fill a GPU.
+The product is therefore "split-K": block (bx, by, s) forms the (tile x tile) output tile (by, bx)
+over rows chunk s of N, through shared-memory tiles of A and B, and writes it to its own slice
+partial[s]; a second kernel sums the S slices. No atomics, so every run gives the same bits.
+A bias gradient is the same product with a column of ones: db = DA^T 1_N.
+
+Why not accumulate dA inside the persistent BPTT kernel, block by block? Each block would need a
+private n x n accumulator (64 KB at n = 128 in float32) beside the recurrent matrix it already
+keeps in shared memory, and a reduction over blocks at the end; the stored-states product costs
+one extra read of DA and H (which BPTT keeps anyway) and is a textbook, well-tiled kernel.
+
+Compiling without a GPU
+-----------------------
+`numba.cuda.compile_ptx` turns a kernel into PTX with the NVVM from the `numba-cuda[cu12]` wheels.
+Kernels call the scalar math of `common.py` (`@numba.njit` functions and `@overload`s): numba-cuda
+compiles them as device functions and asks the *current device* for its compute capability while
+doing so, which fails on a machine without a GPU. `tests/test_ptx.py` answers that question with
+the target's compute capability (see `ptx_target` there); on a GPU nothing special is needed.
+"""
+import numpy as np
+
+try:
+    from numba import cuda
+    CUDA_IMPORT_ERROR = None
+except ImportError as exc:                 # numba-cuda (or its CUDA bindings) is not installed
+    CUDA_IMPORT_ERROR = f"numba.cuda cannot be imported ({exc}); install nprnn[cuda]"
+
+    class _UnavailableKernel:
+        """What `cuda.jit` returns when numba.cuda is missing: launching it explains why."""
+
+        def __init__(self, func):
+            self.py_func = func
+
+        def __getitem__(self, launch_config):
+            raise RuntimeError(f"GPU kernel {self.py_func.__name__} cannot run: "
+                               f"{CUDA_IMPORT_ERROR}")
+
+        __call__ = __getitem__
+
+    class _NoCuda:
+        """Stands in for `numba.cuda` so that the kernel files still import on a CPU-only
+        install (the CPU twins do not need it)."""
+
+        def jit(self, func=None, **options):
+            return _UnavailableKernel(func) if callable(func) else _UnavailableKernel
+
+    cuda = _NoCuda()
+
+# Shared memory a block may use without opting in to more (all GPUs since Kepler). H100 allows
+# up to 227 KB per block after cudaFuncSetAttribute; numba-cuda 0.30 has no call for that.
+SHARED_BYTES_MAX = 48 * 1024
+MAX_THREADS_PER_BLOCK = 1024
+WARP = 32
+TILE = 16                       # matmul_tn_gpu: (TILE x TILE) threads per block
+TARGET_BLOCKS = 512             # matmul_tn_gpu: enough blocks to fill ~132 SMs a few times over
+
+
+def cdiv(a, b):
+    """ceil(a / b) for positive integers."""
+    return -(-a // b)
+
+
+def round_up(a, multiple):
+    return cdiv(a, multiple) * multiple
+
+
+# ------------------------------------------------------------------------------------------
+# Scratch buffers: allocated once per (purpose, shape, dtype), reused by every later call
+# ------------------------------------------------------------------------------------------
+
+_SCRATCH = {}
+
+
+def scratch(purpose, shape, dtype):
+    """A device array for temporary results, cached so that a training loop does not call
+    cudaMalloc every step. The contents are garbage on return; `purpose` names the user so that
+    two temporaries of one shape alive at the same time do not alias."""
+    key = (purpose, tuple(shape), np.dtype(dtype).str)
+    a = _SCRATCH.get(key)
+    if a is None:
+        a = cuda.device_array(shape, dtype=dtype)
+        _SCRATCH[key] = a
+    return a
+
+
+def ones(N, dtype):
+    """A cached device vector of N ones, shape (N, 1): the right factor of db = DA^T 1_N."""
+    key = ("ones", (N, 1), np.dtype(dtype).str)
+    a = _SCRATCH.get(key)
+    if a is None:
+        a = cuda.to_device(np.ones((N, 1), dtype=dtype))
+        _SCRATCH[key] = a
+    return a
+
+
+def clear_scratch():
+    """Release every cached scratch buffer (the next call allocates afresh)."""
+    _SCRATCH.clear()
+
+
+# ------------------------------------------------------------------------------------------
+# C = A^T B, split over the long dimension (see the module docstring)
+# ------------------------------------------------------------------------------------------
+
+@cuda.jit
+def matmul_tn_partial_kernel(partial, A, B):
+    """partial[s] = A[rows of chunk s]^T B[rows of chunk s]   (written, =)
+
+    partial (S, P, Q); A (N, P); B (N, Q). Chunk s is rows [s*c, min(N, (s+1)*c)) with
+    c = ceil(N / S). One thread per output element (p, q) of a (tile x tile) tile, tile =
+    blockDim.x = blockDim.y; grid (ceil(Q / tile), ceil(P / tile), S). Dynamic shared memory:
+    2 * tile * tile values, the current tiles of A and B.
+    """
+    S, P, Q = partial.shape
+    N = A.shape[0]
+    tile = cuda.blockDim.x
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    p0, q0, s = cuda.blockIdx.y * tile, cuda.blockIdx.x * tile, cuda.blockIdx.z
+    chunk = (N + S - 1) // S
+    k_begin, k_end = s * chunk, min(N, (s + 1) * chunk)
+    smem = cuda.shared.array(0, dtype=A.dtype)
+    At = smem[:tile * tile]                     # At[kk*tile + c] = A[k0+kk, p0+c]
+    Bt = smem[tile * tile:2 * tile * tile]      # Bt[kk*tile + c] = B[k0+kk, q0+c]
+    zero = A.dtype.type(0)
+    acc = zero
+    for k0 in range(k_begin, k_end, tile):
+        # thread (ty, tx) loads row k0+ty, column tx of both tiles (zero outside the matrices)
+        k = k0 + ty
+        inside = k < k_end
+        At[ty * tile + tx] = A[k, p0 + tx] if inside and p0 + tx < P else zero
+        Bt[ty * tile + tx] = B[k, q0 + tx] if inside and q0 + tx < Q else zero
+        cuda.syncthreads()
+        for kk in range(tile):
+            acc += At[kk * tile + ty] * Bt[kk * tile + tx]      # C[p0+ty, q0+tx]
+        cuda.syncthreads()
+    if p0 + ty < P and q0 + tx < Q:
+        partial[s, p0 + ty, q0 + tx] = acc
+
+
+@cuda.jit
+def sum_partials_kernel(C, partial):
+    """C[p, q] = sum_s partial[s, p, q]   (written, =). One thread per (p, q); 2-d grid."""
+    q, p = cuda.grid(2)
+    if p < C.shape[0] and q < C.shape[1]:
+        acc = C.dtype.type(0)
+        for s in range(partial.shape[0]):
+            acc += partial[s, p, q]
+        C[p, q] = acc
+
+
+def matmul_tn_gpu(C, A, B, tile=TILE, splits=None, purpose="matmul_tn"):
+    """C = A^T B (written, =): C (P, Q), A (N, P), B (N, Q), all C-contiguous device arrays.
+
+    Twin of `np.dot(A.T, B, C)` in the CPU kernels. `splits` (S) defaults to enough chunks of N
+    for about TARGET_BLOCKS blocks, each chunk at least `tile` rows long."""
+    N, P = A.shape
+    Q = B.shape[1]
+    tiles = cdiv(P, tile) * cdiv(Q, tile)
+    if splits is None:
+        splits = max(1, min(cdiv(TARGET_BLOCKS, tiles), cdiv(N, tile)))
+    partial = scratch(purpose, (splits, P, Q), C.dtype)
+    shared = 2 * tile * tile * C.dtype.itemsize
+    matmul_tn_partial_kernel[(cdiv(Q, tile), cdiv(P, tile), splits), (tile, tile), 0, shared](
+        partial, A, B)
+    sum_partials_kernel[(cdiv(Q, tile), cdiv(P, tile)), (tile, tile)](C, partial)
+
+
+def column_sums_gpu(db, D, tile=TILE, purpose="column_sums"):
+    """db = sum over rows of D = D^T 1_N (written, =): db (P,), D (N, P)."""
+    matmul_tn_gpu(db.reshape(db.shape[0], 1), D, ones(D.shape[0], D.dtype), tile=tile,
+                  purpose=purpose)
