@@ -1,0 +1,161 @@
+"""Timing of the kernels against PyTorch, measured in the same process: what `cli.py bench` prints.
+
+Each measurement runs the call once to warm up (compilation, caches), then `repeat` times, and
+reports the median wall time. "forward" is model.forward (cell + readout); "fwd+bwd" is
+model.loss_and_grad (forward, loss, full BPTT). The PyTorch side does the same work: the cell,
+the readout, cross-entropy, and `loss.backward()`.
+
+GFLOP/s counts the matrix products only (the elementwise work is small beside them):
+
+    forward   2 T B n (k_rec n + k_in m)          k_rec, k_in = n-wide blocks of the recurrent and
+    backward  2 T B n (2 k_rec n + k_in m)        input products (1 for antisym, 4 for lstm, ...)
+
+PyTorch is an optional yardstick (`pip install torch`); nprnn never imports it elsewhere.
+"""
+import os
+import platform
+import time
+
+import numpy as np
+
+from .model import make_model
+
+# (k_rec, k_in): how many n-wide blocks the recurrent and the input products have
+PRODUCT_BLOCKS = {"antisym": (1, 1), "antisym-gated": (1, 2), "ablation": (1, 2),
+                  "feedback": (1, 1), "rnn": (1, 1), "lstm": (4, 4), "peephole-lstm": (4, 4),
+                  "gru": (3, 3)}
+
+
+def flops(name, B, T, m, n):
+    """(forward, forward + backward) matrix-product FLOPs of one batch."""
+    k_rec, k_in = PRODUCT_BLOCKS[name]
+    fwd = 2 * T * B * n * (k_rec * n + k_in * m)
+    bwd = 2 * T * B * n * (2 * k_rec * n + k_in * m)
+    return fwd, fwd + bwd
+
+
+def median_time(fn, repeat):
+    fn()                                            # warm up: compile, allocate, fill caches
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def machine():
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{cpu}, {os.cpu_count()} cores"
+
+
+def bench_nprnn(name, B, T, m, n, dtype, repeat, seed=0):
+    model = make_model(name, m, n, 10, dtype=dtype, seed=seed)
+    rng = np.random.default_rng(seed)
+    x = rng.random((B, T, m), dtype=np.float32).astype(dtype)
+    y = rng.integers(0, 10, size=B)
+    return dict(forward=median_time(lambda: model.forward(x), repeat),
+                fwd_bwd=median_time(lambda: model.loss_and_grad(x, y), repeat))
+
+
+def torch_available():
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _torch_euler(name, torch, n, m, eps, gamma, dtype, gen):
+    """The Euler-family cell written the fastest plain way in PyTorch: the input projection for all
+    steps as one product, then a time loop of torch.addmm over its unbind(1), autograd for BPTT."""
+    def param(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=gen, dtype=dtype) * scale).requires_grad_()
+    W = param(n, n, scale=n ** -0.5)
+    V_h, b_h = param(n, m), param(n, scale=0.0)
+    gated = name in ("antisym-gated", "ablation")
+    V_z, b_z = (param(n, m), param(n, scale=0.0)) if gated else (None, None)
+    eye = torch.eye(n, dtype=dtype)
+
+    def hidden(x):
+        if name in ("antisym", "antisym-gated"):
+            A = W.triu(1) - W.triu(1).T - gamma * eye
+        elif name == "ablation":
+            A = W - gamma * eye
+        else:
+            A = W
+        B, T, _ = x.shape
+        U = torch.addmm(b_h, x.reshape(B * T, m), V_h.T).reshape(B, T, n)
+        Z = torch.addmm(b_z, x.reshape(B * T, m), V_z.T).reshape(B, T, n) if gated else None
+        h = torch.zeros(B, n, dtype=dtype)
+        for t, u in enumerate(U.unbind(1)):
+            if gated:
+                Ah = h @ A.T
+                h = h + eps * torch.sigmoid(Ah + Z[:, t]) * torch.tanh(Ah + u)
+            else:
+                h = h + eps * torch.tanh(torch.addmm(u, h, A.T))
+        return h
+    return hidden
+
+
+def bench_torch(name, B, T, m, n, dtype, repeat, seed=0):
+    """PyTorch doing the same work; None where PyTorch has no counterpart (peephole-lstm)."""
+    import torch
+    tdtype = getattr(torch, dtype)
+    gen = torch.Generator().manual_seed(seed)
+    if name in ("rnn", "lstm", "gru"):
+        cls = dict(rnn=torch.nn.RNN, lstm=torch.nn.LSTM, gru=torch.nn.GRU)[name]
+        module = cls(m, n, batch_first=True, dtype=tdtype)
+        hidden = lambda x: module(x)[0][:, -1]                                   # noqa: E731
+    elif name in PRODUCT_BLOCKS and name != "peephole-lstm":
+        hidden = _torch_euler(name, torch, n, m, 0.01, 0.01, tdtype, gen)
+    else:
+        return None
+    readout = torch.nn.Linear(n, 10, dtype=tdtype)
+    x = torch.rand(B, T, m, generator=gen, dtype=tdtype)
+    y = torch.randint(0, 10, (B,), generator=gen)
+
+    def forward():
+        with torch.no_grad():
+            readout(hidden(x))
+
+    def fwd_bwd():
+        torch.nn.functional.cross_entropy(readout(hidden(x)), y).backward()
+    return dict(forward=median_time(forward, repeat), fwd_bwd=median_time(fwd_bwd, repeat),
+                threads=torch.get_num_threads(), version=torch.__version__)
+
+
+def run(names, B, T, m, n, dtype="float32", repeat=5, with_torch=True, seed=0):
+    """Measure each model, and PyTorch beside it where installed. Returns a list of rows."""
+    rows = []
+    for name in names:
+        f_fwd, f_all = flops(name, B, T, m, n)
+        ours = bench_nprnn(name, B, T, m, n, dtype, repeat, seed)
+        theirs = bench_torch(name, B, T, m, n, dtype, repeat, seed) if with_torch else None
+        row = dict(model=name, impl="nprnn (numba, CPU)", **ours,
+                   gflops=f_all / ours["fwd_bwd"] / 1e9)
+        if theirs is not None:
+            row["ratio"] = ours["fwd_bwd"] / theirs["fwd_bwd"]
+            rows.append(row)
+            rows.append(dict(model=name, impl=f"PyTorch {theirs['version']} "
+                             f"({theirs['threads']} threads)", forward=theirs["forward"],
+                             fwd_bwd=theirs["fwd_bwd"], gflops=f_all / theirs["fwd_bwd"] / 1e9,
+                             ratio=1.0))
+        else:
+            rows.append(row)
+    return rows
+
+
+def format_table(rows):
+    lines = [f"{'model':<14} {'implementation':<28} {'forward ms':>10} {'fwd+bwd ms':>10} "
+             f"{'GFLOP/s':>8} {'fwd+bwd vs PyTorch':>18}"]
+    for r in rows:
+        ratio = f"{r['ratio']:.2f}x" if "ratio" in r else "-"
+        lines.append(f"{r['model']:<14} {r['impl']:<28} {r['forward'] * 1e3:>10.1f} "
+                     f"{r['fwd_bwd'] * 1e3:>10.1f} {r['gflops']:>8.1f} {ratio:>18}")
+    return "\n".join(lines)
