@@ -1,0 +1,82 @@
+"""What a batch costs next to the training step that consumes it.
+
+    python benchmarks/bench_data.py [--data-dir DIR] [--tasks mnist,pmnist,mnist-noise,padded-mnist]
+
+For each task: the time to open its cache (checks included), the median time to produce one
+training batch and one test batch of B sequences (read the images from the HDF5 file, scale them,
+draw the noise), and the median time of one training step of the antisymmetric RNN (n=128,
+float32, forward + BPTT, `Model.loss_and_grad`) on such a batch, with the ratio batch / step.
+The caches are built first if needed (MNIST must be in DIR/mnist or downloadable). Prints a table;
+nothing is asserted (timings are not tests).
+"""
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import nprnn                                             # noqa: E402
+from nprnn.datasets import get_task                      # noqa: E402
+
+
+def median_time(fn, repeats):
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def bench_task(name, data_dir, B, n, batches, steps, T):
+    get_task(name, data_dir=data_dir, T=T, progress=False).close()    # build the cache if needed
+    start = time.perf_counter()
+    task = get_task(name, data_dir=data_dir, T=T, progress=False)
+    open_s = time.perf_counter() - start
+
+    train_iter = task.batches("train", B, seed=0, epoch=0)
+    test_iter = task.batches("test", B)
+    next(train_iter), next(test_iter)                    # first touch of the output memory
+    train_s = median_time(lambda: next(train_iter), batches)
+    test_s = median_time(lambda: next(test_iter), batches)
+
+    model = nprnn.make_model("antisym", task.m, n, task.num_classes, dtype="float32")
+    x, y = next(task.batches("train", B, seed=1))
+    model.loss_and_grad(x, y)                            # compile (cached on disk) and warm up
+    step_s = median_time(lambda: model.loss_and_grad(x, y), steps)
+    task.close()
+    return dict(task=name, T=task.T, m=task.m, open_s=open_s, train_s=train_s, test_s=test_s,
+                step_s=step_s)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data-dir", default=None,
+                        help="data directory (default: $NPRNN_DATA_DIR, else ./data)")
+    parser.add_argument("--tasks", default="mnist,pmnist,mnist-noise,padded-mnist")
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--hidden", type=int, default=128)
+    parser.add_argument("--batches", type=int, default=20, help="batches timed per split")
+    parser.add_argument("--steps", type=int, default=3, help="training steps timed")
+    parser.add_argument("--T", type=int, default=None, help="T of the noise tasks")
+    args = parser.parse_args()
+
+    print(f"B={args.batch_size}, antisym n={args.hidden} float32, {os.cpu_count()} CPU cores; "
+          f"medians of {args.batches} batches and {args.steps} steps")
+    print(f"{'task':<14} {'T':>5} {'m':>4} {'open':>8} {'train batch':>12} {'test batch':>11} "
+          f"{'step':>9} {'batch/step':>11}")
+    for name in args.tasks.split(","):
+        r = bench_task(name, args.data_dir, args.batch_size, args.hidden, args.batches,
+                       args.steps, args.T if name in ("mnist-noise", "padded-mnist",
+                                                      "cifar10-noise") else None)
+        print(f"{r['task']:<14} {r['T']:>5} {r['m']:>4} {1e3 * r['open_s']:>6.0f}ms "
+              f"{1e3 * r['train_s']:>10.1f}ms {1e3 * r['test_s']:>9.1f}ms "
+              f"{1e3 * r['step_s']:>7.0f}ms {100 * r['train_s'] / r['step_s']:>10.1f}%",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
