@@ -87,17 +87,47 @@ def _check_nonneg_int(name, value):
     return int(value)
 
 
+# Permutations that are the same everywhere (pmnist's pixel order, the validation subset)
+_MASK64 = (1 << 64) - 1
+
+
+def splitmix64(state):
+    """One step of SplitMix64 (Steele, Lea & Flood 2014): (new state, 64-bit output), in plain
+    integers, so it gives the same numbers everywhere. From state 0 the outputs begin
+    0xe220a8397b1dcdaf, 0x6e789e6aa1b965f4, 0x06c45d188009454f."""
+    state = (state + 0x9E3779B97F4A7C15) & _MASK64
+    z = state
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return state, z ^ (z >> 31)
+
+
+def splitmix64_permutation(n, seed):
+    """A permutation of range(n) that is the same on every machine and every NumPy version:
+    Fisher-Yates (for i = n-1 .. 1: swap a[i] and a[j], j = r mod (i + 1)) with the r from
+    SplitMix64 started at state `seed`. (The modulo's bias is below n / 2^64.)"""
+    state = int(seed) & _MASK64
+    perm = list(range(n))
+    for i in range(n - 1, 0, -1):
+        state, r = splitmix64(state)
+        j = r % (i + 1)
+        perm[i], perm[j] = perm[j], perm[i]
+    return np.array(perm, dtype=np.int64)
+
+
 def split_train_valid(num_train, valid_size):
     """(train_indices, valid_indices) of a training set of `num_train` examples, both sorted.
 
-    The `valid_size` validation examples are the first `valid_size` entries of a permutation drawn
-    from VALID_SPLIT_SEED: random (so class-sorted files still give a mixed validation set) and
-    deterministic (the same examples on every run and every machine)."""
+    The `valid_size` validation examples are the first `valid_size` entries of
+    splitmix64_permutation(num_train, VALID_SPLIT_SEED): random (so class-sorted files still give
+    a mixed validation set) and the same examples on every run, machine and NumPy version."""
     valid_size = _check_nonneg_int("valid_size", valid_size)
     if valid_size >= num_train:
         raise ValueError(f"valid_size={valid_size} leaves no training examples: the training set "
                          f"has {num_train}; choose valid_size in [0, {num_train - 1}]")
-    perm = np.random.default_rng(VALID_SPLIT_SEED).permutation(num_train)
+    if valid_size == 0:
+        return np.arange(num_train), np.arange(0)
+    perm = splitmix64_permutation(num_train, VALID_SPLIT_SEED)
     return np.sort(perm[valid_size:]), np.sort(perm[:valid_size])
 
 
@@ -297,33 +327,6 @@ LAYOUTS = {
     "rows-then-noise": (rows_then_noise, True, lambda H, W, C, T: (T, W * C)),
     "image-then-noise": (image_then_noise, True, lambda H, W, C, T: (T, H * W * C)),
 }
-
-
-_MASK64 = (1 << 64) - 1
-
-
-def splitmix64(state):
-    """One step of SplitMix64 (Steele, Lea & Flood 2014): (new state, 64-bit output), in plain
-    integers, so it gives the same numbers everywhere. From state 0 the outputs begin
-    0xe220a8397b1dcdaf, 0x6e789e6aa1b965f4, 0x06c45d188009454f."""
-    state = (state + 0x9E3779B97F4A7C15) & _MASK64
-    z = state
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return state, z ^ (z >> 31)
-
-
-def splitmix64_permutation(n, seed):
-    """A permutation of range(n) that is the same on every machine and every NumPy version:
-    Fisher-Yates (for i = n-1 .. 1: swap a[i] and a[j], j = r mod (i + 1)) with the r from
-    SplitMix64 started at state `seed`. (The modulo's bias is below n / 2^64.)"""
-    state = int(seed) & _MASK64
-    perm = list(range(n))
-    for i in range(n - 1, 0, -1):
-        state, r = splitmix64(state)
-        j = r % (i + 1)
-        perm[i], perm[j] = perm[j], perm[i]
-    return np.array(perm, dtype=np.int64)
 
 
 # ----------------------------------------------------------------------------------------------
