@@ -280,8 +280,8 @@ class Progress:
         frac = it / self.total if self.total else 1.0
         done = int(self.width * frac)
         eta = (self.total - it) / rate if rate > 0 else float("inf")
-        eta_s = time.strftime("%H:%M:%S", time.gmtime(eta)) if math.isfinite(eta) and eta < 8.64e5 \
-            else "?"
+        eta_s = (f"{int(eta // 3600)}:{int(eta % 3600 // 60):02d}:{int(eta % 60):02d}"
+                 if math.isfinite(eta) else "?")
         return (f"[{'#' * done}{'-' * (self.width - done)}] {it}/{self.total} "
                 f"{rate:.2f} it/s  loss {loss:.4f}  acc {acc:.3f}  eta {eta_s}")
 
