@@ -550,8 +550,9 @@ def data_info(task, data_dir, seed, T, as_json):
     for r in info["raw_files"]:
         click.echo(f"    {r['path']}  MD5 {r['md5']}  ({r['check']})")
     c = info["cache"]
-    click.echo(f"  cache:      {c['path']} ({c['bytes'] / 1e6:.1f} MB, format {c['format_version']}, "
-               f"built {c['created']} by nprnn {c['nprnn_version']}): {c['state']}")
+    click.echo(f"  cache:      {c['path']} ({c['bytes'] / 1e6:.1f} MB, format "
+               f"{c['format_version']}, built {c['created']} by nprnn {c['nprnn_version']}): "
+               f"{c['state']}")
 
 
 if __name__ == "__main__":

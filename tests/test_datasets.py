@@ -1,6 +1,7 @@
 """Tasks and batch iteration: the Task contract (on the in-memory ArrayTask), the sequence
 layouts, every task over its HDF5 cache (on small fake files, and on the real MNIST files where
-they are), and the cache's checks: reuse, corruption, a build killed halfway, concurrent builders."""
+they are), and the cache's checks: reuse, corruption, a build killed halfway, concurrent
+builders."""
 import json
 import os
 import signal
@@ -33,7 +34,8 @@ def test_array_task_shapes_sizes_and_dtypes():
     assert (task.T, task.m, task.num_classes) == (7, 3, 4)
     assert [task.size(s) for s in ("train", "valid", "test")] == [40, 10, 11]
     assert task.num_batches("train", 8) == 5 and task.num_batches("test", 4) == 3
-    assert task.num_batches("train", 16) == 2 and task.num_batches("train", 16, drop_last=False) == 3
+    assert task.num_batches("train", 16) == 2
+    assert task.num_batches("train", 16, drop_last=False) == 3
     x, y = next(task.batches("train", 8))
     assert x.shape == (8, 7, 3) and x.dtype == np.float32 and x.flags.c_contiguous
     assert y.shape == (8,) and y.dtype == np.int64
