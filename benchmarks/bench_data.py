@@ -6,6 +6,7 @@ For each task: the time to open its cache (checks included), the median time to 
 training batch and one test batch of B sequences (read the images from the HDF5 file, scale them,
 draw the noise), and the median time of one training step of the antisymmetric RNN (n=128,
 float32, forward + BPTT, `Model.loss_and_grad`) on such a batch, with the ratio batch / step.
+Batches and steps are timed in alternating rounds, so that both see the same machine load.
 The caches are built first if needed (MNIST must be in DIR/mnist or downloadable). Prints a table;
 nothing is asserted (timings are not tests).
 """
@@ -40,13 +41,16 @@ def bench_task(name, data_dir, B, n, batches, steps, T):
     train_iter = task.batches("train", B, seed=0, epoch=0)
     test_iter = task.batches("test", B)
     next(train_iter), next(test_iter)                    # first touch of the output memory
-    train_s = median_time(lambda: next(train_iter), batches)
-    test_s = median_time(lambda: next(test_iter), batches)
-
     model = nprnn.make_model("antisym", task.m, n, task.num_classes, dtype="float32")
     x, y = next(task.batches("train", B, seed=1))
     model.loss_and_grad(x, y)                            # compile (cached on disk) and warm up
-    step_s = median_time(lambda: model.loss_and_grad(x, y), steps)
+    # interleaved rounds, so that batches and steps see the same machine load
+    train_t, test_t, step_t = [], [], []
+    for _ in range(steps):
+        train_t.append(median_time(lambda: next(train_iter), batches))
+        test_t.append(median_time(lambda: next(test_iter), batches))
+        step_t.append(median_time(lambda: model.loss_and_grad(x, y), 1))
+    train_s, test_s, step_s = map(statistics.median, (train_t, test_t, step_t))
     task.close()
     return dict(task=name, T=task.T, m=task.m, open_s=open_s, train_s=train_s, test_s=test_s,
                 step_s=step_s)
@@ -59,13 +63,16 @@ def main():
     parser.add_argument("--tasks", default="mnist,pmnist,mnist-noise,padded-mnist")
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--hidden", type=int, default=128)
-    parser.add_argument("--batches", type=int, default=20, help="batches timed per split")
-    parser.add_argument("--steps", type=int, default=3, help="training steps timed")
+    parser.add_argument("--batches", type=int, default=5,
+                        help="batches timed per split and round (the median is kept)")
+    parser.add_argument("--steps", type=int, default=5,
+                        help="rounds: each times --batches batches per split, then one step")
     parser.add_argument("--T", type=int, default=None, help="T of the noise tasks")
     args = parser.parse_args()
 
-    print(f"B={args.batch_size}, antisym n={args.hidden} float32, {os.cpu_count()} CPU cores; "
-          f"medians of {args.batches} batches and {args.steps} steps")
+    print(f"B={args.batch_size}, antisym n={args.hidden} float32, {os.cpu_count()} CPU cores, "
+          f"load average {os.getloadavg()[0]:.1f}; medians over {args.steps} rounds of "
+          f"{args.batches} batches + 1 step")
     print(f"{'task':<14} {'T':>5} {'m':>4} {'open':>8} {'train batch':>12} {'test batch':>11} "
           f"{'step':>9} {'batch/step':>11}")
     for name in args.tasks.split(","):
@@ -76,6 +83,7 @@ def main():
               f"{1e3 * r['train_s']:>10.1f}ms {1e3 * r['test_s']:>9.1f}ms "
               f"{1e3 * r['step_s']:>7.0f}ms {100 * r['train_s'] / r['step_s']:>10.1f}%",
               flush=True)
+    print(f"load average at the end: {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

