@@ -168,7 +168,7 @@ def check_task_fits(model, task, source):
     """A task whose input size or number of classes differs from the model's cannot be used."""
     if task.m != model.input_size or task.num_classes != model.num_classes:
         raise TrainError(f"task {task.name!r} (input size m={task.m}, {task.num_classes} classes) "
-                         f"does not fit the model of {source} (m={model.input_size}, "
+                         f"does not fit the model in {source} (m={model.input_size}, "
                          f"{model.num_classes} classes)")
 
 
@@ -392,11 +392,12 @@ def train(config=None, out="runs/run", resume=False, given=None, task=None, echo
         raise TrainError(f"the training split of {task.name!r} has {task.size('train')} examples, "
                          f"fewer than one batch of {B}; lower --batch-size")
     config["batches_per_epoch"] = per_epoch
-    out.mkdir(parents=True, exist_ok=True)
-    _write_json(out / CONFIG, config)
 
     if resume:
         prog = saved["progress"]
+        if total < prog["iteration"]:
+            raise TrainError(f"the run in {out} is already at iteration {prog['iteration']}; "
+                             f"--iterations must be at least that, got {total}")
         if prog["batches_per_epoch"] != per_epoch:
             raise TrainError(f"the task now has {per_epoch} batches per epoch, the checkpoint was "
                              f"written with {prog['batches_per_epoch']}: the data changed "
@@ -405,6 +406,8 @@ def train(config=None, out="runs/run", resume=False, given=None, task=None, echo
         prog = dict(iteration=0, epoch=0, batch=0, data_seed=config["seed"],
                     batches_per_epoch=per_epoch, elapsed=0.0, evaluated={},
                     interval=_new_interval())
+    out.mkdir(parents=True, exist_ok=True)
+    _write_json(out / CONFIG, config)
 
     echo(("resuming" if resume else "training") + f" {model.name} on {task.name} in {out}")
     echo(format_config(config, model))
@@ -567,7 +570,7 @@ def evaluate_checkpoint(path, split="test", task_name=None, data_dir=None, T=Non
     model = build_model(config, config["input_size"], config["num_classes"])
     load_params_into(model, saved["params"], f"checkpoint {where}")
     task = load_task(config, task)
-    check_task_fits(model, task, f"{where} (trained on {trained_on!r})")
+    check_task_fits(model, task, f"{where}, trained on {trained_on!r},")
     res = evaluate(model, task, split, batch_size or config.get("eval_batch_size", 256))
     return dict(res, iteration=saved["progress"]["iteration"], model=model.name, task=task.name,
                 split=split, checkpoint=str(where))

@@ -123,6 +123,10 @@ def test_resume_refuses_other_settings_but_allows_a_lower_learning_rate(tmp_path
     assert res["iteration"] == 8
     assert "resume: lr: 0.1 -> 0.05" in lines
     assert [r["lr"] for r in records(tmp_path) if r["split"] == "train"] == [0.1, 0.05]
+    before = (tmp_path / "config.json").read_text()
+    with pytest.raises(TrainError, match="already at iteration 8; --iterations must be at least"):
+        train(out=tmp_path, resume=True, given=dict(iterations=5), task=toy_task(), **quiet())
+    assert (tmp_path / "config.json").read_text() == before      # a refused resume writes nothing
 
 
 def test_a_task_that_does_not_fit_the_checkpoint_is_refused(tmp_path):
