@@ -5,7 +5,7 @@ One iteration is one minibatch step (Appendix C counts 50,000 of them, batch siz
     x, y      = the next training batch (B, T, m), (B,)      in the order the task draws from
                                                               (seed, epoch): see nprnn/datasets.py
     L, g      = model.loss_and_grad(x, y)                     full BPTT
-    s         = min(1, clip / ||g||)                          gradient-norm clipping (clip = 0: s = 1)
+    s         = min(1, clip / ||g||)                          gradient-norm clipping (0: s = 1)
     params   <- optimizer step with s g                       SGD with momentum or Adagrad
 
 A run lives in a folder, runs/NAME/:
@@ -271,7 +271,8 @@ class Progress:
     file under nohup) one line per logging interval. Shows it/s, loss and running accuracy."""
 
     def __init__(self, total, start, stream=None, enabled=True, width=24):
-        self.total, self.stream, self.enabled, self.width = total, stream or sys.stderr, enabled, width
+        self.total, self.enabled, self.width = total, enabled, width
+        self.stream = stream or sys.stderr
         self.tty = enabled and hasattr(self.stream, "isatty") and self.stream.isatty()
         self.t0, self.i0, self.last_draw = time.perf_counter(), start, 0.0
 
@@ -327,8 +328,8 @@ def _write_json(path, obj):
 
 def format_config(config, model):
     """The resolved configuration as aligned 'key  value' lines, and the parameter count."""
-    keys = ["model", "task", "seq_len", "hidden", "eps", "gamma", "sigma_w", "init", "optimizer", "lr",
-            "momentum", "clip", "batch_size", "iterations", "seed", "dtype", "device",
+    keys = ["model", "task", "seq_len", "hidden", "eps", "gamma", "sigma_w", "init", "optimizer",
+            "lr", "momentum", "clip", "batch_size", "iterations", "seed", "dtype", "device",
             "eval_every", "eval_split", "log_every", "checkpoint_every", "data_dir", "valid_size"]
     lines = [f"  {k:<17} {config.get(k)}" for k in keys
              if not (k == "momentum" and config["optimizer"] != "sgd")]
