@@ -2,14 +2,18 @@
 
 `Model.loss_and_grad` is full BPTT: the readout's backward gives dL/dh_T, the cell's backward
 carries it through all T steps. Inputs are validated here, once, so the kernels can trust them.
+
+On device "cuda" (nprnn/gpu.py) the same calls run the GPU twins: `params` and the gradients are
+numba device arrays that stay on the GPU (`host_params()` copies the parameters out), while x, y,
+the loss, the logits and h_T cross as NumPy values, as on the CPU.
 """
 import numpy as np
 
 from .cells import CELLS, DEFAULT_EPS, DEFAULT_GAMMA, gaussian
+from .device import DEVICES, resolve_device
 from .kernels import readout as K_readout
 
 DTYPES = ("float32", "float64")
-DEVICES = ("cpu", "cuda", "auto")
 
 
 class Model:
@@ -17,10 +21,18 @@ class Model:
                  device="cpu", sigma_w=1.0, init="paper", seed=0):
         self.cell = cell
         self.input_size, self.hidden_size, self.num_classes = input_size, hidden_size, num_classes
-        self.params = params
         self.hyper = hyper
         self.dtype = np.dtype(dtype)
         self.device = device
+        # GPU kernel version ("auto", "step" or "persistent"; see nprnn/gpu.py), and the device
+        # buffers reused from call to call
+        self.gpu_version = "auto"
+        if device == "cuda":
+            from . import gpu
+            gpu.gpu_cell(cell.name)            # ValueError for a cell without GPU kernels
+            params = {k: gpu.to_device(v) for k, v in params.items()}
+            self._workspace = gpu.Workspace()
+        self.params = params
         self.config = dict(model=cell.name, input_size=input_size, hidden_size=hidden_size,
                            num_classes=num_classes, dtype=self.dtype.name, sigma_w=sigma_w,
                            init=init, seed=seed, **hyper)
@@ -35,6 +47,13 @@ class Model:
 
     def cell_params(self):
         return {k: v for k, v in self.params.items() if k not in ("W_out", "b_out")}
+
+    def host_params(self):
+        """The parameters as NumPy arrays (copies, on either device)."""
+        if self.device == "cuda":
+            from . import gpu
+            return gpu.to_host(self.params)
+        return {k: v.copy() for k, v in self.params.items()}
 
     # -- validation ----------------------------------------------------------------------------
     def _check_x(self, x):
@@ -67,11 +86,17 @@ class Model:
     # -- forward / backward ----------------------------------------------------------------------
     def hidden(self, x):
         """h_T (B, n) for x (B, T, m)."""
+        if self.device == "cuda":
+            from . import gpu
+            return gpu.model_hidden(self, self._check_x(x), ws=self._workspace).copy_to_host()
         h_T, _ = self.cell.forward(self.cell_params(), self._check_x(x), None, **self.hyper)
         return h_T
 
     def forward(self, x):
         """logits (B, K) for x (B, T, m)."""
+        if self.device == "cuda":
+            from . import gpu
+            return gpu.model_logits(self, self._check_x(x), ws=self._workspace).copy_to_host()
         h_T = self.hidden(x)
         logits = np.empty((h_T.shape[0], self.num_classes), dtype=self.dtype)
         K_readout.readout_forward_cpu(logits, h_T, self.params["W_out"], self.params["b_out"])
@@ -83,6 +108,11 @@ class Model:
         xt = self._check_x(x)
         B = xt.shape[1]
         y = self._check_y(y, B)
+        if self.device == "cuda":
+            from . import gpu
+            losses, grads, logits = gpu.model_loss_and_grad(self, xt, y, ws=self._workspace)
+            loss = float(losses.copy_to_host().mean())
+            return (loss, grads, logits.copy_to_host()) if return_logits else (loss, grads)
         p = self.params
         h_T, cache = self.cell.forward(self.cell_params(), xt, None, **self.hyper)
         logits = np.empty((B, self.num_classes), dtype=self.dtype)
@@ -133,11 +163,7 @@ def make_model(name, input_size, hidden_size, num_classes=10, eps=None, gamma=No
             allowed = "eps > 0" if key == "eps" else "gamma >= 0"
             raise ValueError(f"{key} = {value!r} is not allowed: need {allowed}")
         hyper[key] = value
-    if device == "auto":
-        device = "cpu"
-    if device == "cuda":
-        raise RuntimeError("device='cuda' is not available yet in this build of nprnn; "
-                           "use device='cpu'")
+    device = resolve_device(device)            # DeviceUnavailable for "cuda" without a GPU
     rng = np.random.default_rng(seed)
     n, m, K = hidden_size, input_size, num_classes
     params = cell.init(rng, m, n, np.dtype(dtype), sigma_w=sigma_w, scheme=init)

@@ -13,6 +13,7 @@ import math
 import numpy as np
 
 from .common import njit
+from .gpu_common import cdiv, cuda
 
 
 @njit
@@ -52,3 +53,93 @@ def readout_backward_cpu(dW_out, db_out, dh, dlogits, h, W_out):
     np.dot(dlogits.T, h, dW_out)
     db_out[:] = dlogits.sum(axis=0)
     np.dot(dlogits, W_out, dh)
+
+
+# ------------------------------------------------------------------------------------------
+# GPU twins: one thread per output element; host functions take the CPU twins' arguments
+# (device arrays) and keyword-only launch options. K is small (10), so one thread per row
+# does a whole softmax.
+# ------------------------------------------------------------------------------------------
+
+@cuda.jit
+def readout_forward_kernel(logits, h, W_out, b_out):
+    """logits[b, k] = sum_i h[b, i] W_out[k, i] + b_out[k] (written, =).
+    One thread per (b, k); 2-d grid over (k, b)."""
+    k, b = cuda.grid(2)
+    B, K = logits.shape
+    if b < B and k < K:
+        acc = b_out[k]
+        for i in range(h.shape[1]):
+            acc += h[b, i] * W_out[k, i]
+        logits[b, k] = acc
+
+
+@cuda.jit
+def softmax_xent_kernel(losses, dlogits, logits, y):
+    """Row b of softmax_xent_cpu: losses[b] = -log p[b, y_b], dlogits[b] = (p[b] - onehot) / B
+    (written, =), with the row's maximum subtracted before exp. One thread per row b."""
+    b = cuda.grid(1)
+    B, K = logits.shape
+    if b < B:
+        mx = logits[b, 0]
+        for k in range(1, K):
+            mx = max(mx, logits[b, k])
+        s = logits.dtype.type(0)
+        for k in range(K):
+            s += math.exp(logits[b, k] - mx)
+        log_s = math.log(s)
+        losses[b] = log_s - (logits[b, y[b]] - mx)
+        for k in range(K):
+            dlogits[b, k] = math.exp(logits[b, k] - mx - log_s) / B
+        dlogits[b, y[b]] -= 1.0 / B
+
+
+@cuda.jit
+def readout_backward_kernel(dW_out, db_out, dh, dlogits, h, W_out):
+    """forward was: logits = h W_out^T + b_out
+    so:          dW_out = dlogits^T h (K, n) ;  db_out = sum_b dlogits (K,) ;
+                 dh = dlogits W_out (B, n)                                   (all written, =)
+
+    One thread per output element of all three: thread (c, r) of a 2-d grid over
+    (n + 1 columns, max(B, K) rows) writes dW_out[r, c] (r < K, c < n), db_out[r] (r < K,
+    c = n) and dh[r, c] (r < B, c < n).
+    """
+    c, r = cuda.grid(2)
+    B, K = dlogits.shape
+    n = h.shape[1]
+    if r < K and c < n:
+        acc = dW_out.dtype.type(0)
+        for b in range(B):
+            acc += dlogits[b, r] * h[b, c]
+        dW_out[r, c] = acc
+    if r < K and c == n:
+        acc = db_out.dtype.type(0)
+        for b in range(B):
+            acc += dlogits[b, r]
+        db_out[r] = acc
+    if r < B and c < n:
+        acc = dh.dtype.type(0)
+        for k in range(K):
+            acc += dlogits[r, k] * W_out[k, c]
+        dh[r, c] = acc
+
+
+def readout_forward_gpu(logits, h, W_out, b_out, *, block=(16, 16)):
+    """Twin of readout_forward_cpu (device arrays): logits (B, K) written (=)."""
+    B, K = logits.shape
+    readout_forward_kernel[(cdiv(K, block[0]), cdiv(B, block[1])), block](logits, h, W_out,
+                                                                          b_out)
+
+
+def softmax_xent_gpu(losses, dlogits, logits, y, *, threads=128):
+    """Twin of softmax_xent_cpu (device arrays): losses (B,), dlogits (B, K) written (=)."""
+    B = logits.shape[0]
+    softmax_xent_kernel[cdiv(B, threads), threads](losses, dlogits, logits, y)
+
+
+def readout_backward_gpu(dW_out, db_out, dh, dlogits, h, W_out, *, block=(32, 8)):
+    """Twin of readout_backward_cpu (device arrays): dW_out, db_out, dh written (=)."""
+    B, K = dlogits.shape
+    n = h.shape[1]
+    grid = (cdiv(n + 1, block[0]), cdiv(max(B, K), block[1]))
+    readout_backward_kernel[grid, block](dW_out, db_out, dh, dlogits, h, W_out)

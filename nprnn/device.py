@@ -1,0 +1,87 @@
+"""Which device runs the kernels: "cpu", "cuda", or "auto" (cuda when a GPU is usable, else cpu).
+
+    ok, why = cuda_available()     # (True, "NVIDIA H100 80GB HBM3, compute capability 9.0")
+                                   # or (False, "no CUDA driver: libcuda.so cannot be found ...")
+    resolve_device("auto")         # "cuda" or "cpu"
+    resolve_device("cuda")         # "cuda", or DeviceUnavailable carrying the reason
+
+Nothing here lets a driver error escape as a traceback: `cuda_available` turns every failure
+(numba-cuda missing, no driver, no device, NVVM missing) into a one-line reason, and
+`resolve_device("cuda")` raises DeviceUnavailable with that reason and what to do instead. The
+command line turns DeviceUnavailable into its usual error message.
+
+Numba's CUDA simulator counts as usable: with NUMBA_ENABLE_CUDASIM=1 in the environment before
+numba is first imported, `numba.cuda` runs kernels as Python threads on the CPU (correct, and
+thousands of times slower). That is how the GPU tests run on machines without a GPU.
+"""
+import functools
+
+DEVICES = ("cpu", "cuda", "auto")
+
+
+class DeviceUnavailable(RuntimeError):
+    """device="cuda" was asked for, and no usable GPU is present."""
+
+
+def _one_line(exc):
+    return " ".join(str(exc).split()).rstrip(".") or type(exc).__name__
+
+
+def simulator_enabled():
+    """Whether numba.cuda is Numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1 at import)."""
+    try:
+        from numba.cuda.core import config
+    except ImportError:
+        from numba.core import config
+    return bool(getattr(config, "ENABLE_CUDASIM", False))
+
+
+@functools.lru_cache(maxsize=1)
+def cuda_available():
+    """(True, a description of the GPU) when CUDA kernels can run, else (False, the reason).
+    Checked once per process: numba fixes its CUDA target when it is first imported."""
+    try:
+        from numba import cuda
+    except Exception as exc:               # ImportError, or CUDA bindings that fail to load
+        return False, f"numba.cuda cannot be imported ({_one_line(exc)}); pip install 'nprnn[cuda]'"
+    if simulator_enabled():
+        return True, "Numba CUDA simulator (NUMBA_ENABLE_CUDASIM=1): correct but very slow"
+    try:
+        if not cuda.is_available():
+            err = cuda.cuda_error()
+            if err is not None:
+                return False, f"no usable CUDA driver ({_one_line(err)})"
+            return False, ("the CUDA driver works but libNVVM was not found; "
+                           "pip install 'numba-cuda[cu12]'")
+        if len(cuda.gpus) == 0:
+            return False, "the CUDA driver reports no GPU"
+        device = cuda.get_current_device()
+        name = device.name.decode() if isinstance(device.name, bytes) else str(device.name)
+        major, minor = device.compute_capability
+    except Exception as exc:               # a driver that loads but fails on first use
+        return False, f"CUDA initialisation failed ({_one_line(exc)})"
+    return True, f"{name}, compute capability {major}.{minor}"
+
+
+def resolve_device(device):
+    """"cpu" or "cuda" for a requested device in DEVICES: "auto" picks cuda when a GPU is
+    usable; "cuda" without one raises DeviceUnavailable naming the reason."""
+    if device not in DEVICES:
+        raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
+    if device == "cpu":
+        return "cpu"
+    ok, why = cuda_available()
+    if device == "auto":
+        return "cuda" if ok else "cpu"
+    if not ok:
+        raise DeviceUnavailable(f"device 'cuda' was requested but no GPU is usable: {why}. "
+                                f"Use device 'cpu', or 'auto' to take a GPU only when one is "
+                                f"usable.")
+    return "cuda"
+
+
+def describe(device):
+    """One line for logs and `--help` output: the resolved device and, for cuda, the GPU."""
+    if device == "cuda":
+        return f"cuda ({cuda_available()[1]})"
+    return device

@@ -1,0 +1,349 @@
+"""The GPU path: each cell's forward pass and BPTT, the readout and the loss as kernel launches on
+device arrays, and CUDA-event timings of every kernel version.
+
+    model = nprnn.make_model("antisym", 1, 128, 10, device="cuda")
+    loss, grads = model.loss_and_grad(x, y)       # x, y NumPy; grads stay on the GPU
+
+What stays on the GPU: the parameters (`model.params` holds numba device arrays), the gradients,
+the optimizer state, and every activation BPTT needs (kept in a per-model `Workspace`, allocated
+once and reused, so a training step calls cudaMalloc only for the gradients it returns). Per step
+the batch goes in and the loss comes out (B numbers), plus the logits when asked for.
+
+Kernel versions (nprnn/kernels/antisym.py explains them):
+    "step"        one thread per (b, i), one launch per time step
+    "persistent"  one launch per pass; the recurrent matrix lives in shared memory
+    "auto"        persistent where the block's shared memory fits, else step (the default;
+                  `model.gpu_version` picks another)
+
+Cells are registered in GPU_CELLS under their names in nprnn.CELLS; tests/gpu checks every cell
+against its CPU twin through this module, so a cell without GPU kernels fails there.
+"""
+import numpy as np
+
+from .cells import DEFAULT_EPS, DEFAULT_GAMMA
+from .kernels import antisym as K_euler
+from .kernels import readout as K_readout
+from .kernels.gpu_common import WARP, cdiv, cuda, round_up
+
+VERSIONS = ("auto", "step", "persistent")
+
+# Launch configuration of the model path: `step_block` (units, rows) per block of the step
+# kernels; `threads` per block (None: n rounded up to a warp) and `rows` per block of the
+# persistent kernels; `tile` of the parameter-gradient products; `readout_block` of the readout
+# kernels (and its first entry: threads per block of the softmax). The tests shrink these so that
+# the CUDA simulator runs several small blocks; the benchmark may tune them.
+LAUNCH = dict(step_block=(128, 1), threads=None, rows=1, tile=16, readout_block=(16, 16))
+
+
+def _launch(version, backward, skew=None):
+    """Keyword launch options of a kernel host function for `version` ("step"/"persistent")."""
+    if version == "step":
+        opts = dict(block=LAUNCH["step_block"])
+    else:
+        opts = dict(threads=LAUNCH["threads"], rows=LAUNCH["rows"])
+        if skew is not None:
+            opts["skew"] = skew
+    if backward:
+        opts["tile"] = LAUNCH["tile"]
+    return opts
+
+
+# ------------------------------------------------------------------------------------------
+# Device arrays
+# ------------------------------------------------------------------------------------------
+
+@cuda.jit
+def fill_kernel(a, value):
+    """a[i] = value for every i of the flat view a (written, =). One thread per element."""
+    i = cuda.grid(1)
+    if i < a.shape[0]:
+        a[i] = value
+
+
+def fill(a, value):
+    """Set every element of the C-contiguous device array `a` to `value`, on the GPU."""
+    threads = min(256, round_up(a.size, WARP))
+    fill_kernel[cdiv(a.size, threads), threads](a.reshape(a.size), a.dtype.type(value))
+
+
+def is_device_array(a):
+    """Whether `a` lives on the GPU (a numba device array, or the simulator's stand-in)."""
+    return hasattr(a, "copy_to_host")
+
+
+def to_device(a, dtype=None):
+    """A device array holding `a` (a NumPy array, or already a device array: returned as is)."""
+    if is_device_array(a):
+        return a
+    return cuda.to_device(np.ascontiguousarray(a, dtype=dtype))
+
+
+def to_host(tree):
+    """NumPy copies of a device array, or of every array in a dict."""
+    if isinstance(tree, dict):
+        return {k: to_host(v) for k, v in tree.items()}
+    return tree.copy_to_host() if is_device_array(tree) else np.array(tree)
+
+
+class Workspace:
+    """Device buffers kept from call to call under a name, so that a training loop allocates
+    its activations once. A buffer's contents are whatever the last user left there."""
+
+    def __init__(self):
+        self.buffers = {}
+
+    def get(self, name, shape, dtype):
+        shape, dtype = tuple(int(s) for s in shape), np.dtype(dtype)
+        a = self.buffers.get(name)
+        if a is None or a.shape != shape or a.dtype != dtype:
+            a = cuda.device_array(shape, dtype=dtype)
+            self.buffers[name] = a
+        return a
+
+
+def _buffer(ws, name, shape, dtype):
+    """A workspace buffer, or a fresh device array when there is no workspace."""
+    if ws is None:
+        return cuda.device_array(tuple(int(s) for s in shape), dtype=np.dtype(dtype))
+    return ws.get(name, shape, dtype)
+
+
+# ------------------------------------------------------------------------------------------
+# Cells
+# ------------------------------------------------------------------------------------------
+
+class GPUCell:
+    """The GPU side of one entry of nprnn.CELLS: the same contract as Cell.forward/backward
+    (time-major x (T, B, m); returns (h_T, cache) and (grads, dh_0)), on device arrays."""
+
+    def __init__(self, cell):
+        self.cell = cell
+
+    def persistent_fits(self, n, dtype, backward):
+        """Whether the persistent kernel of this cell fits in shared memory at this size."""
+        raise NotImplementedError
+
+    def pick(self, version, n, dtype, backward):
+        """The version that runs: "auto" -> persistent if it fits, else step."""
+        if version not in VERSIONS:
+            raise ValueError(f"GPU kernel version must be one of {VERSIONS}, got {version!r}")
+        if version == "auto":
+            return "persistent" if self.persistent_fits(n, dtype, backward) else "step"
+        return version
+
+    def forward(self, p, x, h0=None, version="auto", ws=None, **hyper):
+        raise NotImplementedError
+
+    def backward(self, p, cache, dh_T, ws=None, **hyper):
+        raise NotImplementedError
+
+
+def _initial_states(ws, x, n, h0):
+    """hs (T+1, B, n) on the device with hs[0] = h_0 (zero unless given)."""
+    T, B, _ = x.shape
+    hs = _buffer(ws, "hs", (T + 1, B, n), x.dtype)
+    if h0 is None:
+        fill(hs[0], 0)
+    else:
+        hs[0].copy_to_device(to_device(h0, x.dtype))
+    return hs
+
+
+class EulerGPU(GPUCell):
+    """antisym, antisym-gated, ablation, feedback: the kernels of nprnn/kernels/antisym.py.
+    The antisymmetric models use the "skew" shared-memory layout (n(n-1)/2 values)."""
+
+    def persistent_fits(self, n, dtype, backward):
+        return K_euler.persistent_fits(n, dtype, self.cell.antisymmetric, backward=backward)
+
+    def matrix(self, W, gamma, ws):
+        """A on the device: W - W^T - gamma I (antisym), W - gamma I (ablation), W (feedback)."""
+        if self.cell.antisymmetric:
+            A = _buffer(ws, "A", W.shape, W.dtype)
+            K_euler.antisym_matrix_gpu(A, W, gamma)
+            return A
+        if self.cell.gated:
+            A = _buffer(ws, "A", W.shape, W.dtype)
+            K_euler.shifted_matrix_gpu(A, W, gamma)
+            return A
+        return W
+
+    def forward(self, p, x, h0=None, version="auto", ws=None, eps=DEFAULT_EPS,
+                gamma=DEFAULT_GAMMA):
+        T, B, _ = x.shape
+        n = p["b_h"].shape[0]
+        A = self.matrix(p["W"], gamma, ws)
+        hs = _initial_states(ws, x, n, h0)
+        th = _buffer(ws, "th", (T, B, n), x.dtype)
+        cache = dict(x=x, A=A, hs=hs, th=th, version=version)
+        v = self.pick(version, n, x.dtype, backward=False)
+        opts = _launch(v, False, skew=self.cell.antisymmetric)
+        if self.cell.gated:
+            z = cache["z"] = _buffer(ws, "z", (T, B, n), x.dtype)
+            run = (K_euler.euler_gated_forward_gpu_persistent if v == "persistent"
+                   else K_euler.euler_gated_forward_gpu)
+            run(hs, th, z, x, A, p["V_h"], p["b_h"], p["V_z"], p["b_z"], eps, **opts)
+        else:
+            run = (K_euler.euler_forward_gpu_persistent if v == "persistent"
+                   else K_euler.euler_forward_gpu)
+            run(hs, th, x, A, p["V_h"], p["b_h"], eps, **opts)
+        return hs[T], cache
+
+    def backward(self, p, cache, dh_T, ws=None, eps=DEFAULT_EPS, gamma=DEFAULT_GAMMA):
+        x, A, hs, th = cache["x"], cache["A"], cache["hs"], cache["th"]
+        T, B, _ = x.shape
+        n = A.shape[0]
+        dh_T = to_device(dh_T, x.dtype)
+        g = {k: cuda.device_array(v.shape, dtype=v.dtype) for k, v in p.items()}
+        # the antisymmetric models turn dA into dW; the others' dW is dA itself
+        dA = _buffer(ws, "dA", A.shape, A.dtype) if self.cell.antisymmetric else g["W"]
+        dh0 = cuda.device_array((B, n), dtype=x.dtype)
+        da = _buffer(ws, "da", (T, B, n), x.dtype)
+        v = self.pick(cache["version"], n, x.dtype, backward=True)
+        opts = _launch(v, True, skew=self.cell.antisymmetric)
+        if self.cell.gated:
+            dzp = _buffer(ws, "dzp", (T, B, n), x.dtype)
+            ds = _buffer(ws, "ds", (T, B, n), x.dtype)
+            run = (K_euler.euler_gated_backward_gpu_persistent if v == "persistent"
+                   else K_euler.euler_gated_backward_gpu)
+            run(dA, g["V_h"], g["b_h"], g["V_z"], g["b_z"], dh0, da, dzp, ds,
+                dh_T, hs, th, cache["z"], x, A, eps, **opts)
+        else:
+            run = (K_euler.euler_backward_gpu_persistent if v == "persistent"
+                   else K_euler.euler_backward_gpu)
+            run(dA, g["V_h"], g["b_h"], dh0, da, dh_T, hs, th, x, A, eps, **opts)
+        if self.cell.antisymmetric:
+            K_euler.antisym_dW_gpu(g["W"], dA)
+        return g, dh0
+
+
+GPU_CELLS = {}
+
+
+def register(gpu_cell):
+    GPU_CELLS[gpu_cell.cell.name] = gpu_cell
+    return gpu_cell
+
+
+def gpu_cell(name):
+    """The GPU side of cell `name` (a key of nprnn.CELLS)."""
+    if name not in GPU_CELLS:
+        raise ValueError(f"model {name!r} has no GPU kernels; models with GPU kernels: "
+                         f"{', '.join(GPU_CELLS)}")
+    return GPU_CELLS[name]
+
+
+def _register_all():
+    from .cells import CELLS
+    for name in ("antisym", "antisym-gated", "ablation", "feedback"):
+        register(EulerGPU(CELLS[name]))
+
+
+_register_all()
+
+
+# ------------------------------------------------------------------------------------------
+# The model: cell + readout + softmax cross-entropy (Model.forward / loss_and_grad on cuda)
+# ------------------------------------------------------------------------------------------
+
+def model_hidden(model, xt, version=None, ws=None):
+    """h_T (B, n) on the device for time-major x (T, B, m) (host or device)."""
+    x = to_device(xt, model.dtype)
+    runner = gpu_cell(model.name)
+    h_T, _ = runner.forward(model.cell_params(), x, None, version or model.gpu_version, ws,
+                            **model.hyper)
+    return h_T
+
+
+def model_logits(model, xt, version=None, ws=None):
+    """logits (B, K) on the device."""
+    h_T = model_hidden(model, xt, version, ws)
+    logits = _buffer(ws, "logits", (h_T.shape[0], model.num_classes), model.dtype)
+    K_readout.readout_forward_gpu(logits, h_T, model.params["W_out"], model.params["b_out"],
+                                  block=LAUNCH["readout_block"])
+    return logits
+
+
+def model_loss_and_grad(model, xt, y, version=None, ws=None):
+    """(losses (B,), grads, logits (B, K)), all on the device, for time-major x (T, B, m) and
+    labels y (B,). The mean of `losses` is the loss; grads has the keys of model.params."""
+    x = to_device(xt, model.dtype)
+    y = to_device(y, np.int64)
+    p = model.params
+    runner = gpu_cell(model.name)
+    h_T, cache = runner.forward(model.cell_params(), x, None, version or model.gpu_version, ws,
+                                **model.hyper)
+    B, K = h_T.shape[0], model.num_classes
+    logits = _buffer(ws, "logits", (B, K), model.dtype)
+    block = LAUNCH["readout_block"]
+    K_readout.readout_forward_gpu(logits, h_T, p["W_out"], p["b_out"], block=block)
+    losses = _buffer(ws, "losses", (B,), model.dtype)
+    dlogits = _buffer(ws, "dlogits", (B, K), model.dtype)
+    K_readout.softmax_xent_gpu(losses, dlogits, logits, y, threads=block[0])
+    dW_out = cuda.device_array(p["W_out"].shape, dtype=model.dtype)
+    db_out = cuda.device_array(p["b_out"].shape, dtype=model.dtype)
+    dh_T = _buffer(ws, "dh_T", h_T.shape, model.dtype)
+    K_readout.readout_backward_gpu(dW_out, db_out, dh_T, dlogits, h_T, p["W_out"], block=block)
+    grads, _ = runner.backward(model.cell_params(), cache, dh_T, ws, **model.hyper)
+    grads.update(W_out=dW_out, b_out=db_out)
+    return losses, grads, logits
+
+
+# ------------------------------------------------------------------------------------------
+# Timings (for `cli.py bench --device cuda`)
+# ------------------------------------------------------------------------------------------
+
+def _elapsed_ms(fn, repeats, warmup):
+    """Median over `repeats` runs of fn's GPU time in milliseconds, measured with CUDA events
+    around each run (after `warmup` untimed runs, which also compile the kernels)."""
+    for _ in range(warmup):
+        fn()
+    cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = cuda.event(), cuda.event()
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return float(np.median(times))
+
+
+def time_model(name, B=128, n=128, m=1, T=784, K=10, dtype="float32", versions=("step",
+               "persistent"), repeats=5, warmup=1, seed=0):
+    """Time each GPU kernel version of model `name` on random data of the given shape.
+
+    Returns one dict per version: model, version, B, n, m, T, dtype, forward_ms (cell forward,
+    readout and loss), forward_backward_ms (everything `loss_and_grad` does on the GPU: the same
+    plus the readout's and the cell's backward), both the median of `repeats` runs timed with
+    CUDA events, and `note` (why a version did not run, else ""). Inputs are on the GPU before
+    timing starts, so host transfers are not included. Under the CUDA simulator the times are
+    meaningless (the simulator records none) and are reported as nan."""
+    from .device import resolve_device, simulator_enabled
+    from .model import make_model
+    resolve_device("cuda")
+    model = make_model(name, m, n, K, seed=seed, dtype=dtype, device="cuda")
+    rng = np.random.default_rng(seed)
+    x = cuda.to_device(rng.standard_normal((T, B, m)).astype(dtype))
+    y = cuda.to_device(rng.integers(0, K, size=B).astype(np.int64))
+    ws = Workspace()
+    runner = gpu_cell(name)
+    rows = []
+    for version in versions:
+        row = dict(model=name, version=version, B=B, n=n, m=m, T=T, dtype=str(dtype),
+                   forward_ms=float("nan"), forward_backward_ms=float("nan"), note="")
+        for backward in (False, True):
+            if version == "persistent" and not runner.persistent_fits(n, dtype, backward):
+                row["note"] = (f"persistent {'BPTT' if backward else 'forward'} does not fit in "
+                               f"shared memory at n={n}, {dtype}; 'auto' runs 'step' there")
+        if not row["note"]:
+            fwd = lambda: model_logits(model, x, version, ws)                   # noqa: E731
+            both = lambda: model_loss_and_grad(model, x, y, version, ws)         # noqa: E731
+            row["forward_ms"] = _elapsed_ms(fwd, repeats, warmup)
+            row["forward_backward_ms"] = _elapsed_ms(both, repeats, warmup)
+            if simulator_enabled():
+                row["forward_ms"] = row["forward_backward_ms"] = float("nan")
+                row["note"] = "CUDA simulator: no timings"
+        rows.append(row)
+    return rows

@@ -1,0 +1,136 @@
+"""GPU twins of nprnn/kernels/antisym.py and gpu_common.py against their CPU twins.
+
+Each test runs the CPU twin, then the GPU twin on the same inputs, and compares every output. The
+backward tests feed the GPU the CPU's forward results, so a forward error cannot hide or cause a
+backward one. "skew" is an antisymmetric A = W - W^T - gamma I (antisym, antisym-gated; the
+persistent kernels keep only its upper triangle); "dense" an unstructured A (ablation, feedback).
+"""
+import numpy as np
+import pytest
+
+from gpu_testing import (B, DTYPES, M, N, ROWS, STEP_BLOCK, T, THREADS, TILE, assert_close, dev,
+                         empty_like, rand, requires_cuda)
+from nprnn.kernels import antisym as K
+from nprnn.kernels import gpu_common
+
+pytestmark = requires_cuda
+
+EPS, GAMMA = 0.5, 0.1            # a large eps so that h moves visibly in 3 steps
+
+
+def matrix(rng, structure, dtype):
+    if structure == "skew":
+        W = np.triu(rand(rng, (N, N), dtype), k=1)
+        A = np.empty_like(W)
+        K.antisym_matrix_cpu(A, W, GAMMA)
+        return A
+    return (rand(rng, (N, N), dtype, 0.5) - GAMMA * np.eye(N)).astype(dtype)
+
+
+def problem(dtype, gated, structure, seed=0):
+    """Random inputs, and the CPU twins' forward and backward outputs on them."""
+    rng = np.random.default_rng(seed)
+    eps = np.dtype(dtype).type(EPS)
+    p = dict(x=rand(rng, (T, B, M), dtype), A=matrix(rng, structure, dtype),
+             V_h=rand(rng, (N, M), dtype), b_h=rand(rng, (N,), dtype, 0.1),
+             V_z=rand(rng, (N, M), dtype), b_z=rand(rng, (N,), dtype, 0.1),
+             dh_T=rand(rng, (B, N), dtype))
+    hs = np.zeros((T + 1, B, N), dtype)
+    hs[0] = rand(rng, (B, N), dtype, 0.5)
+    fw = dict(hs=hs, th=np.empty((T, B, N), dtype), z=np.empty((T, B, N), dtype))
+    if gated:
+        K.euler_gated_forward_cpu(fw["hs"], fw["th"], fw["z"], p["x"], p["A"], p["V_h"],
+                                  p["b_h"], p["V_z"], p["b_z"], eps)
+    else:
+        K.euler_forward_cpu(fw["hs"], fw["th"], p["x"], p["A"], p["V_h"], p["b_h"], eps)
+    bw = dict(dA=np.empty((N, N), dtype), dV_h=np.empty((N, M), dtype),
+              db_h=np.empty(N, dtype), dV_z=np.empty((N, M), dtype), db_z=np.empty(N, dtype),
+              dh0=np.empty((B, N), dtype), da=np.empty((T, B, N), dtype),
+              dzp=np.empty((T, B, N), dtype), ds=np.empty((T, B, N), dtype))
+    if gated:
+        K.euler_gated_backward_cpu(bw["dA"], bw["dV_h"], bw["db_h"], bw["dV_z"], bw["db_z"],
+                                   bw["dh0"], bw["da"], bw["dzp"], bw["ds"], p["dh_T"],
+                                   fw["hs"], fw["th"], fw["z"], p["x"], p["A"], eps)
+    else:
+        K.euler_backward_cpu(bw["dA"], bw["dV_h"], bw["db_h"], bw["dh0"], bw["da"], p["dh_T"],
+                             fw["hs"], fw["th"], p["x"], p["A"], eps)
+    return p, fw, bw, eps
+
+
+def launch_options(version, structure, backward):
+    if version == "step":
+        return dict(block=STEP_BLOCK, tile=TILE) if backward else dict(block=STEP_BLOCK)
+    opts = dict(skew=structure == "skew", rows=ROWS, threads=THREADS)
+    return dict(opts, tile=TILE) if backward else opts
+
+
+CASES = [(dtype, gated, structure, version) for dtype in DTYPES for gated in (False, True)
+         for structure in ("skew", "dense") for version in ("step", "persistent")]
+
+
+@pytest.mark.parametrize("dtype, gated, structure, version", CASES)
+def test_euler_forward_and_backward_match_cpu(dtype, gated, structure, version):
+    p, fw, bw, eps = problem(dtype, gated, structure)
+    d = {k: dev(v) for k, v in p.items()}
+    suffix = "_persistent" if version == "persistent" else ""
+    # forward: hs[0] given, the rest written
+    hs = dev(np.concatenate([fw["hs"][:1], np.zeros_like(fw["hs"][1:])]))
+    th, z = empty_like(fw["th"]), empty_like(fw["z"])
+    opts = launch_options(version, structure, backward=False)
+    if gated:
+        getattr(K, "euler_gated_forward_gpu" + suffix)(hs, th, z, d["x"], d["A"], d["V_h"],
+                                                       d["b_h"], d["V_z"], d["b_z"], eps, **opts)
+        assert_close(z, fw["z"], dtype, "z")
+    else:
+        getattr(K, "euler_forward_gpu" + suffix)(hs, th, d["x"], d["A"], d["V_h"], d["b_h"],
+                                                 eps, **opts)
+    assert_close(hs, fw["hs"], dtype, "hs")
+    assert_close(th, fw["th"], dtype, "th")
+    # backward, from the CPU's forward results
+    hs, th, z = dev(fw["hs"]), dev(fw["th"]), dev(fw["z"])
+    g = {k: empty_like(v) for k, v in bw.items()}
+    opts = launch_options(version, structure, backward=True)
+    if gated:
+        getattr(K, "euler_gated_backward_gpu" + suffix)(
+            g["dA"], g["dV_h"], g["db_h"], g["dV_z"], g["db_z"], g["dh0"], g["da"], g["dzp"],
+            g["ds"], d["dh_T"], hs, th, z, d["x"], d["A"], eps, **opts)
+        names = bw
+    else:
+        getattr(K, "euler_backward_gpu" + suffix)(g["dA"], g["dV_h"], g["db_h"], g["dh0"],
+                                                  g["da"], d["dh_T"], hs, th, d["x"], d["A"],
+                                                  eps, **opts)
+        names = ("dA", "dV_h", "db_h", "dh0", "da")
+    for k in names:
+        assert_close(g[k], bw[k], dtype, k)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_matrix_kernels_match_cpu(dtype):
+    rng = np.random.default_rng(1)
+    W = rand(rng, (N, N), dtype)
+    Wu = np.triu(W, k=1)
+    A, A_gpu = np.empty_like(W), empty_like(W)
+    K.antisym_matrix_cpu(A, Wu, GAMMA)
+    K.antisym_matrix_gpu(A_gpu, dev(Wu), GAMMA, block=(4, 4))
+    assert_close(A_gpu, A, dtype, "A = W - W^T - gamma I")
+    K.shifted_matrix_gpu(A_gpu, dev(W), GAMMA, block=(4, 4))
+    assert_close(A_gpu, (W - GAMMA * np.eye(N)).astype(dtype), dtype, "A = W - gamma I")
+    dW = np.empty_like(W)
+    K.antisym_dW_cpu(dW, W)
+    dW_gpu = empty_like(W)
+    K.antisym_dW_gpu(dW_gpu, dev(W), block=(4, 4))
+    assert_close(dW_gpu, dW, dtype, "dW from dA")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_matmul_tn_and_column_sums(dtype):
+    """C = A^T B with ragged tiles (P = 6, Q = 5 over 4 x 4 tiles) and a ragged split of the
+    N = 11 rows into 3 chunks; column sums through the same product."""
+    rng = np.random.default_rng(2)
+    A, Bm = rand(rng, (11, 6), dtype), rand(rng, (11, 5), dtype)
+    C = gpu_common.cuda.device_array((6, 5), dtype=dtype)
+    gpu_common.matmul_tn_gpu(C, dev(A), dev(Bm), tile=4, splits=3)
+    assert_close(C, A.T @ Bm, dtype, "A^T B")
+    db = gpu_common.cuda.device_array(6, dtype=dtype)
+    gpu_common.column_sums_gpu(db, dev(A), tile=4)
+    assert_close(db, A.sum(axis=0), dtype, "column sums")

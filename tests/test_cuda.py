@@ -1,0 +1,94 @@
+"""The GPU path without a GPU: device selection and its errors, the persistent kernels' shared
+memory arithmetic, and a run of the GPU tests (tests/gpu) under Numba's CUDA simulator.
+
+Why a subprocess: numba chooses between the real CUDA target and the simulator once, when
+`numba.cuda` is first imported, from NUMBA_ENABLE_CUDASIM. This pytest process has imported the
+real target already (the CPU tests and tests/test_ptx.py need it), so the simulator run is a
+second pytest process started with NUMBA_ENABLE_CUDASIM=1, over the same test files that run
+directly on a GPU when one is present. On a machine with a GPU that subprocess is skipped: the
+same tests then run in this process, on the GPU.
+"""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import nprnn
+from nprnn import device
+from nprnn.kernels import antisym as K
+
+ROOT = Path(__file__).resolve().parents[1]
+HAS_GPU = device.cuda_available()[0] and not device.simulator_enabled()
+
+
+def test_gpu_tests_pass_under_the_cuda_simulator():
+    if HAS_GPU:
+        pytest.skip("a GPU is present: tests/gpu run on it in this process")
+    if device.simulator_enabled():
+        pytest.skip("already running under the simulator")
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    cmd = [sys.executable, "-m", "pytest", "tests/gpu", "-q", "-p", "no:cacheprovider",
+           "--no-header", "-rfE"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, (f"GPU tests failed under the CUDA simulator "
+                                  f"({' '.join(cmd[1:])}, NUMBA_ENABLE_CUDASIM=1):\n{out[-8000:]}")
+    assert " passed" in out and "skipped" not in out.splitlines()[-1], out[-2000:]
+
+
+# -- device selection -----------------------------------------------------------------------
+
+def test_cuda_available_gives_a_one_line_reason():
+    ok, why = device.cuda_available()
+    assert isinstance(ok, bool) and why and "\n" not in why
+
+
+def test_auto_resolves_to_cuda_exactly_when_a_gpu_is_usable():
+    assert device.resolve_device("auto") == ("cuda" if device.cuda_available()[0] else "cpu")
+    assert device.resolve_device("cpu") == "cpu"
+
+
+def test_unknown_device_is_refused():
+    with pytest.raises(ValueError, match="device must be one of"):
+        device.resolve_device("gpu")
+    with pytest.raises(ValueError, match="device must be one of"):
+        nprnn.make_model("antisym", 1, 4, 3, device="tpu")
+
+
+@pytest.mark.skipif(device.cuda_available()[0], reason="a CUDA target is usable here")
+def test_cuda_without_a_gpu_is_a_clear_error_not_a_driver_traceback():
+    why = device.cuda_available()[1]
+    with pytest.raises(device.DeviceUnavailable) as err:
+        nprnn.make_model("antisym", 1, 4, 3, device="cuda")
+    msg = str(err.value)
+    assert "no GPU is usable" in msg and why in msg and "'cpu'" in msg
+    assert err.value.__cause__ is None and err.value.__context__ is None
+    model = nprnn.make_model("antisym", 1, 4, 3, device="auto")
+    assert model.device == "cpu"
+
+
+# -- persistent kernels: what fits in a block's shared memory ------------------------------
+
+def test_persistent_kernels_fit_the_paper_sizes():
+    # antisym at n = 128 in float32: the upper triangle is 8128 values = 32.5 KB
+    assert K.persistent_shared_bytes(128, 1, 4, True, 3) == (8128 + 3 * 128) * 4
+    assert K.persistent_fits(128, "float32", skew=True, backward=True)
+    # the dense matrix (ablation, feedback) at n = 128 is 64 KB: step kernels instead
+    assert not K.persistent_fits(128, "float32", skew=False, backward=False)
+    assert K.persistent_fits(96, "float32", skew=False, backward=True)
+    assert not K.persistent_fits(128, "float64", skew=True, backward=False)
+
+
+def test_persistent_launch_refuses_what_does_not_fit_and_says_why():
+    with pytest.raises(ValueError, match=r"needs 67072 bytes of shared memory at n=128.*step"):
+        K.persistent_launch(B=4, n=128, dtype=np.float64, skew=True, buffers=2, rows=1,
+                            threads=None)
+    grid, threads, shared = K.persistent_launch(B=5, n=100, dtype=np.float32, skew=True,
+                                                buffers=2, rows=2, threads=None)
+    assert (grid, threads) == (3, 128) and shared == (4950 + 2 * 2 * 100) * 4
+    with pytest.raises(ValueError, match="threads"):
+        K.persistent_launch(B=4, n=8, dtype=np.float32, skew=True, buffers=2, rows=1,
+                            threads=2048)

@@ -1,0 +1,111 @@
+"""Every GPU kernel of nprnn compiles to PTX for sm_90 (H100/H200), in float32 and float64.
+
+This runs without a GPU: `numba.cuda.compile_ptx` needs only NVVM, which the numba-cuda[cu12]
+wheels bring. The simulator accepts some Python that the real compiler rejects (and the other
+way round), so this catches a kernel that passes the simulator tests but could not run on a GPU.
+
+Kernels are found by scanning the modules below for @cuda.jit kernels (device functions are
+compiled inside the kernels that call them), so a new kernel is compiled here without being
+listed. Argument types follow from the argument names, which the kernels use consistently
+(ARG_KINDS); a kernel with a new argument name fails here until the name is added.
+
+One numba-cuda detail: while compiling a kernel, numba-cuda compiles the functions it calls
+(our `common.py` scalar math, `@overload`s, `@cuda.jit(device=True)` helpers) as device functions
+and asks the *current GPU* for its compute capability to do so, which fails without a GPU. The
+`ptx_target` fixture answers that question with the target's compute capability (9, 0), the
+same one the kernel itself is compiled for; with a real GPU present nothing is replaced.
+"""
+import importlib
+import types
+
+import numba
+import numpy as np
+import pytest
+from numba import cuda
+
+from nprnn.device import cuda_available, simulator_enabled
+
+CC = (9, 0)
+MODULES = ["nprnn.kernels.gpu_common", "nprnn.kernels.antisym", "nprnn.kernels.readout",
+           "nprnn.kernels.rnn", "nprnn.kernels.lstm", "nprnn.kernels.gru",
+           "nprnn.kernels.optim", "nprnn.gpu"]
+
+# argument name -> kind: "1", "2", "3" a C-contiguous array of the model dtype with that many
+# dimensions; "f" a scalar of the model dtype; "f64" a Python float; "i" a Python int;
+# "b" a bool; "i64_1" int64 labels (B,); "f64_1" a float64 (1,) accumulator.
+ARG_KINDS = {
+    **{k: "3" for k in ("hs", "cs", "th", "z", "x", "da", "dzp", "ds", "gates", "hn", "dgi",
+                        "dgh", "partial", "D")},
+    **{k: "2" for k in ("A", "W", "dA", "dW", "V_h", "V_z", "dV_h", "dV_z", "W_out", "dW_out",
+                        "W_ih", "W_hh", "dW_ih", "dW_hh", "WT", "logits", "dlogits", "h",
+                        "dh", "dh0", "dh_T", "dh_prev", "dc", "dc_prev", "C", "B_", "out2")},
+    **{k: "1" for k in ("b_h", "b_z", "db_h", "db_z", "b_out", "db_out", "b_ih", "b_hh",
+                        "db_ih", "db_hh", "w_ci", "w_cf", "w_co", "dw_ci", "dw_cf", "dw_co",
+                        "losses", "a", "p", "v", "g", "G")},
+    "eps": "f", "value": "f", "gamma": "f64", "lr": "f64", "momentum": "f64", "scale": "f64",
+    "delta": "f64", "t": "i", "rows": "i", "skew": "b", "accumulate": "b", "y": "i64_1",
+    "out": "f64_1",
+}
+# where one name means another kind in one kernel: (kernel, argument) -> kind
+OVERRIDES = {("matmul_tn_partial_kernel", "A"): "2", ("matmul_tn_partial_kernel", "B"): "2"}
+
+
+def kernels():
+    """(module name, kernel name, dispatcher) of every @cuda.jit kernel in MODULES."""
+    found = []
+    for mod_name in MODULES:
+        try:
+            mod = importlib.import_module(mod_name)
+        except ImportError:
+            continue
+        for name, obj in vars(mod).items():
+            if (isinstance(obj, numba.cuda.dispatcher.CUDADispatcher)
+                    and not obj.targetoptions.get("device") and obj.py_func.__module__ == mod_name):
+                found.append((mod_name, name, obj))
+    return found
+
+
+def arg_types(kernel_name, py_func, dtype):
+    float_t = numba.from_dtype(np.dtype(dtype))
+    kinds = {"1": float_t[::1], "2": float_t[:, ::1], "3": float_t[:, :, ::1], "f": float_t,
+             "f64": numba.float64, "i": numba.int64, "b": numba.boolean,
+             "i64_1": numba.int64[::1], "f64_1": numba.float64[::1]}
+    names = py_func.__code__.co_varnames[:py_func.__code__.co_argcount]
+    out = []
+    for a in names:
+        kind = OVERRIDES.get((kernel_name, a), ARG_KINDS.get(a))
+        if kind is None:
+            raise AssertionError(f"kernel {kernel_name}: argument {a!r} has no entry in ARG_KINDS "
+                                 f"of tests/test_ptx.py; add its kind there")
+        out.append(kinds[kind])
+    return tuple(out)
+
+
+KERNELS = [] if simulator_enabled() else kernels()
+
+
+@pytest.fixture
+def ptx_target(monkeypatch):
+    """Let numba-cuda compile device functions for CC without asking a GPU (see the module
+    docstring); untouched when a real GPU is present."""
+    if not cuda_available()[0]:
+        import numba.cuda.dispatcher as dispatcher
+        monkeypatch.setattr(dispatcher, "get_current_device",
+                            lambda: types.SimpleNamespace(compute_capability=CC))
+
+
+def test_kernels_were_found():
+    if simulator_enabled():
+        pytest.skip("the CUDA simulator has no PTX compiler")
+    names = {name for _, name, _ in KERNELS}
+    for expected in ("euler_forward_persistent_kernel", "euler_backward_step_kernel",
+                     "readout_backward_kernel", "matmul_tn_partial_kernel"):
+        assert expected in names, f"kernel scan missed {expected}: found {sorted(names)}"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("module, name, kernel", KERNELS, ids=[k[1] for k in KERNELS])
+def test_kernel_compiles_to_ptx_for_sm90(ptx_target, module, name, kernel, dtype):
+    ptx, _ = cuda.compile_ptx(kernel.py_func, arg_types(name, kernel.py_func, dtype), cc=CC)
+    assert f".target sm_{CC[0]}{CC[1]}" in ptx
+    assert ".entry" in ptx, f"{module}.{name}: no kernel entry point in the PTX"
