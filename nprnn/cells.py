@@ -261,7 +261,9 @@ class RNNCell(StackedGateCell):
         self._no_hyper(hyper)
         T = x.shape[0]
         hs = _states(x, p["weight_hh"].shape[1], h0)
-        K_rnn.rnn_forward_cpu(hs, x, p["weight_ih"], p["weight_hh"], p["bias_ih"], p["bias_hh"])
+        with one_blas_thread():
+            K_rnn.rnn_forward_cpu(hs, x, p["weight_ih"], p["weight_hh"], p["bias_ih"],
+                                  p["bias_hh"])
         return hs[T], dict(x=x, hs=hs)
 
     def backward(self, p, cache, dh_T, **hyper):
@@ -270,8 +272,10 @@ class RNNCell(StackedGateCell):
         g = {k: np.empty_like(v) for k, v in p.items()}
         dh0 = np.empty_like(hs[0])
         da = np.empty_like(hs[1:])
-        K_rnn.rnn_backward_cpu(g["weight_ih"], g["weight_hh"], g["bias_ih"], g["bias_hh"], dh0,
-                               da, np.asarray(dh_T, dtype=hs.dtype), hs, x, p["weight_hh"])
+        dh_T = np.ascontiguousarray(dh_T, dtype=hs.dtype)
+        with one_blas_thread():
+            K_rnn.rnn_backward_cpu(g["weight_ih"], g["weight_hh"], g["bias_ih"], g["bias_hh"],
+                                   dh0, da, dh_T, hs, x, p["weight_hh"])
         return g, dh0
 
 
@@ -333,10 +337,11 @@ class LSTMCell(StackedGateCell):
         cs = np.zeros_like(hs)                      # c_0 = 0: h0 sets h_0 only
         gates = np.empty((T, B, 4 * n), dtype=x.dtype)
         args = (hs, cs, gates, x, p["weight_ih"], p["weight_hh"], p["bias_ih"], p["bias_hh"])
-        if self.peephole:
-            K_lstm.peephole_lstm_forward_cpu(*args, p["w_ci"], p["w_cf"], p["w_co"])
-        else:
-            K_lstm.lstm_forward_cpu(*args)
+        with one_blas_thread():
+            if self.peephole:
+                K_lstm.peephole_lstm_forward_cpu(*args, p["w_ci"], p["w_cf"], p["w_co"])
+            else:
+                K_lstm.lstm_forward_cpu(*args)
         return hs[T], dict(x=x, hs=hs, cs=cs, gates=gates)
 
     def backward(self, p, cache, dh_T, **hyper):
@@ -345,14 +350,15 @@ class LSTMCell(StackedGateCell):
         g = {k: np.empty_like(v) for k, v in p.items()}
         dh0 = np.empty_like(hs[0])
         da = np.empty_like(gates)
-        dh_T = np.asarray(dh_T, dtype=hs.dtype)
+        dh_T = np.ascontiguousarray(dh_T, dtype=hs.dtype)
         dW = (g["weight_ih"], g["weight_hh"], g["bias_ih"], g["bias_hh"])
-        if self.peephole:
-            K_lstm.peephole_lstm_backward_cpu(*dW, g["w_ci"], g["w_cf"], g["w_co"], dh0, da,
-                                              dh_T, hs, cs, gates, x, p["weight_hh"],
-                                              p["w_ci"], p["w_cf"], p["w_co"])
-        else:
-            K_lstm.lstm_backward_cpu(*dW, dh0, da, dh_T, hs, cs, gates, x, p["weight_hh"])
+        with one_blas_thread():
+            if self.peephole:
+                K_lstm.peephole_lstm_backward_cpu(*dW, g["w_ci"], g["w_cf"], g["w_co"], dh0, da,
+                                                  dh_T, hs, cs, gates, x, p["weight_hh"],
+                                                  p["w_ci"], p["w_cf"], p["w_co"])
+            else:
+                K_lstm.lstm_backward_cpu(*dW, dh0, da, dh_T, hs, cs, gates, x, p["weight_hh"])
         return g, dh0
 
 
@@ -369,8 +375,9 @@ class GRUCell(StackedGateCell):
         hs = _states(x, n, h0)
         gates = np.empty((T, B, 3 * n), dtype=x.dtype)
         hn = np.empty((T, B, n), dtype=x.dtype)
-        K_gru.gru_forward_cpu(hs, gates, hn, x, p["weight_ih"], p["weight_hh"], p["bias_ih"],
-                              p["bias_hh"])
+        with one_blas_thread():
+            K_gru.gru_forward_cpu(hs, gates, hn, x, p["weight_ih"], p["weight_hh"],
+                                  p["bias_ih"], p["bias_hh"])
         return hs[T], dict(x=x, hs=hs, gates=gates, hn=hn)
 
     def backward(self, p, cache, dh_T, **hyper):
@@ -378,10 +385,11 @@ class GRUCell(StackedGateCell):
         x, hs, gates, hn = cache["x"], cache["hs"], cache["gates"], cache["hn"]
         g = {k: np.empty_like(v) for k, v in p.items()}
         dh0 = np.empty_like(hs[0])
-        K_gru.gru_backward_cpu(g["weight_ih"], g["weight_hh"], g["bias_ih"], g["bias_hh"], dh0,
-                               np.empty_like(gates), np.empty_like(gates),
-                               np.asarray(dh_T, dtype=hs.dtype), hs, gates, hn, x,
-                               p["weight_hh"])
+        dh_T = np.ascontiguousarray(dh_T, dtype=hs.dtype)
+        with one_blas_thread():
+            K_gru.gru_backward_cpu(g["weight_ih"], g["weight_hh"], g["bias_ih"], g["bias_hh"],
+                                   dh0, np.empty_like(gates), np.empty_like(gates), dh_T, hs,
+                                   gates, hn, x, p["weight_hh"])
         return g, dh0
 
 
