@@ -34,8 +34,9 @@ The caller holds BLAS to one thread (`common.one_blas_thread`) while these kerne
 import numpy as np
 from numba import prange
 
-from .common import (dsigmoid_from_y, dtanh_from_y, matmul_nt_rows, matmul_tn_rows,
-                     njit_parallel, num_slices, row_slice, sigmoid, sum_rows, tanh)
+from .common import (dsigmoid_from_y, dtanh_from_y, flush_subnormal, matmul_nt_rows,
+                     matmul_tn_rows, njit_parallel, num_slices, row_slice, sigmoid, sum_rows,
+                     tanh)
 
 
 @njit_parallel
@@ -114,11 +115,11 @@ def lstm_backward_cpu(dW_ih, dW_hh, db_ih, db_hh, dh0, da, dh_T, hs, cs, gates, 
                     # so:          di = dc_t g ; df = dc_t c_{t-1} ; dg = dc_t i ; dc_{t-1} = dc_t f
                     # forward was: i, f, o = sigmoid(a_i, a_f, a_o) ;  g = tanh(a_g)
                     # so:          da_i = di i (1 - i) ;  ... ;  da_g = dg (1 - g**2)
-                    da[t, b, j] = dc_t * g * dsigmoid_from_y(i)
-                    da[t, b, n + j] = dc_t * cs[t, b, j] * dsigmoid_from_y(f)
-                    da[t, b, 2 * n + j] = dc_t * i * dtanh_from_y(g)
-                    da[t, b, 3 * n + j] = do * dsigmoid_from_y(o)
-                    dc[r, j] = dc_t * f
+                    da[t, b, j] = flush_subnormal(dc_t * g * dsigmoid_from_y(i))
+                    da[t, b, n + j] = flush_subnormal(dc_t * cs[t, b, j] * dsigmoid_from_y(f))
+                    da[t, b, 2 * n + j] = flush_subnormal(dc_t * i * dtanh_from_y(g))
+                    da[t, b, 3 * n + j] = flush_subnormal(do * dsigmoid_from_y(o))
+                    dc[r, j] = flush_subnormal(dc_t * f)
             # forward was: a_t = W_ih x_t + b_ih + W_hh h_{t-1} + b_hh; h_{t-1} goes nowhere else
             # so:          dh_{t-1} = da_t W_hh   (row form)
             np.dot(da[t, b0:b1], W_hh, dh)
@@ -210,11 +211,11 @@ def peephole_lstm_backward_cpu(dW_ih, dW_hh, db_ih, db_hh, dw_ci, dw_cf, dw_co, 
                     #              dc_{t-1} = dc_t f + da_i w_ci + da_f w_cf
                     da_i = dc_t * g * dsigmoid_from_y(i)
                     da_f = dc_t * c_prev * dsigmoid_from_y(f)
-                    da[t, b, j] = da_i
-                    da[t, b, n + j] = da_f
-                    da[t, b, 2 * n + j] = dc_t * i * dtanh_from_y(g)
-                    da[t, b, 3 * n + j] = da_o
-                    dc[r, j] = dc_t * f + da_i * w_ci[j] + da_f * w_cf[j]
+                    da[t, b, j] = flush_subnormal(da_i)
+                    da[t, b, n + j] = flush_subnormal(da_f)
+                    da[t, b, 2 * n + j] = flush_subnormal(dc_t * i * dtanh_from_y(g))
+                    da[t, b, 3 * n + j] = flush_subnormal(da_o)
+                    dc[r, j] = flush_subnormal(dc_t * f + da_i * w_ci[j] + da_f * w_cf[j])
             np.dot(da[t, b0:b1], W_hh, dh)                # dh_{t-1} = da_t W_hh
     da2 = da.reshape(T * B, 4 * n)
     matmul_tn_rows(dW_hh, da2, hs[:T].reshape(T * B, n))    # dW_hh = sum_t da_t^T h_{t-1}
