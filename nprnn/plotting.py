@@ -86,7 +86,7 @@ def plot_simulation(panels, path, ncols, title=""):
         ax.set_visible(False)
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110 if nrows <= 2 else 80)    # the 4x4 grids at a lower resolution
 
 
 def plot_jacobian(rows, path, title=""):
@@ -99,13 +99,13 @@ def plot_jacobian(rows, path, title=""):
         rs = sorted((r for r in rows if r["label"] == label), key=lambda r: r["T"])
         T = [r["T"] for r in rs]
         style = "--" if rs[0]["model"].startswith("lstm") else "-"
-        ax_mean.plot(T, [max(r["mean"], 1e-30) for r in rs], style, marker="o", label=label)
+        ax_mean.plot(T, [max(r["mean"], 1e-300) for r in rs], style, marker="o", label=label)
         ax_std.plot(T, [r["std"] for r in rs], style, marker="o", label=label)
     ax_mean.set_yscale("log")
     ax_mean.axhline(1.0, color="0.5", linewidth=0.8)
     for ax, what in ((ax_mean, "mean"), (ax_std, "standard deviation")):
         ax.set_xlabel("T (time steps)")
-        ax.set_ylabel(f"{what} of |eigenvalues| of dh_T/dh_0")
+        ax.set_ylabel(f"{what} of |eigenvalue(dh_T / dh_0)|")
         ax.set_xticks(sorted({r["T"] for r in rows}))
         ax.grid(alpha=0.3)
     ax_std.legend(fontsize=7)
