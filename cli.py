@@ -169,8 +169,8 @@ def simulate(out, figures, steps, eps, seed):
 @click.option("--checkpoint", "checkpoints", multiple=True,
               type=click.Path(exists=True),
               help="A trained model instead: a run folder or checkpoint file written by `train`. "
-                   "Repeat for several. Replaces --models, --gammas, --hidden-size, --eps, "
-                   "--sigma-w.")
+                   "Repeat for several. Replaces --models, --gammas, --hidden-size, "
+                   "--input-size, --eps, --sigma-w.")
 @click.option("--task", default=None,
               help="Take the inputs from this task's test split (nprnn.datasets.get_task(TASK, "
                    "T=T)) instead of N(0, 1) noise.")
