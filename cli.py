@@ -83,12 +83,14 @@ def _task_sequences(task, lengths, num, data_dir):
     """{T: xs (num, T, m)}, the first test sequences of task `task` made with length T."""
     from nprnn import analysis
 
+    from nprnn.datasets import get_task
+    from nprnn.sources import DataError
+
     try:
-        from nprnn.datasets import get_task
-    except ImportError as e:
-        raise click.ClickException(f"--task needs nprnn.datasets.get_task: {e}") from None
-    return {T: analysis.task_sequences(get_task(task, T=T, data_dir=data_dir), num)
-            for T in lengths}
+        return {T: analysis.task_sequences(get_task(task, T=T, data_dir=data_dir), num)
+                for T in lengths}
+    except DataError as e:
+        raise click.ClickException(f"task {task!r}: {e}") from None
 
 
 def _plot_or_hint(draw, *args, **kwargs):
