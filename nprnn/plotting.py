@@ -115,12 +115,13 @@ def plot_jacobian(rows, path, title=""):
 
 
 def plot_learning_curves(runs, path, title=""):
-    """Loss (train solid, evaluation dashed) and evaluation accuracy against iterations, one
-    colour per run, labelled by model and task."""
+    """Loss (train solid, evaluation dashed; log axis, so a diverging run does not flatten the
+    others) and evaluation accuracy against iterations, one colour per run, labelled by model and
+    task."""
     from .analysis import EVAL_SPLITS, curve
 
     fig = _figure(figsize=(11, 4), layout="constrained")
-    ax_loss, ax_acc = fig.subplots(1, 2)
+    ax_loss, ax_acc = fig.subplots(1, 2, sharex=True)
     for k, run in enumerate(runs):
         color = f"C{k % 10}"
         it, loss = curve(run, "train", "loss")
@@ -135,6 +136,7 @@ def plot_learning_curves(runs, path, title=""):
             if len(it):
                 ax_acc.plot(it, acc, color=color, marker=".", label=f"{run['label']}, {split}")
     ax_loss.set_ylabel("cross-entropy loss")
+    ax_loss.set_yscale("log")
     ax_acc.set_ylabel("accuracy")
     ax_acc.set_ylim(0, 1)
     for ax in (ax_loss, ax_acc):
