@@ -32,8 +32,8 @@ The paper's matrices and the choices the paper leaves open (our reading, stated 
                    gamma = 0.1"; Appendix D calls these AntisymmetricRNNs, so W is eq. (12)'s
                    matrix: W = U - U^T - gamma I with U strictly upper triangular (the project's
                    `antisym` parameterisation), its one free entry U_12 ~ N(0, 1) drawn from
-                   default_rng(seed), seeds 1..16. (An unstructured Gaussian W minus gamma I would not
-                   show the "predictable dynamics" the appendix describes.)
+                   default_rng(seed), seeds 1..16. (An unstructured Gaussian W minus gamma I
+                   would not show the "predictable dynamics" the appendix describes.)
   Figure 5:        the four feedback matrices of (e)-(h) driven by input inside the tanh, as in
                    eq. (12) with V_h = I and b_h = 0:
                        h_t = h_{t-1} + eps * tanh(W h_{t-1} + x_t),   x_t ~ N(0, I_2),
@@ -94,13 +94,15 @@ def _angle(seed):
 
 def random_reflection(seed):
     """A uniformly random 2x2 reflection [[cos, sin], [sin, -cos]] (det -1), theta from seed."""
-    c, s = math.cos(_angle(seed)), math.sin(_angle(seed))
+    theta = _angle(seed)
+    c, s = math.cos(theta), math.sin(theta)
     return np.array([[c, s], [s, -c]])
 
 
 def random_rotation(seed):
     """A uniformly random 2x2 rotation [[cos, -sin], [sin, cos]] (det +1), theta from seed."""
-    c, s = math.cos(_angle(seed)), math.sin(_angle(seed))
+    theta = _angle(seed)
+    c, s = math.cos(theta), math.sin(theta)
     return np.array([[c, -s], [s, c]])
 
 
@@ -129,9 +131,9 @@ def simulate(W, h0, steps, kind, eps=SIM_EPS, inputs=None):
     """
     W = np.asarray(W, dtype=np.float64)
     h = np.array(h0, dtype=np.float64, ndmin=2)
-    n = W.shape[0]
-    if W.ndim != 2 or W.shape != (n, n):
+    if W.ndim != 2 or W.shape[0] != W.shape[1]:
         raise ValueError(f"W must be a square matrix, got shape {W.shape}")
+    n = W.shape[0]
     if h.ndim != 2 or h.shape[1] != n:
         raise ValueError(f"h0 must have shape (S, {n}) for W of shape {W.shape}, got {h.shape}")
     if kind not in SIM_KINDS:
@@ -361,7 +363,8 @@ def model_from_checkpoint(path, dtype="float64"):
 
 
 def checkpoint_label(model, path):
-    """"antisym gamma=0.1 (runs/NAME)": the cell, its gamma if it has one, and where it came from."""
+    """The label "antisym gamma=0.1 (NAME)": the cell, its gamma if it has one, and the folder
+    or file it came from."""
     g = model.hyper.get("gamma")
     name = model.name if g is None else f"{model.name} gamma={g:g}"
     return f"{name} ({os.path.basename(os.path.normpath(path))})"
