@@ -22,8 +22,11 @@ import numpy as np
 
 from .cells import DEFAULT_EPS, DEFAULT_GAMMA
 from .kernels import antisym as K_euler
+from .kernels import gru as K_gru
+from .kernels import lstm as K_lstm
 from .kernels import readout as K_readout
-from .kernels.gpu_common import WARP, cdiv, cuda, round_up
+from .kernels import rnn as K_rnn
+from .kernels.gpu_common import SHARED_BYTES_MAX, cuda, fill
 
 VERSIONS = ("auto", "step", "persistent")
 
@@ -51,20 +54,6 @@ def _launch(version, backward, skew=None):
 # ------------------------------------------------------------------------------------------
 # Device arrays
 # ------------------------------------------------------------------------------------------
-
-@cuda.jit
-def fill_kernel(a, value):
-    """a[i] = value for every i of the flat view a (written, =). One thread per element."""
-    i = cuda.grid(1)
-    if i < a.shape[0]:
-        a[i] = value
-
-
-def fill(a, value):
-    """Set every element of the C-contiguous device array `a` to `value`, on the GPU."""
-    threads = min(256, round_up(a.size, WARP))
-    fill_kernel[cdiv(a.size, threads), threads](a.reshape(a.size), a.dtype.type(value))
-
 
 def is_device_array(a):
     """Whether `a` lives on the GPU (a numba device array, or the simulator's stand-in)."""
@@ -217,6 +206,78 @@ class EulerGPU(GPUCell):
         return g, dh0
 
 
+class StackedGPU(GPUCell):
+    """rnn, lstm, peephole-lstm, gru: the kernels of nprnn/kernels/rnn.py, lstm.py, gru.py.
+    Their persistent kernels keep only the rows' state in shared memory (`state_values` vectors
+    of n per row in BPTT, 2 in the forward pass) and read W_hh from global memory."""
+
+    def __init__(self, cell, module, prefix, state_values):
+        super().__init__(cell)
+        self.module, self.prefix, self.state_values = module, prefix, state_values
+
+    def persistent_fits(self, n, dtype, backward):
+        values = self.state_values if backward else 2
+        return values * n * LAUNCH["rows"] * np.dtype(dtype).itemsize <= SHARED_BYTES_MAX
+
+    def _kernel(self, direction, version):
+        suffix = "_persistent" if version == "persistent" else ""
+        return getattr(self.module, f"{self.prefix}_{direction}_gpu{suffix}")
+
+    def _peepholes(self, p):
+        return (p["w_ci"], p["w_cf"], p["w_co"]) if self.prefix == "peephole_lstm" else ()
+
+    def forward(self, p, x, h0=None, version="auto", ws=None, **hyper):
+        self.cell._no_hyper(hyper)
+        T, B, _ = x.shape
+        n = p["weight_hh"].shape[1]
+        hs = _initial_states(ws, x, n, h0)
+        cache = dict(x=x, hs=hs, version=version)
+        if self.prefix == "rnn":
+            state = (hs,)
+        elif self.prefix == "gru":
+            cache["gates"] = _buffer(ws, "gates", (T, B, 3 * n), x.dtype)
+            cache["hn"] = _buffer(ws, "hn", (T, B, n), x.dtype)
+            state = (hs, cache["gates"], cache["hn"])
+        else:
+            cs = cache["cs"] = _buffer(ws, "cs", (T + 1, B, n), x.dtype)
+            fill(cs[0], 0)                                  # c_0 = 0: h0 sets h_0 only
+            cache["gates"] = _buffer(ws, "gates", (T, B, 4 * n), x.dtype)
+            state = (hs, cs, cache["gates"])
+        v = self.pick(version, n, x.dtype, backward=False)
+        self._kernel("forward", v)(*state, x, p["weight_ih"], p["weight_hh"], p["bias_ih"],
+                                   p["bias_hh"], *self._peepholes(p), **_launch(v, False))
+        return hs[T], cache
+
+    def backward(self, p, cache, dh_T, ws=None, **hyper):
+        self.cell._no_hyper(hyper)
+        x, hs = cache["x"], cache["hs"]
+        T, B, _ = x.shape
+        n = p["weight_hh"].shape[1]
+        dh_T = to_device(dh_T, x.dtype)
+        g = {k: cuda.device_array(v.shape, dtype=v.dtype) for k, v in p.items()}
+        dh0 = cuda.device_array((B, n), dtype=x.dtype)
+        dW = (g["weight_ih"], g["weight_hh"], g["bias_ih"], g["bias_hh"])
+        W_hh = p["weight_hh"]
+        if self.prefix == "rnn":
+            da = _buffer(ws, "da", (T, B, n), x.dtype)
+            args = dW + (dh0, da, dh_T, hs, x, W_hh)
+        elif self.prefix == "gru":
+            dgi = _buffer(ws, "dgi", (T, B, 3 * n), x.dtype)
+            dgh = _buffer(ws, "dgh", (T, B, 3 * n), x.dtype)
+            args = dW + (dh0, dgi, dgh, dh_T, hs, cache["gates"], cache["hn"], x, W_hh)
+        else:
+            da = _buffer(ws, "da", (T, B, 4 * n), x.dtype)
+            state = (hs, cache["cs"], cache["gates"], x, W_hh)
+            if self.prefix == "lstm":
+                args = dW + (dh0, da, dh_T) + state
+            else:
+                args = (dW + (g["w_ci"], g["w_cf"], g["w_co"], dh0, da, dh_T) + state
+                        + self._peepholes(p))
+        v = self.pick(cache["version"], n, x.dtype, backward=True)
+        self._kernel("backward", v)(*args, **_launch(v, True))
+        return g, dh0
+
+
 GPU_CELLS = {}
 
 
@@ -237,6 +298,10 @@ def _register_all():
     from .cells import CELLS
     for name in ("antisym", "antisym-gated", "ablation", "feedback"):
         register(EulerGPU(CELLS[name]))
+    register(StackedGPU(CELLS["rnn"], K_rnn, "rnn", state_values=3))
+    register(StackedGPU(CELLS["lstm"], K_lstm, "lstm", state_values=10))
+    register(StackedGPU(CELLS["peephole-lstm"], K_lstm, "peephole_lstm", state_values=10))
+    register(StackedGPU(CELLS["gru"], K_gru, "gru", state_values=7))
 
 
 _register_all()

@@ -109,6 +109,20 @@ def clear_scratch():
     _SCRATCH.clear()
 
 
+@cuda.jit
+def fill_kernel(a, value):
+    """a[i] = value for every i of the flat view a (written, =). One thread per element."""
+    i = cuda.grid(1)
+    if i < a.shape[0]:
+        a[i] = value
+
+
+def fill(a, value):
+    """Set every element of the C-contiguous device array `a` to `value`, on the GPU."""
+    threads = min(256, round_up(a.size, WARP))
+    fill_kernel[cdiv(a.size, threads), threads](a.reshape(a.size), a.dtype.type(value))
+
+
 # ------------------------------------------------------------------------------------------
 # C = A^T B, split over the long dimension (see the module docstring)
 # ------------------------------------------------------------------------------------------
@@ -180,3 +194,79 @@ def column_sums_gpu(db, D, tile=TILE, purpose="column_sums"):
     """db = sum over rows of D = D^T 1_N (written, =): db (P,), D (N, P)."""
     matmul_tn_gpu(db.reshape(db.shape[0], 1), D, ones(D.shape[0], D.dtype), tile=tile,
                   purpose=purpose)
+
+
+# ------------------------------------------------------------------------------------------
+# Shared by the baselines (rnn.py, lstm.py, gru.py): the recurrent matrix is stacked gates,
+# W_hh (G n, n) with G = 1 (rnn), 4 (lstm), 3 (gru)
+# ------------------------------------------------------------------------------------------
+
+@cuda.jit
+def transpose_kernel(out, a):
+    """out = a^T (written, =): a (R, C), out (C, R). One thread per element; 2-d grid (c, r)."""
+    c, r = cuda.grid(2)
+    if r < a.shape[0] and c < a.shape[1]:
+        out[c, r] = a[r, c]
+
+
+def transpose_gpu(out, a, *, block=(16, 16)):
+    """out = a^T (written, =) for device arrays a (R, C), out (C, R)."""
+    R, C = a.shape
+    transpose_kernel[(cdiv(C, block[0]), cdiv(R, block[1])), block](out, a)
+
+
+@cuda.jit
+def rows_times_matrix_kernel(dh, D, W, t, accumulate):
+    """dh[b, j] (+)= sum_k D[t, b, k] W[k, j]: dL/dh_{t-1} from the pre-activation gradients of
+    step t, dh_{t-1} = D_t W_hh (row form). D (T, B, G n), W (G n, n), dh (B, n); written (=),
+    or accumulated (+=) onto what dh holds when `accumulate`. One thread per (b, j); 2-d grid
+    (j, b); for a given k consecutive threads read consecutive W[k, j]."""
+    j, b = cuda.grid(2)
+    B, n = dh.shape
+    if b < B and j < n:
+        acc = dh[b, j] if accumulate else dh.dtype.type(0)
+        for k in range(W.shape[0]):
+            acc += D[t, b, k] * W[k, j]
+        dh[b, j] = acc
+
+
+def rows_times_matrix_gpu(dh, D, W, t, accumulate, *, block=(128, 1)):
+    """dh (+)= D[t] W, see rows_times_matrix_kernel."""
+    B, n = dh.shape
+    rows_times_matrix_kernel[(cdiv(n, block[0]), cdiv(B, block[1])), block](dh, D, W, t,
+                                                                            accumulate)
+
+
+def stacked_param_grads_gpu(dW_ih, dW_hh, db_ih, db_hh, dgi, dgh, hs, x, *, tile=TILE):
+    """The products that end BPTT of the baselines, as in their CPU twins (all written, =):
+    dW_hh = DGH^T H ; dW_ih = DGI^T X ; db_hh = DGH^T 1 ; db_ih = DGI^T 1, where dgi, dgh
+    (T, B, G n) are dL/d(W_ih x_t + b_ih) and dL/d(W_hh h_{t-1} + b_hh); they are the same array
+    for rnn and lstm (then db_hh is a copy of db_ih), and differ for gru. hs (T+1, B, n),
+    x (T, B, m)."""
+    T, B, m = x.shape
+    n, Gn = hs.shape[2], dgh.shape[2]
+    DGH = dgh.reshape(T * B, Gn)
+    DGI = dgi.reshape(T * B, Gn)
+    matmul_tn_gpu(dW_hh, DGH, hs[:T].reshape(T * B, n), tile=tile)
+    matmul_tn_gpu(dW_ih, DGI, x.reshape(T * B, m), tile=tile)
+    column_sums_gpu(db_ih, DGI, tile=tile)
+    if dgi is dgh:
+        db_hh.copy_to_device(db_ih)
+    else:
+        column_sums_gpu(db_hh, DGH, tile=tile)
+
+
+def state_launch(B, n, dtype, values_per_row, rows, threads):
+    """(grid, threads, shared bytes) of a baseline's persistent kernel: block k owns batch rows
+    [k rows, (k+1) rows) and keeps `values_per_row` state values per row in shared memory
+    (the matrix stays in global memory). ValueError if that does not fit."""
+    if threads is None:
+        threads = min(MAX_THREADS_PER_BLOCK, round_up(n, WARP))
+    if not 1 <= threads <= MAX_THREADS_PER_BLOCK or rows < 1:
+        raise ValueError(f"need 1 <= threads <= {MAX_THREADS_PER_BLOCK} and rows >= 1, got "
+                         f"threads={threads}, rows={rows}")
+    shared = values_per_row * rows * np.dtype(dtype).itemsize
+    if shared > SHARED_BYTES_MAX:
+        raise ValueError(f"{rows} rows of {values_per_row} state values need {shared} bytes of "
+                         f"shared memory; at most {SHARED_BYTES_MAX}: use fewer rows per block")
+    return cdiv(B, rows), threads, shared

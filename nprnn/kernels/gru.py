@@ -30,6 +30,8 @@ from numba import prange
 
 from .common import (dsigmoid_from_y, dtanh_from_y, matmul_nt_rows, matmul_tn_rows,
                      njit_parallel, num_slices, row_slice, sigmoid, sum_rows, tanh)
+from .gpu_common import (TILE, cdiv, cuda, rows_times_matrix_gpu, scratch,
+                         stacked_param_grads_gpu, state_launch, transpose_gpu)
 
 
 @njit_parallel
@@ -120,3 +122,251 @@ def gru_backward_cpu(dW_ih, dW_hh, db_ih, db_hh, dh0, dgi, dgh, dh_T, hs, gates,
     matmul_tn_rows(dW_ih, dgi2, x.reshape(T * B, m))        # dW_ih = sum_t dgi_t^T x_t
     sum_rows(db_hh, dgh2)
     sum_rows(db_ih, dgi2)
+
+
+# ------------------------------------------------------------------------------------------
+# GPU twins (two versions, as in antisym.py; tests/gpu/test_gpu_baselines.py checks them)
+# ------------------------------------------------------------------------------------------
+#   version 1, "step"        one thread per (b, j) computes the three gates of unit j: one launch
+#                            per step (BPTT: two per step, the elementwise part and
+#                            dh_{t-1} += dgh_t W_hh)
+#   version 2, "persistent"  one launch per pass; block k owns batch rows [k R, (k+1) R) and keeps
+#                            their h_{t-1} (forward) or dL/dh and dgh_t (BPTT) in shared memory.
+# W_hh (3n, n) is 192 KB at n = 128 in float32, more than a block's shared memory, so the
+# persistent kernels read it from global memory every step (all blocks read the same matrix; it
+# stays in the L2 cache): the forward pass reads W_hh^T (made once per call) so that consecutive
+# threads read consecutive addresses, and BPTT reads W_hh itself. The unit's math is in two
+# device functions used by both versions.
+
+@cuda.jit(device=True)
+def gru_unit(gi_r, gi_z, gi_n, gh_r, gh_z, hn, h_prev):
+    """One unit of one step, from gi = W_ih x_t + b_ih and gh = W_hh h_{t-1} + b_hh (hn = gh_n):
+        r = sigmoid(gi_r + gh_r), z = sigmoid(gi_z + gh_z), n_t = tanh(gi_n + r hn)
+        h_t = (1 - z) n_t + z h_{t-1}
+    Returns (r, z, n_t, h_t)."""
+    r = sigmoid(gi_r + gh_r)
+    z = sigmoid(gi_z + gh_z)
+    n_t = tanh(gi_n + r * hn)
+    return r, z, n_t, (1.0 - z) * n_t + z * h_prev
+
+
+@cuda.jit(device=True)
+def gru_unit_backward(d, r, z, n_t, hn, h_prev):
+    """BPTT through gru_unit, given d = dL/dh_t.
+
+    forward was: h_t = (1 - z) n_t + z h_{t-1}
+    so:          dn_t = d (1 - z) ;  dz = d (h_{t-1} - n_t) ;  dh_{t-1} = d z + (through gh)
+    forward was: n_t = tanh(gi_n + r hn),  r = sigmoid(gi_r + gh_r),  z = sigmoid(gi_z + gh_z)
+    so:          da_n = dn_t (1 - n_t**2) ;  da_r = da_n hn r (1 - r) ;  da_z = dz z (1 - z)
+                 dgi = (da_r, da_z, da_n) ;  dgh = (da_r, da_z, da_n r)
+    Returns (da_r, da_z, da_n, da_n r, d z)."""
+    da_n = d * (1.0 - z) * dtanh_from_y(n_t)
+    da_r = da_n * hn * dsigmoid_from_y(r)
+    da_z = d * (h_prev - n_t) * dsigmoid_from_y(z)
+    return da_r, da_z, da_n, da_n * r, d * z
+
+
+@cuda.jit
+def gru_forward_step_kernel(hs, gates, hn, x, W_ih, W_hh, b_ih, b_hh, t):
+    """Step t, see gru_unit. Written (=): gates[t] (B, 3n) = r, z, n_t; hn[t] (B, n) = W_hn h + b_hn;
+    hs[t+1] (B, n). Read: hs[t], x[t], W_ih (3n, m), W_hh (3n, n), b_ih, b_hh (3n,).
+    One thread per (b, j), computing the three gates of unit j; 2-d grid over (j, b)."""
+    j, b = cuda.grid(2)
+    B, n, m = hs.shape[1], hs.shape[2], x.shape[2]
+    if b < B and j < n:
+        gi_r, gi_z, gi_n = b_ih[j], b_ih[n + j], b_ih[2 * n + j]
+        gh_r, gh_z, gh_n = b_hh[j], b_hh[n + j], b_hh[2 * n + j]
+        for k in range(m):
+            xk = x[t, b, k]
+            gi_r += W_ih[j, k] * xk
+            gi_z += W_ih[n + j, k] * xk
+            gi_n += W_ih[2 * n + j, k] * xk
+        for k in range(n):
+            hk = hs[t, b, k]
+            gh_r += W_hh[j, k] * hk
+            gh_z += W_hh[n + j, k] * hk
+            gh_n += W_hh[2 * n + j, k] * hk
+        r, z, n_t, h = gru_unit(gi_r, gi_z, gi_n, gh_r, gh_z, gh_n, hs[t, b, j])
+        gates[t, b, j] = r
+        gates[t, b, n + j] = z
+        gates[t, b, 2 * n + j] = n_t
+        hn[t, b, j] = gh_n
+        hs[t + 1, b, j] = h
+
+
+@cuda.jit
+def gru_backward_unit_kernel(dgi, dgh, dh, hs, gates, hn, t):
+    """The elementwise part of BPTT through step t (gru_unit_backward).
+    Written (=): dgi[t], dgh[t] (B, 3n). Updated: dh (B, n), dL/dh_t -> d z, the part of
+    dL/dh_{t-1} that does not pass through W_hh. Read: hs[t], gates[t], hn[t].
+    One thread per (b, j)."""
+    j, b = cuda.grid(2)
+    B, n = dh.shape
+    if b < B and j < n:
+        r = gates[t, b, j]
+        da_r, da_z, da_n, dgh_n, carry = gru_unit_backward(
+            dh[b, j], r, gates[t, b, n + j], gates[t, b, 2 * n + j], hn[t, b, j], hs[t, b, j])
+        dgi[t, b, j] = da_r
+        dgi[t, b, n + j] = da_z
+        dgi[t, b, 2 * n + j] = da_n
+        dgh[t, b, j] = da_r
+        dgh[t, b, n + j] = da_z
+        dgh[t, b, 2 * n + j] = dgh_n
+        dh[b, j] = carry
+
+
+@cuda.jit
+def gru_forward_persistent_kernel(hs, gates, hn, x, W_ih, WT, b_ih, b_hh, rows):
+    """All T steps in one launch, see gru_unit.
+
+    Written (=): hs[1:] (T+1, B, n), gates (T, B, 3n), hn (T, B, n). Read: hs[0], x (T, B, m),
+    W_ih (3n, m), WT = W_hh^T (n, 3n), b_ih, b_hh (3n,). Work split: block k owns batch rows
+    k*rows .. k*rows + rows - 1; thread `tid` computes units j = tid, tid + blockDim, ... (all
+    three gates) of each. Shared memory: two (rows, n) copies of h, one barrier per step.
+    """
+    T, B, m = x.shape
+    n = WT.shape[0]
+    tid, nthreads = cuda.threadIdx.x, cuda.blockDim.x
+    b0 = cuda.blockIdx.x * rows
+    hbuf = cuda.shared.array(0, dtype=hs.dtype)
+    for r in range(rows):
+        b = b0 + r
+        if b < B:
+            for j in range(tid, n, nthreads):
+                hbuf[r * n + j] = hs[0, b, j]
+    cuda.syncthreads()
+    for t in range(T):
+        cur, nxt = (t % 2) * rows * n, ((t + 1) % 2) * rows * n
+        for row in range(rows):
+            b = b0 + row
+            if b < B:
+                for j in range(tid, n, nthreads):
+                    gi_r, gi_z, gi_n = b_ih[j], b_ih[n + j], b_ih[2 * n + j]
+                    gh_r, gh_z, gh_n = b_hh[j], b_hh[n + j], b_hh[2 * n + j]
+                    for k in range(m):
+                        xk = x[t, b, k]
+                        gi_r += W_ih[j, k] * xk
+                        gi_z += W_ih[n + j, k] * xk
+                        gi_n += W_ih[2 * n + j, k] * xk
+                    for k in range(n):
+                        hk = hbuf[cur + row * n + k]
+                        gh_r += WT[k, j] * hk
+                        gh_z += WT[k, n + j] * hk
+                        gh_n += WT[k, 2 * n + j] * hk
+                    r, z, n_t, h = gru_unit(gi_r, gi_z, gi_n, gh_r, gh_z, gh_n,
+                                            hbuf[cur + row * n + j])
+                    gates[t, b, j] = r
+                    gates[t, b, n + j] = z
+                    gates[t, b, 2 * n + j] = n_t
+                    hn[t, b, j] = gh_n
+                    hs[t + 1, b, j] = h
+                    hbuf[nxt + row * n + j] = h
+        cuda.syncthreads()
+
+
+@cuda.jit
+def gru_backward_persistent_kernel(dh0, dgi, dgh, dh_T, hs, gates, hn, W_hh, rows):
+    """BPTT through all T steps in one launch (gru_unit_backward, then
+    dh_{t-1} = d z + dgh_t W_hh in row form).
+
+    Written (=): dh0 (B, n), dgi, dgh (T, B, 3n). Read: dh_T (B, n), hs, gates, hn, W_hh (3n, n).
+    Work split as in the forward kernel. Shared memory: the rows' dL/dh (each value touched only
+    by its owner thread) and two copies of their dgh_t (3n values per row; one barrier per step).
+    """
+    T, B, n = hn.shape
+    tid, nthreads = cuda.threadIdx.x, cuda.blockDim.x
+    b0 = cuda.blockIdx.x * rows
+    smem = cuda.shared.array(0, dtype=dh0.dtype)
+    dh = smem[:rows * n]
+    dbuf = smem[rows * n:7 * rows * n]                   # two copies of (rows, 3n)
+    for row in range(rows):
+        b = b0 + row
+        if b < B:
+            for j in range(tid, n, nthreads):
+                dh[row * n + j] = dh_T[b, j]
+    for t in range(T - 1, -1, -1):
+        cur = (t % 2) * rows * 3 * n
+        for row in range(rows):
+            b = b0 + row
+            if b < B:
+                base = cur + row * 3 * n
+                for j in range(tid, n, nthreads):
+                    r = gates[t, b, j]
+                    da_r, da_z, da_n, dgh_n, carry = gru_unit_backward(
+                        dh[row * n + j], r, gates[t, b, n + j], gates[t, b, 2 * n + j],
+                        hn[t, b, j], hs[t, b, j])
+                    dgi[t, b, j] = da_r
+                    dgi[t, b, n + j] = da_z
+                    dgi[t, b, 2 * n + j] = da_n
+                    dgh[t, b, j] = da_r
+                    dgh[t, b, n + j] = da_z
+                    dgh[t, b, 2 * n + j] = dgh_n
+                    dbuf[base + j] = da_r
+                    dbuf[base + n + j] = da_z
+                    dbuf[base + 2 * n + j] = dgh_n
+                    dh[row * n + j] = carry
+        cuda.syncthreads()
+        for row in range(rows):
+            b = b0 + row
+            if b < B:
+                base = cur + row * 3 * n
+                for j in range(tid, n, nthreads):
+                    acc = dh[row * n + j]
+                    for k in range(3 * n):
+                        acc += dbuf[base + k] * W_hh[k, j]
+                    dh[row * n + j] = acc
+    for row in range(rows):
+        b = b0 + row
+        if b < B:
+            for j in range(tid, n, nthreads):
+                dh0[b, j] = dh[row * n + j]
+
+
+def gru_forward_gpu(hs, gates, hn, x, W_ih, W_hh, b_ih, b_hh, *, block=(128, 1)):
+    """Version 1 twin of gru_forward_cpu: T launches of gru_forward_step_kernel.
+    Written (=): hs[1:], gates, hn. Read: hs[0], x, W_ih, W_hh, b_ih, b_hh."""
+    T, B, _ = x.shape
+    n = W_hh.shape[1]
+    grid = (cdiv(n, block[0]), cdiv(B, block[1]))
+    for t in range(T):
+        gru_forward_step_kernel[grid, block](hs, gates, hn, x, W_ih, W_hh, b_ih, b_hh, t)
+
+
+def gru_backward_gpu(dW_ih, dW_hh, db_ih, db_hh, dh0, dgi, dgh, dh_T, hs, gates, hn, x, W_hh, *,
+                     block=(128, 1), tile=TILE):
+    """Version 1 twin of gru_backward_cpu: per step gru_backward_unit_kernel, then
+    dh_{t-1} += dgh_t W_hh (rows_times_matrix_gpu); then the weight gradients.
+    Written (=): dW_ih, dW_hh, db_ih, db_hh, dh0, dgi, dgh."""
+    T, B, _ = x.shape
+    n = W_hh.shape[1]
+    grid = (cdiv(n, block[0]), cdiv(B, block[1]))
+    dh0.copy_to_device(dh_T)              # the running dL/dh_t lives in dh0; it ends as dL/dh_0
+    for t in range(T - 1, -1, -1):
+        gru_backward_unit_kernel[grid, block](dgi, dgh, dh0, hs, gates, hn, t)
+        rows_times_matrix_gpu(dh0, dgh, W_hh, t, True, block=block)
+    stacked_param_grads_gpu(dW_ih, dW_hh, db_ih, db_hh, dgi, dgh, hs, x, tile=tile)
+
+
+def gru_forward_gpu_persistent(hs, gates, hn, x, W_ih, W_hh, b_ih, b_hh, *, rows=1,
+                               threads=None):
+    """Version 2 twin of gru_forward_cpu: W_hh^T into a scratch buffer, then one launch of
+    gru_forward_persistent_kernel. Written (=): hs[1:], gates, hn."""
+    T, B, _ = x.shape
+    n = W_hh.shape[1]
+    grid, threads, shared = state_launch(B, n, hs.dtype, 2 * n, rows, threads)
+    WT = scratch("gru_WT", (n, 3 * n), W_hh.dtype)
+    transpose_gpu(WT, W_hh)
+    gru_forward_persistent_kernel[grid, threads, 0, shared](hs, gates, hn, x, W_ih, WT, b_ih,
+                                                            b_hh, rows)
+
+
+def gru_backward_gpu_persistent(dW_ih, dW_hh, db_ih, db_hh, dh0, dgi, dgh, dh_T, hs, gates, hn,
+                                x, W_hh, *, rows=1, threads=None, tile=TILE):
+    """Version 2 twin of gru_backward_cpu: one launch of gru_backward_persistent_kernel, then
+    the weight gradients. Written (=): dW_ih, dW_hh, db_ih, db_hh, dh0, dgi, dgh."""
+    T, B, _ = x.shape
+    n = W_hh.shape[1]
+    grid, threads, shared = state_launch(B, n, dh0.dtype, 7 * n, rows, threads)
+    gru_backward_persistent_kernel[grid, threads, 0, shared](dh0, dgi, dgh, dh_T, hs, gates, hn,
+                                                             W_hh, rows)
+    stacked_param_grads_gpu(dW_ih, dW_hh, db_ih, db_hh, dgi, dgh, hs, x, tile=tile)

@@ -37,6 +37,8 @@ from numba import prange
 from .common import (dsigmoid_from_y, dtanh_from_y, flush_subnormal, matmul_nt_rows,
                      matmul_tn_rows, njit_parallel, num_slices, row_slice, sigmoid, sum_rows,
                      tanh)
+from .gpu_common import (TILE, cdiv, cuda, fill, rows_times_matrix_gpu, scratch,
+                         stacked_param_grads_gpu, state_launch, transpose_gpu)
 
 
 @njit_parallel
@@ -233,3 +235,364 @@ def peephole_lstm_backward_cpu(dW_ih, dW_hh, db_ih, db_hh, dw_ci, dw_cf, dw_co, 
         dw_ci[j] = s_i
         dw_cf[j] = s_f
         dw_co[j] = s_o
+
+
+# ------------------------------------------------------------------------------------------
+# GPU twins (two versions, as in antisym.py; tests/gpu/test_gpu_baselines.py checks them)
+# ------------------------------------------------------------------------------------------
+#   version 1, "step"        one thread per (b, j) computes all four gates of unit j: one launch
+#                            per step (BPTT: two per step, the elementwise part and
+#                            dh_{t-1} = da_t W_hh)
+#   version 2, "persistent"  one launch per pass; block k owns batch rows [k R, (k+1) R) and keeps
+#                            their h_{t-1} (forward) or dL/dh, dL/dc and da_t (BPTT) in shared
+#                            memory.
+# W_hh (4n, n) is 256 KB at n = 128 in float32, far more than a block's shared memory, so the
+# persistent kernels read it from global memory every step (all blocks read the same matrix; it
+# stays in the L2 cache): the forward pass reads W_hh^T (made once per call) so that consecutive
+# threads read consecutive addresses, and BPTT reads W_hh itself. The standard and the peephole
+# LSTM share every GPU kernel through `peephole`; without peepholes w_ci, w_cf, w_co are not read
+# (the standard LSTM's host functions pass a bias vector in their place). c_t of a unit is touched
+# only by the thread that owns it. The unit's math is in two device functions used by both
+# versions. The CPU twins flush float32 subnormal gradients to zero (a CPU speed measure); GPUs
+# handle subnormals at full speed, so the GPU twins keep them (a difference below 1.2e-38).
+
+@cuda.jit(device=True)
+def lstm_unit(a_i, a_f, a_g, a_o, c_prev, w_ci, w_cf, w_co, peephole):
+    """One unit of one step, from its four pre-activations a = W_ih x_t + b_ih + W_hh h + b_hh:
+        i = sigmoid(a_i [+ w_ci c_{t-1}]), f = sigmoid(a_f [+ w_cf c_{t-1}]), g = tanh(a_g)
+        c_t = f c_{t-1} + i g ;  o = sigmoid(a_o [+ w_co c_t]) ;  h_t = o tanh(c_t)
+    Returns (i, f, g, o, c_t, h_t)."""
+    if peephole:
+        a_i += w_ci * c_prev
+        a_f += w_cf * c_prev
+    i = sigmoid(a_i)
+    f = sigmoid(a_f)
+    g = tanh(a_g)
+    c = f * c_prev + i * g
+    if peephole:
+        a_o += w_co * c
+    o = sigmoid(a_o)
+    return i, f, g, o, c, o * tanh(c)
+
+
+@cuda.jit(device=True)
+def lstm_unit_backward(dh, dc, i, f, g, o, c_prev, c, w_ci, w_cf, w_co, peephole):
+    """BPTT through lstm_unit, given dh = dL/dh_t and dc = dL/dc_t from the later steps.
+
+    forward was: h_t = o tanh(c_t),  o = sigmoid(a_o [+ w_co c_t])
+    so:          da_o = dh tanh(c_t) o (1 - o) ;  dc_t = dc + dh o (1 - tanh(c_t)**2) [+ da_o w_co]
+    forward was: c_t = f c_{t-1} + i g,  i = sigmoid(a_i [+ w_ci c_{t-1}]), f = ..., g = tanh(a_g)
+    so:          da_i = dc_t g i (1 - i) ;  da_f = dc_t c_{t-1} f (1 - f) ;  da_g = dc_t i (1 - g**2)
+                 dc_{t-1} = dc_t f [+ da_i w_ci + da_f w_cf]
+    Returns (da_i, da_f, da_g, da_o, dc_{t-1})."""
+    tc = tanh(c)
+    da_o = dh * tc * dsigmoid_from_y(o)
+    dc_t = dc + dh * o * dtanh_from_y(tc)
+    if peephole:
+        dc_t += da_o * w_co
+    da_i = dc_t * g * dsigmoid_from_y(i)
+    da_f = dc_t * c_prev * dsigmoid_from_y(f)
+    da_g = dc_t * i * dtanh_from_y(g)
+    dc_prev = dc_t * f
+    if peephole:
+        dc_prev += da_i * w_ci + da_f * w_cf
+    return da_i, da_f, da_g, da_o, dc_prev
+
+
+@cuda.jit
+def lstm_forward_step_kernel(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, w_ci, w_cf, w_co,
+                             peephole, t):
+    """Step t of the (peephole) LSTM, see lstm_unit.
+    Written (=): gates[t] (B, 4n) = i, f, g, o; cs[t+1], hs[t+1] (B, n).
+    Read: hs[t], cs[t], x[t], W_ih (4n, m), W_hh (4n, n), b_ih, b_hh (4n,), w_c* (n,).
+    One thread per (b, j), computing the four gates of unit j; 2-d grid over (j, b)."""
+    j, b = cuda.grid(2)
+    B, n, m = hs.shape[1], hs.shape[2], x.shape[2]
+    if b < B and j < n:
+        a_i = b_ih[j] + b_hh[j]
+        a_f = b_ih[n + j] + b_hh[n + j]
+        a_g = b_ih[2 * n + j] + b_hh[2 * n + j]
+        a_o = b_ih[3 * n + j] + b_hh[3 * n + j]
+        for k in range(m):
+            xk = x[t, b, k]
+            a_i += W_ih[j, k] * xk
+            a_f += W_ih[n + j, k] * xk
+            a_g += W_ih[2 * n + j, k] * xk
+            a_o += W_ih[3 * n + j, k] * xk
+        for k in range(n):
+            hk = hs[t, b, k]
+            a_i += W_hh[j, k] * hk
+            a_f += W_hh[n + j, k] * hk
+            a_g += W_hh[2 * n + j, k] * hk
+            a_o += W_hh[3 * n + j, k] * hk
+        i, f, g, o, c, h = lstm_unit(a_i, a_f, a_g, a_o, cs[t, b, j], w_ci[j], w_cf[j], w_co[j],
+                                     peephole)
+        gates[t, b, j] = i
+        gates[t, b, n + j] = f
+        gates[t, b, 2 * n + j] = g
+        gates[t, b, 3 * n + j] = o
+        cs[t + 1, b, j] = c
+        hs[t + 1, b, j] = h
+
+
+@cuda.jit
+def lstm_backward_unit_kernel(da, dc, dh, cs, gates, w_ci, w_cf, w_co, peephole, t):
+    """The elementwise part of BPTT through step t (lstm_unit_backward).
+    Written (=): da[t] (B, 4n). Updated: dc (B, n), dL/dc_t -> dL/dc_{t-1}.
+    Read: dh (B, n) = dL/dh_t, cs[t], cs[t+1], gates[t]. One thread per (b, j)."""
+    j, b = cuda.grid(2)
+    B, n = dh.shape
+    if b < B and j < n:
+        da_i, da_f, da_g, da_o, dc_prev = lstm_unit_backward(
+            dh[b, j], dc[b, j], gates[t, b, j], gates[t, b, n + j], gates[t, b, 2 * n + j],
+            gates[t, b, 3 * n + j], cs[t, b, j], cs[t + 1, b, j], w_ci[j], w_cf[j], w_co[j],
+            peephole)
+        da[t, b, j] = da_i
+        da[t, b, n + j] = da_f
+        da[t, b, 2 * n + j] = da_g
+        da[t, b, 3 * n + j] = da_o
+        dc[b, j] = dc_prev
+
+
+@cuda.jit
+def lstm_forward_persistent_kernel(hs, cs, gates, x, W_ih, WT, b_ih, b_hh, w_ci, w_cf, w_co,
+                                   peephole, rows):
+    """All T steps of the (peephole) LSTM in one launch, see lstm_unit.
+
+    Written (=): hs[1:], cs[1:] (T+1, B, n), gates (T, B, 4n). Read: hs[0], cs[0], x (T, B, m),
+    W_ih (4n, m), WT = W_hh^T (n, 4n), b_ih, b_hh (4n,), w_c* (n,). Work split: block k owns
+    batch rows k*rows .. k*rows + rows - 1; thread `tid` computes units j = tid, tid + blockDim,
+    ... (all four gates) of each. Shared memory: two (rows, n) copies of h, one barrier per step.
+    """
+    T, B, m = x.shape
+    n = WT.shape[0]
+    tid, nthreads = cuda.threadIdx.x, cuda.blockDim.x
+    b0 = cuda.blockIdx.x * rows
+    hbuf = cuda.shared.array(0, dtype=hs.dtype)
+    for r in range(rows):
+        b = b0 + r
+        if b < B:
+            for j in range(tid, n, nthreads):
+                hbuf[r * n + j] = hs[0, b, j]
+    cuda.syncthreads()
+    for t in range(T):
+        cur, nxt = (t % 2) * rows * n, ((t + 1) % 2) * rows * n
+        for r in range(rows):
+            b = b0 + r
+            if b < B:
+                for j in range(tid, n, nthreads):
+                    a_i = b_ih[j] + b_hh[j]
+                    a_f = b_ih[n + j] + b_hh[n + j]
+                    a_g = b_ih[2 * n + j] + b_hh[2 * n + j]
+                    a_o = b_ih[3 * n + j] + b_hh[3 * n + j]
+                    for k in range(m):
+                        xk = x[t, b, k]
+                        a_i += W_ih[j, k] * xk
+                        a_f += W_ih[n + j, k] * xk
+                        a_g += W_ih[2 * n + j, k] * xk
+                        a_o += W_ih[3 * n + j, k] * xk
+                    for k in range(n):
+                        hk = hbuf[cur + r * n + k]
+                        a_i += WT[k, j] * hk
+                        a_f += WT[k, n + j] * hk
+                        a_g += WT[k, 2 * n + j] * hk
+                        a_o += WT[k, 3 * n + j] * hk
+                    i, f, g, o, c, h = lstm_unit(a_i, a_f, a_g, a_o, cs[t, b, j], w_ci[j],
+                                                 w_cf[j], w_co[j], peephole)
+                    gates[t, b, j] = i
+                    gates[t, b, n + j] = f
+                    gates[t, b, 2 * n + j] = g
+                    gates[t, b, 3 * n + j] = o
+                    cs[t + 1, b, j] = c
+                    hs[t + 1, b, j] = h
+                    hbuf[nxt + r * n + j] = h
+        cuda.syncthreads()
+
+
+@cuda.jit
+def lstm_backward_persistent_kernel(dh0, da, dh_T, cs, gates, W_hh, w_ci, w_cf, w_co, peephole,
+                                    rows):
+    """BPTT through all T steps of the (peephole) LSTM in one launch (lstm_unit_backward, then
+    dh_{t-1} = da_t W_hh in row form; dL/dc_T = 0).
+
+    Written (=): dh0 (B, n), da (T, B, 4n). Read: dh_T (B, n), cs (T+1, B, n), gates, W_hh (4n, n),
+    w_c* (n,). Work split as in the forward kernel. Shared memory: the rows' dL/dh and dL/dc
+    (each value touched only by its owner thread) and two copies of their da_t (4n values per
+    row; one barrier per step).
+    """
+    T, B, n = cs.shape[0] - 1, cs.shape[1], cs.shape[2]
+    tid, nthreads = cuda.threadIdx.x, cuda.blockDim.x
+    b0 = cuda.blockIdx.x * rows
+    smem = cuda.shared.array(0, dtype=dh0.dtype)
+    dh = smem[:rows * n]
+    dc = smem[rows * n:2 * rows * n]
+    dbuf = smem[2 * rows * n:10 * rows * n]              # two copies of (rows, 4n)
+    for r in range(rows):
+        b = b0 + r
+        if b < B:
+            for j in range(tid, n, nthreads):
+                dh[r * n + j] = dh_T[b, j]
+                dc[r * n + j] = 0
+    for t in range(T - 1, -1, -1):
+        cur = (t % 2) * rows * 4 * n
+        for r in range(rows):
+            b = b0 + r
+            if b < B:
+                for j in range(tid, n, nthreads):
+                    da_i, da_f, da_g, da_o, dc_prev = lstm_unit_backward(
+                        dh[r * n + j], dc[r * n + j], gates[t, b, j], gates[t, b, n + j],
+                        gates[t, b, 2 * n + j], gates[t, b, 3 * n + j], cs[t, b, j],
+                        cs[t + 1, b, j], w_ci[j], w_cf[j], w_co[j], peephole)
+                    da[t, b, j] = da_i
+                    da[t, b, n + j] = da_f
+                    da[t, b, 2 * n + j] = da_g
+                    da[t, b, 3 * n + j] = da_o
+                    row = cur + r * 4 * n
+                    dbuf[row + j] = da_i
+                    dbuf[row + n + j] = da_f
+                    dbuf[row + 2 * n + j] = da_g
+                    dbuf[row + 3 * n + j] = da_o
+                    dc[r * n + j] = dc_prev
+        cuda.syncthreads()
+        for r in range(rows):
+            b = b0 + r
+            if b < B:
+                row = cur + r * 4 * n
+                for j in range(tid, n, nthreads):
+                    acc = dh.dtype.type(0)
+                    for k in range(4 * n):
+                        acc += dbuf[row + k] * W_hh[k, j]
+                    dh[r * n + j] = acc
+    for r in range(rows):
+        b = b0 + r
+        if b < B:
+            for j in range(tid, n, nthreads):
+                dh0[b, j] = dh[r * n + j]
+
+
+@cuda.jit
+def peephole_grads_kernel(dw_ci, dw_cf, dw_co, da, cs):
+    """dw_ci = sum_{t,b} da_i c_{t-1} ; dw_cf = sum da_f c_{t-1} ; dw_co = sum da_o c_t
+    (written, =). da (T, B, 4n), cs (T+1, B, n). One thread per unit j; 1-d grid."""
+    j = cuda.grid(1)
+    T, B, n = da.shape[0], da.shape[1], cs.shape[2]
+    if j < n:
+        s_i = s_f = s_o = dw_ci.dtype.type(0)
+        for t in range(T):
+            for b in range(B):
+                s_i += da[t, b, j] * cs[t, b, j]
+                s_f += da[t, b, n + j] * cs[t, b, j]
+                s_o += da[t, b, 3 * n + j] * cs[t + 1, b, j]
+        dw_ci[j] = s_i
+        dw_cf[j] = s_f
+        dw_co[j] = s_o
+
+
+def _forward_steps(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, w_ci, w_cf, w_co, peephole,
+                   block):
+    T, B, _ = x.shape
+    n = W_hh.shape[1]
+    grid = (cdiv(n, block[0]), cdiv(B, block[1]))
+    for t in range(T):
+        lstm_forward_step_kernel[grid, block](hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh,
+                                              w_ci, w_cf, w_co, peephole, t)
+
+
+def _forward_persistent(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, w_ci, w_cf, w_co, peephole,
+                        rows, threads):
+    T, B, _ = x.shape
+    n = W_hh.shape[1]
+    grid, threads, shared = state_launch(B, n, hs.dtype, 2 * n, rows, threads)
+    WT = scratch("lstm_WT", (n, 4 * n), W_hh.dtype)
+    transpose_gpu(WT, W_hh)
+    lstm_forward_persistent_kernel[grid, threads, 0, shared](
+        hs, cs, gates, x, W_ih, WT, b_ih, b_hh, w_ci, w_cf, w_co, peephole, rows)
+
+
+def _backward_steps(dh0, da, dh_T, cs, gates, W_hh, w_ci, w_cf, w_co, peephole, block):
+    T, B, n = cs.shape[0] - 1, cs.shape[1], cs.shape[2]
+    grid = (cdiv(n, block[0]), cdiv(B, block[1]))
+    dc = scratch("lstm_dc", (B, n), dh0.dtype)     # the running dL/dc_t; dL/dc_T = 0
+    fill(dc, 0)
+    dh0.copy_to_device(dh_T)              # the running dL/dh_t lives in dh0; it ends as dL/dh_0
+    for t in range(T - 1, -1, -1):
+        lstm_backward_unit_kernel[grid, block](da, dc, dh0, cs, gates, w_ci, w_cf, w_co,
+                                               peephole, t)
+        rows_times_matrix_gpu(dh0, da, W_hh, t, False, block=block)
+
+
+def _backward_persistent(dh0, da, dh_T, cs, gates, W_hh, w_ci, w_cf, w_co, peephole, rows,
+                         threads):
+    B, n = dh0.shape
+    grid, threads, shared = state_launch(B, n, dh0.dtype, 10 * n, rows, threads)
+    lstm_backward_persistent_kernel[grid, threads, 0, shared](
+        dh0, da, dh_T, cs, gates, W_hh, w_ci, w_cf, w_co, peephole, rows)
+
+
+def lstm_forward_gpu(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, *, block=(128, 1)):
+    """Version 1 twin of lstm_forward_cpu: T launches of lstm_forward_step_kernel.
+    Written (=): hs[1:], cs[1:], gates. Read: hs[0], cs[0], x, W_ih, W_hh, b_ih, b_hh."""
+    _forward_steps(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, b_ih, b_ih, b_ih, False, block)
+
+
+def peephole_lstm_forward_gpu(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, w_ci, w_cf, w_co, *,
+                              block=(128, 1)):
+    """Version 1 twin of peephole_lstm_forward_cpu (as lstm_forward_gpu, with peepholes)."""
+    _forward_steps(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, w_ci, w_cf, w_co, True, block)
+
+
+def lstm_forward_gpu_persistent(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, *, rows=1,
+                                threads=None):
+    """Version 2 twin of lstm_forward_cpu: W_hh^T into a scratch buffer, then one launch of
+    lstm_forward_persistent_kernel. Written (=): hs[1:], cs[1:], gates."""
+    _forward_persistent(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, b_ih, b_ih, b_ih, False, rows,
+                        threads)
+
+
+def peephole_lstm_forward_gpu_persistent(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, w_ci, w_cf,
+                                         w_co, *, rows=1, threads=None):
+    """Version 2 twin of peephole_lstm_forward_cpu."""
+    _forward_persistent(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, w_ci, w_cf, w_co, True, rows,
+                        threads)
+
+
+def lstm_backward_gpu(dW_ih, dW_hh, db_ih, db_hh, dh0, da, dh_T, hs, cs, gates, x, W_hh, *,
+                      block=(128, 1), tile=TILE):
+    """Version 1 twin of lstm_backward_cpu: per step lstm_backward_unit_kernel, then
+    dh_{t-1} = da_t W_hh (rows_times_matrix_gpu); then the weight gradients.
+    Written (=): dW_ih, dW_hh, db_ih, db_hh, dh0, da."""
+    _backward_steps(dh0, da, dh_T, cs, gates, W_hh, db_ih, db_ih, db_ih, False, block)
+    stacked_param_grads_gpu(dW_ih, dW_hh, db_ih, db_hh, da, da, hs, x, tile=tile)
+
+
+def peephole_lstm_backward_gpu(dW_ih, dW_hh, db_ih, db_hh, dw_ci, dw_cf, dw_co, dh0, da, dh_T,
+                               hs, cs, gates, x, W_hh, w_ci, w_cf, w_co, *, block=(128, 1),
+                               tile=TILE):
+    """Version 1 twin of peephole_lstm_backward_cpu; the peephole gradients by
+    peephole_grads_kernel. Written (=): dW_ih, dW_hh, db_ih, db_hh, dw_c*, dh0, da."""
+    _backward_steps(dh0, da, dh_T, cs, gates, W_hh, w_ci, w_cf, w_co, True, block)
+    stacked_param_grads_gpu(dW_ih, dW_hh, db_ih, db_hh, da, da, hs, x, tile=tile)
+    _peephole_grads(dw_ci, dw_cf, dw_co, da, cs, block)
+
+
+def lstm_backward_gpu_persistent(dW_ih, dW_hh, db_ih, db_hh, dh0, da, dh_T, hs, cs, gates, x,
+                                 W_hh, *, rows=1, threads=None, tile=TILE):
+    """Version 2 twin of lstm_backward_cpu: one launch of lstm_backward_persistent_kernel, then
+    the weight gradients. Written (=): dW_ih, dW_hh, db_ih, db_hh, dh0, da."""
+    _backward_persistent(dh0, da, dh_T, cs, gates, W_hh, db_ih, db_ih, db_ih, False, rows,
+                         threads)
+    stacked_param_grads_gpu(dW_ih, dW_hh, db_ih, db_hh, da, da, hs, x, tile=tile)
+
+
+def peephole_lstm_backward_gpu_persistent(dW_ih, dW_hh, db_ih, db_hh, dw_ci, dw_cf, dw_co, dh0,
+                                          da, dh_T, hs, cs, gates, x, W_hh, w_ci, w_cf, w_co, *,
+                                          rows=1, threads=None, tile=TILE):
+    """Version 2 twin of peephole_lstm_backward_cpu."""
+    _backward_persistent(dh0, da, dh_T, cs, gates, W_hh, w_ci, w_cf, w_co, True, rows, threads)
+    stacked_param_grads_gpu(dW_ih, dW_hh, db_ih, db_hh, da, da, hs, x, tile=tile)
+    _peephole_grads(dw_ci, dw_cf, dw_co, da, cs, (128, 1))
+
+
+def _peephole_grads(dw_ci, dw_cf, dw_co, da, cs, block):
+    n = cs.shape[2]
+    peephole_grads_kernel[cdiv(n, block[0]), block[0]](dw_ci, dw_cf, dw_co, da, cs)

@@ -24,6 +24,8 @@ from numba import prange
 
 from .common import (dtanh_from_y, matmul_nt_rows, matmul_tn_rows, njit_parallel, num_slices,
                      row_slice, sum_rows, tanh)
+from .gpu_common import (TILE, cdiv, cuda, rows_times_matrix_gpu, scratch,
+                         stacked_param_grads_gpu, state_launch, transpose_gpu)
 
 
 @njit_parallel
@@ -84,3 +86,176 @@ def rnn_backward_cpu(dW_ih, dW_hh, db_ih, db_hh, dh0, da, dh_T, hs, x, W_hh):
     matmul_tn_rows(dW_ih, da2, x.reshape(T * B, m))         # dW_ih = sum_t da_t^T x_t
     sum_rows(db_ih, da2)                                    # db_ih = sum_t sum_b da_t
     db_hh[:] = db_ih                                        # b_hh enters a_t as b_ih does
+
+
+# ------------------------------------------------------------------------------------------
+# GPU twins (two versions, as in antisym.py; tests/gpu/test_gpu_baselines.py checks them)
+# ------------------------------------------------------------------------------------------
+#   version 1, "step"        one thread per (b, j), one launch per step (BPTT: two per step,
+#                            the elementwise part and dh_{t-1} = da_t W_hh)
+#   version 2, "persistent"  one launch per pass; block k owns batch rows [k R, (k+1) R) and keeps
+#                            their h_{t-1} (forward) or dL/dh and da_t (BPTT) in shared memory.
+# W_hh (n, n) is 64 KB at n = 128 in float32, more than a block's 48 KB of shared memory, so the
+# persistent kernels read it from global memory every step: all blocks read the same matrix, and
+# it stays in the L2 cache. The forward pass reads W_hh^T (made once per call) so that for each
+# k consecutive threads read consecutive addresses; BPTT reads W_hh itself, which already has
+# that property. Host functions take the CPU twins' arguments (device arrays), then keyword-only
+# launch options; the weight gradients are `stacked_param_grads_gpu` (gpu_common.py).
+
+@cuda.jit
+def rnn_forward_step_kernel(hs, x, W_ih, W_hh, b_ih, b_hh, t):
+    """Step t: h_t = tanh(W_ih x_t + b_ih + W_hh h_{t-1} + b_hh).
+    Written (=): hs[t+1] (B, n). Read: hs[t], x[t], W_ih (n, m), W_hh (n, n), b_ih, b_hh (n,).
+    One thread per (b, j); 2-d grid over (j, b)."""
+    j, b = cuda.grid(2)
+    B, n, m = hs.shape[1], hs.shape[2], x.shape[2]
+    if b < B and j < n:
+        a = b_ih[j] + b_hh[j]
+        for k in range(m):
+            a += W_ih[j, k] * x[t, b, k]
+        for k in range(n):
+            a += W_hh[j, k] * hs[t, b, k]
+        hs[t + 1, b, j] = tanh(a)
+
+
+@cuda.jit
+def rnn_backward_unit_kernel(da, dh, hs, t):
+    """The elementwise part of BPTT through step t.
+    forward was: h_t = tanh(a_t)
+    so:          da_t = dh_t * (1 - h_t**2)
+    Written (=): da[t] (B, n). Read: dh (B, n) = dL/dh_t, hs[t+1]. One thread per (b, j)."""
+    j, b = cuda.grid(2)
+    B, n = dh.shape
+    if b < B and j < n:
+        da[t, b, j] = dh[b, j] * dtanh_from_y(hs[t + 1, b, j])
+
+
+def rnn_forward_gpu(hs, x, W_ih, W_hh, b_ih, b_hh, *, block=(128, 1)):
+    """Version 1 twin of rnn_forward_cpu: T launches of rnn_forward_step_kernel.
+    Written (=): hs[1:]. Read: hs[0] = h_0, x, W_ih, W_hh, b_ih, b_hh."""
+    T, B, _ = x.shape
+    n = W_hh.shape[0]
+    grid = (cdiv(n, block[0]), cdiv(B, block[1]))
+    for t in range(T):
+        rnn_forward_step_kernel[grid, block](hs, x, W_ih, W_hh, b_ih, b_hh, t)
+
+
+def rnn_backward_gpu(dW_ih, dW_hh, db_ih, db_hh, dh0, da, dh_T, hs, x, W_hh, *, block=(128, 1),
+                     tile=TILE):
+    """Version 1 twin of rnn_backward_cpu: per step rnn_backward_unit_kernel, then
+    dh_{t-1} = da_t W_hh (rows_times_matrix_gpu); then the weight gradients.
+    Written (=): dW_ih, dW_hh, db_ih, db_hh, dh0, da. Read: dh_T, hs, x, W_hh."""
+    T, B, _ = x.shape
+    n = W_hh.shape[0]
+    grid = (cdiv(n, block[0]), cdiv(B, block[1]))
+    dh0.copy_to_device(dh_T)              # the running dL/dh_t lives in dh0; it ends as dL/dh_0
+    for t in range(T - 1, -1, -1):
+        rnn_backward_unit_kernel[grid, block](da, dh0, hs, t)
+        rows_times_matrix_gpu(dh0, da, W_hh, t, False, block=block)
+    stacked_param_grads_gpu(dW_ih, dW_hh, db_ih, db_hh, da, da, hs, x, tile=tile)
+
+
+@cuda.jit
+def rnn_forward_persistent_kernel(hs, x, W_ih, WT, b_ih, b_hh, rows):
+    """All T steps of h_t = tanh(W_ih x_t + b_ih + W_hh h_{t-1} + b_hh) in one launch.
+
+    Written (=): hs[1:] (T+1, B, n). Read: hs[0], x (T, B, m), W_ih (n, m), WT = W_hh^T (n, n),
+    b_ih, b_hh (n,). Work split: block k owns batch rows k*rows .. k*rows + rows - 1; thread
+    `tid` computes units j = tid, tid + blockDim, ... of each. Shared memory: two (rows, n)
+    copies of the rows' state, h_{t-1} read while h_t is written; one barrier per step.
+    """
+    T, B, m = x.shape
+    n = WT.shape[0]
+    tid, nthreads = cuda.threadIdx.x, cuda.blockDim.x
+    b0 = cuda.blockIdx.x * rows
+    hbuf = cuda.shared.array(0, dtype=hs.dtype)
+    for r in range(rows):
+        b = b0 + r
+        if b < B:
+            for j in range(tid, n, nthreads):
+                hbuf[r * n + j] = hs[0, b, j]
+    cuda.syncthreads()
+    for t in range(T):
+        cur, nxt = (t % 2) * rows * n, ((t + 1) % 2) * rows * n
+        for r in range(rows):
+            b = b0 + r
+            if b < B:
+                for j in range(tid, n, nthreads):
+                    a = b_ih[j] + b_hh[j]
+                    for k in range(m):
+                        a += W_ih[j, k] * x[t, b, k]
+                    for k in range(n):
+                        a += WT[k, j] * hbuf[cur + r * n + k]
+                    y = tanh(a)
+                    hs[t + 1, b, j] = y
+                    hbuf[nxt + r * n + j] = y
+        cuda.syncthreads()
+
+
+@cuda.jit
+def rnn_backward_persistent_kernel(dh0, da, dh_T, hs, W_hh, rows):
+    """BPTT through all T steps in one launch.
+
+    forward was: h_t = tanh(a_t),  a_t = W_ih x_t + b_ih + W_hh h_{t-1} + b_hh
+    so:          da_t = dh_t * (1 - h_t**2) ;  dh_{t-1} = da_t W_hh   (row form)
+
+    Written (=): dh0 (B, n), da (T, B, n). Read: dh_T (B, n), hs (T+1, B, n), W_hh (n, n).
+    Work split as in the forward kernel. Shared memory: the rows' dL/dh (each value touched only
+    by its owner thread) and two copies of their da_t (one barrier per step).
+    """
+    T, B, n = da.shape
+    tid, nthreads = cuda.threadIdx.x, cuda.blockDim.x
+    b0 = cuda.blockIdx.x * rows
+    smem = cuda.shared.array(0, dtype=dh0.dtype)
+    dh = smem[:rows * n]
+    dbuf = smem[rows * n:3 * rows * n]
+    for r in range(rows):
+        b = b0 + r
+        if b < B:
+            for j in range(tid, n, nthreads):
+                dh[r * n + j] = dh_T[b, j]
+    for t in range(T - 1, -1, -1):
+        cur = (t % 2) * rows * n
+        for r in range(rows):
+            b = b0 + r
+            if b < B:
+                for j in range(tid, n, nthreads):
+                    g = dh[r * n + j] * dtanh_from_y(hs[t + 1, b, j])
+                    da[t, b, j] = g
+                    dbuf[cur + r * n + j] = g
+        cuda.syncthreads()
+        for r in range(rows):
+            b = b0 + r
+            if b < B:
+                for j in range(tid, n, nthreads):
+                    acc = dh.dtype.type(0)
+                    for k in range(n):
+                        acc += dbuf[cur + r * n + k] * W_hh[k, j]
+                    dh[r * n + j] = acc
+    for r in range(rows):
+        b = b0 + r
+        if b < B:
+            for j in range(tid, n, nthreads):
+                dh0[b, j] = dh[r * n + j]
+
+
+def rnn_forward_gpu_persistent(hs, x, W_ih, W_hh, b_ih, b_hh, *, rows=1, threads=None):
+    """Version 2 twin of rnn_forward_cpu: W_hh^T into a scratch buffer, then one launch of
+    rnn_forward_persistent_kernel. Written (=): hs[1:]."""
+    T, B, _ = x.shape
+    n = W_hh.shape[0]
+    grid, threads, shared = state_launch(B, n, hs.dtype, 2 * n, rows, threads)
+    WT = scratch("rnn_WT", (n, n), W_hh.dtype)
+    transpose_gpu(WT, W_hh)
+    rnn_forward_persistent_kernel[grid, threads, 0, shared](hs, x, W_ih, WT, b_ih, b_hh, rows)
+
+
+def rnn_backward_gpu_persistent(dW_ih, dW_hh, db_ih, db_hh, dh0, da, dh_T, hs, x, W_hh, *,
+                                rows=1, threads=None, tile=TILE):
+    """Version 2 twin of rnn_backward_cpu: one launch of rnn_backward_persistent_kernel, then
+    the weight gradients. Written (=): dW_ih, dW_hh, db_ih, db_hh, dh0, da."""
+    T, B, _ = x.shape
+    n = W_hh.shape[0]
+    grid, threads, shared = state_launch(B, n, dh0.dtype, 3 * n, rows, threads)
+    rnn_backward_persistent_kernel[grid, threads, 0, shared](dh0, da, dh_T, hs, W_hh, rows)
+    stacked_param_grads_gpu(dW_ih, dW_hh, db_ih, db_hh, da, da, hs, x, tile=tile)

@@ -48,15 +48,17 @@ def test_model_on_cuda_matches_cpu(name, version):
         np.testing.assert_array_equal(v, cpu.params[k], err_msg=f"initial {k}")
     x, y = data()
     loss_c, g_c, logits_c = cpu.loss_and_grad(x, y, return_logits=True)
-    for call in range(2):                       # the second call reuses the device buffers
+    # persistent: a second call, which reuses the device buffers of the first; step: forward, hidden
+    for call in range(2 if version == "persistent" else 1):
         loss_d, g_d, logits_d = dev.loss_and_grad(x, y, return_logits=True)
         assert abs(loss_d - loss_c) <= 1e-12 * max(1.0, abs(loss_c))
         gt.assert_close(logits_d, logits_c, "float64", "logits")
         assert set(g_d) == set(g_c)
         for k in g_c:
             gt.assert_close(g_d[k], g_c[k], "float64", f"grad {k} (call {call})")
-    gt.assert_close(dev.forward(x), cpu.forward(x), "float64", "forward")
-    gt.assert_close(dev.hidden(x), cpu.hidden(x), "float64", "hidden")
+    if version == "step":
+        gt.assert_close(dev.forward(x), cpu.forward(x), "float64", "forward")
+        gt.assert_close(dev.hidden(x), cpu.hidden(x), "float64", "hidden")
 
 
 @pytest.mark.parametrize("name", ["antisym", "antisym-gated"])
@@ -86,3 +88,7 @@ def test_time_model_reports_every_version():
             assert np.isnan(r["forward_ms"]) and "simulator" in r["note"]
         else:
             assert 0 < r["forward_ms"] <= r["forward_backward_ms"]
+
+
+def test_every_cell_has_gpu_kernels():
+    assert set(gpu.GPU_CELLS) == set(nprnn.CELLS)

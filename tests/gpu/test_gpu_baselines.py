@@ -1,0 +1,116 @@
+"""GPU twins of the baselines (nprnn/kernels/rnn.py, lstm.py, gru.py) against their CPU twins.
+
+As in test_gpu_euler.py: the CPU twin runs first, the GPU twin runs on the same inputs, and every
+output is compared; the backward tests start from the CPU's forward results.
+"""
+import numpy as np
+import pytest
+
+from gpu_testing import (B, DTYPES, M, N, ROWS, STEP_BLOCK, T, THREADS, TILE, assert_close, dev,
+                         empty_like, rand, requires_cuda)
+from nprnn.kernels import gru, lstm, rnn
+
+pytestmark = requires_cuda
+
+# cell -> (kernel module, function prefix, number of gates G, extra forward state arrays)
+CELLS = {"rnn": (rnn, "rnn", 1), "lstm": (lstm, "lstm", 4),
+         "peephole-lstm": (lstm, "peephole_lstm", 4), "gru": (gru, "gru", 3)}
+
+
+def options(version, backward):
+    opts = dict(block=STEP_BLOCK) if version == "step" else dict(rows=ROWS, threads=THREADS)
+    return dict(opts, tile=TILE) if backward else opts
+
+
+def gpu_function(module, prefix, direction, version):
+    return getattr(module, f"{prefix}_{direction}_gpu"
+                           + ("_persistent" if version == "persistent" else ""))
+
+
+def problem(cell, dtype, seed=0):
+    """Inputs; the forward state arrays of the cell (hs, and cs/gates/hn) after the CPU twin's
+    forward pass; the CPU twin's backward outputs. Returns dicts of NumPy arrays."""
+    module, prefix, G = CELLS[cell]
+    rng = np.random.default_rng(seed)
+    p = dict(x=rand(rng, (T, B, M), dtype), W_ih=rand(rng, (G * N, M), dtype, 0.7),
+             W_hh=rand(rng, (G * N, N), dtype, 0.5), b_ih=rand(rng, (G * N,), dtype, 0.2),
+             b_hh=rand(rng, (G * N,), dtype, 0.2), dh_T=rand(rng, (B, N), dtype))
+    if cell == "peephole-lstm":
+        p.update(w_ci=rand(rng, (N,), dtype, 0.5), w_cf=rand(rng, (N,), dtype, 0.5),
+                 w_co=rand(rng, (N,), dtype, 0.5))
+    hs = np.zeros((T + 1, B, N), dtype)
+    hs[0] = rand(rng, (B, N), dtype, 0.5)
+    fw = dict(hs=hs)
+    if cell in ("lstm", "peephole-lstm"):
+        fw["cs"] = np.zeros((T + 1, B, N), dtype)
+        fw["cs"][0] = rand(rng, (B, N), dtype, 0.5)
+        fw["gates"] = np.empty((T, B, 4 * N), dtype)
+    if cell == "gru":
+        fw.update(gates=np.empty((T, B, 3 * N), dtype), hn=np.empty((T, B, N), dtype))
+    getattr(module, f"{prefix}_forward_cpu")(*forward_args(cell, fw, p))
+    bw = dict(dW_ih=np.empty_like(p["W_ih"]), dW_hh=np.empty_like(p["W_hh"]),
+              db_ih=np.empty_like(p["b_ih"]), db_hh=np.empty_like(p["b_hh"]),
+              dh0=np.empty((B, N), dtype))
+    if cell == "gru":
+        bw.update(dgi=np.empty((T, B, 3 * N), dtype), dgh=np.empty((T, B, 3 * N), dtype))
+    else:
+        bw["da"] = np.empty((T, B, G * N), dtype)
+    if cell == "peephole-lstm":
+        bw.update(dw_ci=np.empty(N, dtype), dw_cf=np.empty(N, dtype), dw_co=np.empty(N, dtype))
+    getattr(module, f"{prefix}_backward_cpu")(*backward_args(cell, bw, fw, p))
+    return p, fw, bw
+
+
+def forward_args(cell, fw, p):
+    """The forward twins' argument list (outputs first, as the kernels take them)."""
+    weights = (p["W_ih"], p["W_hh"], p["b_ih"], p["b_hh"])
+    if cell == "rnn":
+        return (fw["hs"], p["x"]) + weights
+    if cell == "gru":
+        return (fw["hs"], fw["gates"], fw["hn"], p["x"]) + weights
+    peep = (p["w_ci"], p["w_cf"], p["w_co"]) if cell == "peephole-lstm" else ()
+    return (fw["hs"], fw["cs"], fw["gates"], p["x"]) + weights + peep
+
+
+def backward_args(cell, bw, fw, p):
+    """The backward twins' argument list."""
+    dW = (bw["dW_ih"], bw["dW_hh"], bw["db_ih"], bw["db_hh"])
+    if cell == "rnn":
+        return dW + (bw["dh0"], bw["da"], p["dh_T"], fw["hs"], p["x"], p["W_hh"])
+    if cell == "gru":
+        return dW + (bw["dh0"], bw["dgi"], bw["dgh"], p["dh_T"], fw["hs"], fw["gates"],
+                     fw["hn"], p["x"], p["W_hh"])
+    state = (fw["hs"], fw["cs"], fw["gates"], p["x"], p["W_hh"])
+    if cell == "lstm":
+        return dW + (bw["dh0"], bw["da"], p["dh_T"]) + state
+    return (dW + (bw["dw_ci"], bw["dw_cf"], bw["dw_co"], bw["dh0"], bw["da"], p["dh_T"])
+            + state + (p["w_ci"], p["w_cf"], p["w_co"]))
+
+
+CASES = [(cell, dtype, version) for cell in CELLS for dtype in DTYPES
+         for version in ("step", "persistent")]
+
+
+@pytest.mark.parametrize("cell, dtype, version", CASES)
+def test_baseline_forward_and_backward_match_cpu(cell, dtype, version):
+    module, prefix, _ = CELLS[cell]
+    p, fw, bw = problem(cell, dtype)
+    d = {k: dev(v) for k, v in p.items()}
+    # forward: the initial states (hs[0], cs[0]) given, everything else written
+    fw_gpu = {}
+    for k, v in fw.items():
+        start = np.zeros_like(v)
+        if k in ("hs", "cs"):
+            start[0] = v[0]
+        fw_gpu[k] = dev(start)
+    gpu_function(module, prefix, "forward", version)(*forward_args(cell, fw_gpu, d),
+                                                     **options(version, False))
+    for k, want in fw.items():
+        assert_close(fw_gpu[k], want, dtype, k)
+    # backward, from the CPU's forward results
+    fw_dev = {k: dev(v) for k, v in fw.items()}
+    bw_gpu = {k: empty_like(v) for k, v in bw.items()}
+    gpu_function(module, prefix, "backward", version)(*backward_args(cell, bw_gpu, fw_dev, d),
+                                                      **options(version, True))
+    for k, want in bw.items():
+        assert_close(bw_gpu[k], want, dtype, k)
