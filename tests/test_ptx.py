@@ -43,7 +43,7 @@ ARG_KINDS = {
                         "dw_ci", "dw_cf", "dw_co", "losses", "a", "p", "v", "g", "G")},
     "eps": "f", "value": "f", "gamma": "f64", "lr": "f64", "momentum": "f64", "scale": "f64",
     "delta": "f64", "t": "i", "rows": "i", "skew": "b", "peephole": "b", "accumulate": "b",
-    "y": "i64_1", "out": "f64_1",
+    "y": "i64_1", "out": "f64_1", "block_sums": "f64_1",
 }
 # where one name means another kind in one kernel: (kernel, argument) -> kind
 OVERRIDES = {("matmul_tn_partial_kernel", "A"): "2", ("matmul_tn_partial_kernel", "B"): "2",
@@ -101,7 +101,7 @@ def test_kernels_were_found():
     for expected in ("euler_forward_persistent_kernel", "euler_backward_step_kernel",
                      "readout_backward_kernel", "matmul_tn_partial_kernel",
                      "lstm_backward_persistent_kernel", "gru_forward_step_kernel",
-                     "rnn_backward_unit_kernel"):
+                     "rnn_backward_unit_kernel", "sum_squares_block_kernel", "adagrad_kernel"):
         assert expected in names, f"kernel scan missed {expected}: found {sorted(names)}"
 
 

@@ -24,6 +24,7 @@ import math
 import numpy as np
 
 from .common import njit
+from .gpu_common import cdiv, cuda, scratch
 
 
 # ------------------------------------------------------------------------------------------
@@ -66,3 +67,89 @@ def adagrad_cpu(p, G, g, lr, delta, scale):
         gi = scale * g[i]
         G[i] += gi * gi
         p[i] -= lr * gi / (math.sqrt(G[i]) + delta)
+
+
+# ------------------------------------------------------------------------------------------
+# GPU twins: one thread per element for the updates; the norm as a two-pass reduction
+# ------------------------------------------------------------------------------------------
+# Host functions take the CPU twins' arguments (device arrays; out is a float64 (1,) device
+# array) and keyword-only launch options. The reduction uses a fixed number of blocks, so the
+# sum is taken in the same order on every GPU and every run: training on the GPU is repeatable.
+
+SUM_BLOCKS = 64
+
+
+@cuda.jit
+def sum_squares_block_kernel(block_sums, g):
+    """block_sums[k] = sum of g_i**2 (in float64) over the elements i that block k visits:
+    i = k * blockDim + tid, then strides of gridDim * blockDim. Written (=): block_sums (gridDim,).
+    Each thread sums its elements, then the block adds its threads' sums in a tree in shared
+    memory (blockDim must be a power of two)."""
+    tid, nthreads = cuda.threadIdx.x, cuda.blockDim.x
+    sums = cuda.shared.array(0, dtype=block_sums.dtype)
+    acc = block_sums.dtype.type(0)
+    for i in range(cuda.grid(1), g.shape[0], cuda.gridDim.x * nthreads):
+        gi = block_sums.dtype.type(g[i])     # square in float64: a float32 square can overflow
+        acc += gi * gi
+    sums[tid] = acc
+    cuda.syncthreads()
+    half = nthreads // 2
+    while half > 0:
+        if tid < half:
+            sums[tid] += sums[tid + half]
+        cuda.syncthreads()
+        half //= 2
+    if tid == 0:
+        block_sums[cuda.blockIdx.x] = sums[0]
+
+
+@cuda.jit
+def sum_block_sums_kernel(out, block_sums):
+    """out[0] += sum_k block_sums[k], in order, by one thread (updated, +=)."""
+    if cuda.grid(1) == 0:
+        acc = out.dtype.type(0)
+        for k in range(block_sums.shape[0]):
+            acc += block_sums[k]
+        out[0] += acc
+
+
+def sum_squares_gpu(out, g, *, threads=256):
+    """Twin of sum_squares_cpu: out[0] += sum_i g_i**2. out (1,) float64, g (N,) (device)."""
+    if threads & (threads - 1):
+        raise ValueError(f"threads must be a power of two, got {threads}")
+    blocks = max(1, min(SUM_BLOCKS, cdiv(g.shape[0], threads)))
+    block_sums = scratch("sum_squares", (blocks,), out.dtype)
+    sum_squares_block_kernel[blocks, threads, 0, threads * out.dtype.itemsize](block_sums, g)
+    sum_block_sums_kernel[1, 1](out, block_sums)
+
+
+@cuda.jit
+def sgd_momentum_kernel(p, v, g, lr, momentum, scale):
+    """v_i = momentum v_i + scale g_i ; p_i = p_i - lr v_i (updated in place). One thread per
+    element i; 1-d grid."""
+    i = cuda.grid(1)
+    if i < p.shape[0]:
+        v[i] = momentum * v[i] + scale * g[i]
+        p[i] -= lr * v[i]
+
+
+@cuda.jit
+def adagrad_kernel(p, G, g, lr, delta, scale):
+    """G_i = G_i + (scale g_i)**2 ; p_i = p_i - lr scale g_i / (sqrt(G_i) + delta) (updated in
+    place). One thread per element i; 1-d grid."""
+    i = cuda.grid(1)
+    if i < p.shape[0]:
+        gi = scale * g[i]
+        G[i] += gi * gi
+        p[i] -= lr * gi / (math.sqrt(G[i]) + delta)
+
+
+def sgd_momentum_gpu(p, v, g, lr, momentum, scale, *, threads=256):
+    """Twin of sgd_momentum_cpu (device arrays): p, v (N,) updated in place."""
+    sgd_momentum_kernel[max(1, cdiv(p.shape[0], threads)), threads](p, v, g, lr, momentum,
+                                                                    scale)
+
+
+def adagrad_gpu(p, G, g, lr, delta, scale, *, threads=256):
+    """Twin of adagrad_cpu (device arrays): p, G (N,) updated in place."""
+    adagrad_kernel[max(1, cdiv(p.shape[0], threads)), threads](p, G, g, lr, delta, scale)
