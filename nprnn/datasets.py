@@ -30,10 +30,10 @@ train:       a permutation of the training examples drawn from (seed, epoch), so
              last incomplete batch is dropped.
 valid, test: file order, the last batch may be smaller.
 `start` skips the first `start` batches of that order, so a run resumed in the middle of an epoch
-sees exactly the batches it would have seen. Noise is drawn per batch, never stored: a training
-batch's noise comes from a generator seeded with (seed, epoch, batch index), fresh every batch and
-reproducible; a validation or test example's noise from a generator seeded with (EVAL_NOISE_SEED,
-the example's file and row), so every evaluation sees the same noise whatever the batch size.
+sees exactly the batches it would have seen. Noise is drawn per batch, never stored, each example
+from its own stream (nprnn.noise): in a training batch keyed by (seed, epoch, batch index,
+position in the batch), fresh every batch and reproducible; in validation and test keyed by the
+example's file and row, so every evaluation sees the same noise whatever the batch size.
 
 The cache
 ---------
@@ -67,7 +67,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from . import sources
+from . import noise, sources
 
 SPLITS = ("train", "valid", "test")
 
@@ -270,21 +270,19 @@ class ArrayTask(Task):
 PIXELS = np.arange(256, dtype=np.float32) / np.float32(255)
 NORMALISATION = "x = pixel / 255, in [0, 1] (float32)"
 
-# Seed of the validation/test noise: example i of file f gets generator (EVAL_NOISE_SEED, f, i).
-EVAL_NOISE_SEED = 5_300_000
+# Noise keys (nprnn.noise): every example's noise is its own stream, keyed by
+#   training batch:   (NOISE_TRAIN, seed, epoch, batch index, position in the batch)
+#   valid/test:       (NOISE_EVAL, file, row)   file 0 = the training file, 1 = the test file
+NOISE_TRAIN, NOISE_EVAL = 1, 2
 _FILE_CODE = dict(train=0, test=1)
 
 
-def fill_noise(x, t0, rngs):
-    """x[b, t0:, :] = i.i.d. N(0, 1) samples (float32), drawn from rngs[b], for b = 0 .. B-1.
-
-    rngs may repeat one generator (a training batch: one stream, consumed in batch order) or hold
-    one per example (evaluation: each example's noise is its own)."""
-    for b in range(x.shape[0]):
-        rngs[b].standard_normal(out=x[b, t0:], dtype=np.float32)    # x[b, t0:] is contiguous
+def fill_noise(x, t0, keys):
+    """x[b, t0:, :] = i.i.d. N(0, 1) float32 from the stream keyed by keys[b] (nprnn.noise)."""
+    noise.fill_gaussian(x, t0, keys)
 
 
-def pixel_sequence(images, T, perm, rngs):
+def pixel_sequence(images, T, perm, keys):
     """Scanline order, one pixel per step: x[b, t, c] = image[b, t // W, t % W, c] / 255.
 
     images uint8 (B, H, W, C) -> x float32 (B, H W, C)."""
@@ -292,14 +290,14 @@ def pixel_sequence(images, T, perm, rngs):
     return PIXELS[images.reshape(B, H * W, C)]
 
 
-def permuted_sequence(images, T, perm, rngs):
+def permuted_sequence(images, T, perm, keys):
     """One fixed permutation of the scanline order: x[b, t, c] = s[b, perm[t], c] with s the
     scanline sequence above. images uint8 (B, H, W, C), perm (H W,) -> x float32 (B, H W, C)."""
     B, H, W, C = images.shape
     return PIXELS[images.reshape(B, H * W, C)[:, perm]]
 
 
-def rows_then_noise(images, T, perm, rngs):
+def rows_then_noise(images, T, perm, keys):
     """One image row per step, then noise:  x[b, t] = row t of image b (W pixels x C channels,
     interleaved: r0 g0 b0 r1 g1 b1 ...) / 255 for t < H,  x[b, t] ~ N(0, I) for H <= t < T.
 
@@ -307,17 +305,17 @@ def rows_then_noise(images, T, perm, rngs):
     B, H, W, C = images.shape
     x = np.empty((B, T, W * C), dtype=np.float32)
     x[:, :H] = PIXELS[images.reshape(B, H, W * C)]
-    fill_noise(x, H, rngs)
+    fill_noise(x, H, keys)
     return x
 
 
-def image_then_noise(images, T, perm, rngs):
+def image_then_noise(images, T, perm, keys):
     """The whole image at the first step, then noise:  x[b, 0] = image b flattened / 255,
     x[b, t] ~ N(0, I) for 1 <= t < T.  images uint8 (B, H, W, C) -> x float32 (B, T, H W C)."""
     B = images.shape[0]
     x = np.empty((B, T, images[0].size), dtype=np.float32)
     x[:, 0] = PIXELS[images.reshape(B, -1)]
-    fill_noise(x, 1, rngs)
+    fill_noise(x, 1, keys)
     return x
 
 
@@ -636,14 +634,17 @@ class CachedTask(Task):
         file_split, all_rows = self._rows[split]
         rows = all_rows[idx]
         images = self._read_images(file_split, rows)
-        rngs = None
+        keys = None
         if self.spec.noisy:
-            if split == "train":
-                rngs = [np.random.default_rng([seed, epoch, batch_index])] * len(rows)
-            else:
-                code = _FILE_CODE[file_split]
-                rngs = [np.random.default_rng([EVAL_NOISE_SEED, code, int(r)]) for r in rows]
-        x = self._function(images, self.T, self.permutation, rngs)
+            B = len(rows)
+            if split == "train":                        # fresh for every batch
+                keys = np.column_stack([np.full(B, NOISE_TRAIN), np.full(B, seed),
+                                        np.full(B, epoch), np.full(B, batch_index),
+                                        np.arange(B)])
+            else:                                       # the example's own, at every evaluation
+                keys = np.column_stack([np.full(B, NOISE_EVAL),
+                                        np.full(B, _FILE_CODE[file_split]), rows])
+        x = self._function(images, self.T, self.permutation, keys)
         return x, self._labels[split][idx]
 
     def info(self):
@@ -665,8 +666,9 @@ class CachedTask(Task):
             out["permutation"] = dict(seed=self.permutation_seed,
                                       first=self.permutation[:8].tolist())
         if self.spec.noisy:
-            out["noise"] = ("N(0, 1) float32; train: fresh per batch from (seed, epoch, batch); "
-                            f"valid/test: fixed per example from ({EVAL_NOISE_SEED}, file, row)")
+            out["noise"] = ("N(0, 1) float32 (nprnn.noise); train: fresh per batch, keyed by "
+                            "(seed, epoch, batch, position); valid/test: fixed per example, "
+                            "keyed by (file, row)")
         return out
 
     def close(self):

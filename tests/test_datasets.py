@@ -14,7 +14,7 @@ import h5py
 import numpy as np
 import pytest
 
-from nprnn import datasets, sources
+from nprnn import datasets, noise, sources
 from nprnn.datasets import (PIXELS, TASKS, ArrayTask, cache_path, check_cache, get_task,
                             image_then_noise, permuted_sequence, pixel_sequence, resolve_data_dir,
                             rows_then_noise, splitmix64, splitmix64_permutation)
@@ -115,21 +115,22 @@ def test_layouts_by_hand():
     perm = np.array([5, 0, 3, 1, 4, 2])
     xp = permuted_sequence(im, None, perm, None)
     assert np.array_equal(xp, x[:, perm])
-    rngs = [np.random.default_rng(0)] * B
-    xr = rows_then_noise(im, 5, None, rngs)
+    keys = np.array([[7, 0], [7, 1]])
+    xr = rows_then_noise(im, 5, None, keys)
     assert xr.shape == (B, 5, W * C) and xr.flags.c_contiguous
     # row t: pixel 0's channels, then pixel 1's, ... (interleaved)
     assert xr[1, 1, 2 * 2 + 1] == np.float32(im[1, 1, 2, 1] / 255)
     assert np.array_equal(xr[:, :H].reshape(B, H, W, C), PIXELS[im])
-    # the noise continues one stream in batch order
-    rng = np.random.default_rng(0)
-    want = np.stack([rng.standard_normal((5 - H, W * C), dtype=np.float32) for _ in range(B)])
+    # the noise rows are each example's own stream
+    want = np.zeros((B, 5 - H, W * C), dtype=np.float32)
+    noise.fill_gaussian(want, 0, keys)
     assert np.array_equal(xr[:, H:], want)
-    xi = image_then_noise(im, 4, None, [np.random.default_rng(1), np.random.default_rng(2)])
+    xi = image_then_noise(im, 4, None, keys)
     assert xi.shape == (B, 4, H * W * C)
     assert np.array_equal(xi[:, 0], PIXELS[im.reshape(B, -1)])
-    assert np.array_equal(xi[1, 1:], np.random.default_rng(2).standard_normal(
-        (3, H * W * C), dtype=np.float32))
+    want = np.zeros((B, 3, H * W * C), dtype=np.float32)
+    noise.fill_gaussian(want, 0, keys)
+    assert np.array_equal(xi[:, 1:], want)
 
 
 def test_splitmix64_reference_values_and_permutation():
