@@ -52,7 +52,7 @@ It is written to a temporary file and renamed into place, so it either exists wh
 and two processes building it at once each rename a complete file. Opening checks the format
 version, the task, the shapes, the labels and every dataset's CRC-32 (~0.1 s for MNIST), and a
 cache that fails any check is rebuilt with a message, never used. Batches read only their own
-images from the file, so memory stays at a few batches (labels, 1 byte per example, are loaded).
+images from the file, so memory stays at a few batches (the labels, int64, are held in memory).
 """
 import datetime
 import json
