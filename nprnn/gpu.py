@@ -5,13 +5,16 @@ device arrays, and CUDA-event timings of every kernel version.
     loss, grads = model.loss_and_grad(x, y)       # x, y NumPy; grads stay on the GPU
 
 What stays on the GPU: the parameters (`model.params` holds numba device arrays), the gradients,
-the optimizer state, and every activation BPTT needs (kept in a per-model `Workspace`, allocated
-once and reused, so a training step calls cudaMalloc only for the gradients it returns). Per step
-the batch goes in and the loss comes out (B numbers), plus the logits when asked for.
+every activation BPTT needs (kept in a per-model `Workspace`, allocated once and reused, so a
+training step calls cudaMalloc only for the gradients it returns), and the optimizer state, which
+kernels/optim.py's GPU twins update in place. Per step the batch goes in and the loss comes out
+(B numbers), plus the logits when asked for.
 
 Kernel versions (nprnn/kernels/antisym.py explains them):
     "step"        one thread per (b, i), one launch per time step
-    "persistent"  one launch per pass; the recurrent matrix lives in shared memory
+    "persistent"  one launch per pass, each block owning batch rows for all T steps; the Euler
+                  family keeps the recurrent matrix in shared memory (antisym: only its upper
+                  triangle), the baselines keep their rows' state there and read W_hh from L2
     "auto"        persistent where the block's shared memory fits, else step (the default;
                   `model.gpu_version` picks another)
 
@@ -143,7 +146,8 @@ class EulerGPU(GPUCell):
     The antisymmetric models use the "skew" shared-memory layout (n(n-1)/2 values)."""
 
     def persistent_fits(self, n, dtype, backward):
-        return K_euler.persistent_fits(n, dtype, self.cell.antisymmetric, backward=backward)
+        return K_euler.persistent_fits(n, dtype, self.cell.antisymmetric, backward=backward,
+                                       rows=LAUNCH["rows"])
 
     def matrix(self, W, gamma, ws):
         """A on the device: W - W^T - gamma I (antisym), W - gamma I (ablation), W (feedback)."""
