@@ -92,3 +92,26 @@ def test_time_model_reports_every_version():
 
 def test_every_cell_has_gpu_kernels():
     assert set(gpu.GPU_CELLS) == set(nprnn.CELLS)
+
+
+def test_training_steps_stay_on_the_gpu_and_follow_the_cpu():
+    """Three SGD-with-momentum steps: parameters, velocities and gradients never leave the GPU
+    (the updates are kernels/optim.py's GPU twins), and land where the CPU's steps land."""
+    from nprnn.kernels import optim as K_optim
+    cpu, dev = pair("antisym-gated", "float64")
+    v_cpu = {k: np.zeros_like(p) for k, p in cpu.params.items()}
+    v_dev = {k: gpu.to_device(np.zeros_like(p)) for k, p in cpu.params.items()}
+    rng = np.random.default_rng(7)
+    for _ in range(3):
+        x, y = rng.standard_normal((gt.B, gt.T, gt.M)), rng.integers(0, 4, gt.B)
+        _, g_cpu = cpu.loss_and_grad(x, y)
+        _, g_dev = dev.loss_and_grad(x, y)
+        for k in cpu.params:
+            K_optim.sgd_momentum_cpu(cpu.params[k].reshape(-1), v_cpu[k].reshape(-1),
+                                     g_cpu[k].reshape(-1), 0.5, 0.9, 1.0)
+            p = dev.params[k]
+            K_optim.sgd_momentum_gpu(p.reshape(p.size), v_dev[k].reshape(p.size),
+                                     g_dev[k].reshape(p.size), 0.5, 0.9, 1.0, threads=8)
+            assert gpu.is_device_array(p) and gpu.is_device_array(g_dev[k])
+    for k, p in dev.host_params().items():
+        gt.assert_close(p, cpu.params[k], "float64", f"{k} after 3 steps")
