@@ -29,6 +29,8 @@ import math
 import numba
 import numpy as np
 
+from .kernels.common import njit_parallel
+
 ZIGGURAT_LAYERS = 256
 ZIGGURAT_R = 3.6541528853610088          # x_1 for 256 layers (Marsaglia & Tsang 2000)
 ZIGGURAT_V = 4.92867323399e-3            # area of each layer
@@ -116,15 +118,16 @@ def _gaussian_slow(s, i, z, negative, X, K, F):
             return s, -z if negative else z
 
 
-@numba.njit(cache=True)
+@njit_parallel
 def gaussian_fill(x, t0, starts, X, K, F):
     """x[b, t0:, :] = N(0, 1) draws (float32) from the stream started at starts[b], in row-major
     order, for every b. x (B, T, m) float32 C-contiguous, starts (B,) uint64.
 
     The common case is written out here (one word: layer, sign, u; accept u < k_i), the rest is
-    `_gaussian_slow`."""
+    `_gaussian_slow`. The examples are split over the CPU threads (numba.prange); each has its own
+    stream, so the result does not depend on the number of threads."""
     B, T, m = x.shape
-    for b in range(B):
+    for b in numba.prange(B):
         s = starts[b]
         row = x[b].reshape(T * m)                              # a view: x is C-contiguous
         for n in range(t0 * m, T * m):

@@ -91,3 +91,18 @@ def test_fill_gaussian_rejects_bad_arguments():
         noise.fill_gaussian(np.zeros((2, 3, 4), np.float32), 0, np.zeros((3, 1), int))
     with pytest.raises(ValueError, match="t0 must lie in"):
         noise.fill_gaussian(np.zeros((2, 3, 4), np.float32), 4, np.zeros((2, 1), int))
+
+
+def test_noise_does_not_depend_on_the_number_of_threads():
+    import numba
+    keys = np.column_stack([np.ones(16, int), np.arange(16)])
+    x = np.zeros((16, 30, 7), dtype=np.float32)
+    y = np.zeros_like(x)
+    noise.fill_gaussian(x, 2, keys)
+    before = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        noise.fill_gaussian(y, 2, keys)
+    finally:
+        numba.set_num_threads(before)
+    assert np.array_equal(x, y)
