@@ -27,7 +27,7 @@ def matrix(rng, structure, dtype):
     return (rand(rng, (N, N), dtype, 0.5) - GAMMA * np.eye(N)).astype(dtype)
 
 
-def problem(dtype, gated, structure, seed=0):
+def problem(dtype, gated, structure, seed=0, T=T):
     """Random inputs, and the CPU twins' forward and backward outputs on them."""
     rng = np.random.default_rng(seed)
     eps = np.dtype(dtype).type(EPS)
@@ -70,7 +70,18 @@ CASES = [(dtype, gated, structure, version) for dtype in DTYPES for gated in (Fa
 
 @pytest.mark.parametrize("dtype, gated, structure, version", CASES)
 def test_euler_forward_and_backward_match_cpu(dtype, gated, structure, version):
-    p, fw, bw, eps = problem(dtype, gated, structure)
+    check(dtype, gated, structure, version, T)
+
+
+@pytest.mark.parametrize("steps", [1, 2])
+def test_step_version_for_any_number_of_steps(steps):
+    """Version 1's BPTT alternates dL/dh between two buffers and must end in dh0 for odd and
+    even T alike."""
+    check("float64", True, "skew", "step", steps)
+
+
+def check(dtype, gated, structure, version, T):
+    p, fw, bw, eps = problem(dtype, gated, structure, T=T)
     d = {k: dev(v) for k, v in p.items()}
     suffix = "_persistent" if version == "persistent" else ""
     # forward: hs[0] given, the rest written
