@@ -291,7 +291,8 @@ def euler_forward_step_kernel(hs, th, x, A, V_h, b_h, eps, t):
 @cuda.jit
 def euler_gated_forward_step_kernel(hs, th, z, x, A, V_h, b_h, V_z, b_z, eps, t):
     """Step t of (13): with s = A h_{t-1} (shared by gate and candidate),
-    z_t = sigmoid(s + V_z x_t + b_z) ; th_t = tanh(s + V_h x_t + b_h) ; h_t = h_{t-1} + eps z_t th_t.
+    z_t = sigmoid(s + V_z x_t + b_z) ; th_t = tanh(s + V_h x_t + b_h) ;
+    h_t = h_{t-1} + eps z_t th_t.
 
     Written (=): th[t], z[t], hs[t+1] (B, n). Read: hs[t], x[t], A, V_h, b_h, V_z, b_z.
     One thread per (b, i); 2-d grid over (i, b).
@@ -617,7 +618,8 @@ def euler_forward_persistent_kernel(hs, th, x, A, V_h, b_h, eps, skew, rows):
 @cuda.jit
 def euler_gated_forward_persistent_kernel(hs, th, z, x, A, V_h, b_h, V_z, b_z, eps, skew, rows):
     """All T steps of (13) in one launch: with s = A h_{t-1} (shared by gate and candidate),
-        z_t = sigmoid(s + V_z x_t + b_z) ; th_t = tanh(s + V_h x_t + b_h) ; h_t = h_{t-1} + eps z_t th_t
+        z_t = sigmoid(s + V_z x_t + b_z) ; th_t = tanh(s + V_h x_t + b_h)
+        h_t = h_{t-1} + eps z_t th_t
 
     Written (=): hs[1:], th, z (T, B, n). Read: hs[0], x, A, V_h, b_h, V_z, b_z.
     Work split and shared memory as in euler_forward_persistent_kernel.

@@ -168,8 +168,9 @@ def gru_unit_backward(d, r, z, n_t, hn, h_prev):
 
 @cuda.jit
 def gru_forward_step_kernel(hs, gates, hn, x, W_ih, W_hh, b_ih, b_hh, t):
-    """Step t, see gru_unit. Written (=): gates[t] (B, 3n) = r, z, n_t; hn[t] (B, n) = W_hn h + b_hn;
-    hs[t+1] (B, n). Read: hs[t], x[t], W_ih (3n, m), W_hh (3n, n), b_ih, b_hh (3n,).
+    """Step t, see gru_unit. Written (=): gates[t] (B, 3n) = r, z, n_t;
+    hn[t] (B, n) = W_hn h_{t-1} + b_hn; hs[t+1] (B, n).
+    Read: hs[t], x[t], W_ih (3n, m), W_hh (3n, n), b_ih, b_hh (3n,).
     One thread per (b, j), computing the three gates of unit j; 2-d grid over (j, b)."""
     j, b = cuda.grid(2)
     B, n, m = hs.shape[1], hs.shape[2], x.shape[2]

@@ -282,7 +282,8 @@ def lstm_unit_backward(dh, dc, i, f, g, o, c_prev, c, w_ci, w_cf, w_co, peephole
     forward was: h_t = o tanh(c_t),  o = sigmoid(a_o [+ w_co c_t])
     so:          da_o = dh tanh(c_t) o (1 - o) ;  dc_t = dc + dh o (1 - tanh(c_t)**2) [+ da_o w_co]
     forward was: c_t = f c_{t-1} + i g,  i = sigmoid(a_i [+ w_ci c_{t-1}]), f = ..., g = tanh(a_g)
-    so:          da_i = dc_t g i (1 - i) ;  da_f = dc_t c_{t-1} f (1 - f) ;  da_g = dc_t i (1 - g**2)
+    so:          da_i = dc_t g i (1 - i) ;  da_f = dc_t c_{t-1} f (1 - f)
+                 da_g = dc_t i (1 - g**2)
                  dc_{t-1} = dc_t f [+ da_i w_ci + da_f w_cf]
     Returns (da_i, da_f, da_g, da_o, dc_{t-1})."""
     tc = tanh(c)
