@@ -10,6 +10,10 @@ GFLOP/s counts the matrix products only (the elementwise work is small beside th
     forward   2 T B n (k_rec n + k_in m)          k_rec, k_in = n-wide blocks of the recurrent and
     backward  2 T B n (2 k_rec n + k_in m)        input products (1 for antisym, 4 for lstm, ...)
 
+Subnormal numbers are flushed to zero on both sides (`torch.set_flush_denormal(True)`; nprnn's
+kernels flush float32 subnormal gradients, see `kernels/common.py`): without it, PyTorch's LSTM
+backward at T = 784 runs over ten times slower, which would flatter nprnn.
+
 PyTorch is an optional yardstick (`pip install torch`); nprnn never imports it elsewhere.
 """
 import os
@@ -93,11 +97,12 @@ def _torch_euler(name, torch, n, m, eps, gamma, dtype, gen):
         U = torch.addmm(b_h, x.reshape(B * T, m), V_h.T).reshape(B, T, n)
         Z = torch.addmm(b_z, x.reshape(B * T, m), V_z.T).reshape(B, T, n) if gated else None
         h = torch.zeros(B, n, dtype=dtype)
-        for t, u in enumerate(U.unbind(1)):
-            if gated:
+        if gated:
+            for u, v in zip(U.unbind(1), Z.unbind(1)):
                 Ah = h @ A.T
-                h = h + eps * torch.sigmoid(Ah + Z[:, t]) * torch.tanh(Ah + u)
-            else:
+                h = h + eps * torch.sigmoid(Ah + v) * torch.tanh(Ah + u)
+        else:
+            for u in U.unbind(1):
                 h = h + eps * torch.tanh(torch.addmm(u, h, A.T))
         return h
     return hidden
@@ -106,6 +111,9 @@ def _torch_euler(name, torch, n, m, eps, gamma, dtype, gen):
 def bench_torch(name, B, T, m, n, dtype, repeat, seed=0):
     """PyTorch doing the same work; None where PyTorch has no counterpart (peephole-lstm)."""
     import torch
+    # PyTorch's fastest setting on the CPU: gradients that die away over hundreds of steps reach
+    # the subnormal range, where each operation is ~100x slower (nprnn flushes them too).
+    torch.set_flush_denormal(True)
     tdtype = getattr(torch, dtype)
     gen = torch.Generator().manual_seed(seed)
     if name in ("rnn", "lstm", "gru"):

@@ -23,6 +23,7 @@ against its CPU twin through this module, so a cell without GPU kernels fails th
 """
 import numpy as np
 
+from . import cells
 from .cells import DEFAULT_EPS, DEFAULT_GAMMA
 from .kernels import antisym as K_euler
 from .kernels import gru as K_gru
@@ -77,20 +78,11 @@ def to_host(tree):
     return tree.copy_to_host() if is_device_array(tree) else np.array(tree)
 
 
-class Workspace:
-    """Device buffers kept from call to call under a name, so that a training loop allocates
-    its activations once. A buffer's contents are whatever the last user left there."""
+class Workspace(cells.Workspace):
+    """Device buffers kept from call to call under a name (cells.Workspace on the GPU)."""
 
     def __init__(self):
-        self.buffers = {}
-
-    def get(self, name, shape, dtype):
-        shape, dtype = tuple(int(s) for s in shape), np.dtype(dtype)
-        a = self.buffers.get(name)
-        if a is None or a.shape != shape or a.dtype != dtype:
-            a = cuda.device_array(shape, dtype=dtype)
-            self.buffers[name] = a
-        return a
+        super().__init__(allocate=cuda.device_array)
 
 
 def _buffer(ws, name, shape, dtype):

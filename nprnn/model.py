@@ -9,7 +9,7 @@ the loss, the logits and h_T cross as NumPy values, as on the CPU.
 """
 import numpy as np
 
-from .cells import CELLS, DEFAULT_EPS, DEFAULT_GAMMA, gaussian
+from .cells import CELLS, DEFAULT_EPS, DEFAULT_GAMMA, Workspace, gaussian
 from .device import DEVICES, resolve_device
 from .kernels import readout as K_readout
 
@@ -24,9 +24,10 @@ class Model:
         self.hyper = hyper
         self.dtype = np.dtype(dtype)
         self.device = device
-        # GPU kernel version ("auto", "step" or "persistent"; see nprnn/gpu.py), and the device
-        # buffers reused from call to call
+        # GPU kernel version ("auto", "step" or "persistent"; see nprnn/gpu.py), and the
+        # activation buffers reused from call to call (host or device arrays)
         self.gpu_version = "auto"
+        self._workspace = Workspace()
         if device == "cuda":
             from . import gpu
             gpu.gpu_cell(cell.name)            # ValueError for a cell without GPU kernels
@@ -89,8 +90,9 @@ class Model:
         if self.device == "cuda":
             from . import gpu
             return gpu.model_hidden(self, self._check_x(x), ws=self._workspace).copy_to_host()
-        h_T, _ = self.cell.forward(self.cell_params(), self._check_x(x), None, **self.hyper)
-        return h_T
+        h_T, _ = self.cell.forward(self.cell_params(), self._check_x(x), None,
+                                   ws=self._workspace, **self.hyper)
+        return h_T.copy()
 
     def forward(self, x):
         """logits (B, K) for x (B, T, m)."""
@@ -114,7 +116,8 @@ class Model:
             loss = float(losses.copy_to_host().mean())
             return (loss, grads, logits.copy_to_host()) if return_logits else (loss, grads)
         p = self.params
-        h_T, cache = self.cell.forward(self.cell_params(), xt, None, **self.hyper)
+        h_T, cache = self.cell.forward(self.cell_params(), xt, None, ws=self._workspace,
+                                       **self.hyper)
         logits = np.empty((B, self.num_classes), dtype=self.dtype)
         K_readout.readout_forward_cpu(logits, h_T, p["W_out"], p["b_out"])
         losses = np.empty(B, dtype=self.dtype)
@@ -123,7 +126,8 @@ class Model:
         dW_out, db_out, dh_T = (np.empty_like(p["W_out"]), np.empty_like(p["b_out"]),
                                 np.empty_like(h_T))
         K_readout.readout_backward_cpu(dW_out, db_out, dh_T, dlogits, h_T, p["W_out"])
-        grads, _ = self.cell.backward(self.cell_params(), cache, dh_T, **self.hyper)
+        grads, _ = self.cell.backward(self.cell_params(), cache, dh_T, ws=self._workspace,
+                                      **self.hyper)
         grads.update(W_out=dW_out, b_out=db_out)
         loss = float(losses.mean())
         return (loss, grads, logits) if return_logits else (loss, grads)

@@ -79,27 +79,30 @@ def reference_run(tmp_path_factory):
 
 def test_training_learns_and_writes_the_run_folder(tmp_path):
     lines = []
-    res = train(dict(CONFIG, iterations=200, eval_every=100, log_every=20, checkpoint_every=50),
+    # SGD at lr 0.05 learns this toy task on every seed we tried (0.84-1.0 test accuracy over
+    # seeds 3-7); CONFIG's lr 0.1 is chaotic here, so its outcome turns on rounding.
+    res = train(dict(CONFIG, lr=0.05, iterations=600, eval_every=300, log_every=60,
+                     checkpoint_every=150),
                 tmp_path, task=toy_task(num_train=512), echo=lines.append, progress=False)
-    assert res["completed"] and res["iteration"] == 200 and res["stopped"] is None
+    assert res["completed"] and res["iteration"] == 600 and res["stopped"] is None
     assert res["final"]["accuracy"] >= 0.8            # the majority class is about half
     text = "\n".join(lines)
-    assert "parameters        79" in text and "final test accuracy after 200 iterations" in text
+    assert "parameters        79" in text and "final test accuracy after 600 iterations" in text
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["model"] == "antisym" and config["task"] == "toy"
     assert (config["eps"], config["gamma"], config["input_size"], config["num_classes"],
             config["seq_len"], config["num_params"]) == (0.5, 0.01, 2, 3, 6, 79)
     recs = records(tmp_path)
     train_recs = [r for r in recs if r["split"] == "train"]
-    assert [r["iteration"] for r in train_recs] == list(range(20, 201, 20))
-    assert [r["iteration"] for r in recs if r["split"] == "test"] == [100, 200]
+    assert [r["iteration"] for r in train_recs] == list(range(60, 601, 60))
+    assert [r["iteration"] for r in recs if r["split"] == "test"] == [300, 600]
     for r in recs:
         assert isinstance(r["iteration"], int) and 0.0 <= r["accuracy"] <= 1.0
         assert np.isfinite(r["loss"])
     assert train_recs[-1]["loss"] < train_recs[0]["loss"]
     ckpt = load_checkpoint(tmp_path)
-    assert ckpt["progress"]["iteration"] == 200
-    assert (ckpt["progress"]["epoch"], ckpt["progress"]["batch"]) == (3, 8)    # 64 per epoch
+    assert ckpt["progress"]["iteration"] == 600
+    assert (ckpt["progress"]["epoch"], ckpt["progress"]["batch"]) == (9, 24)   # 64 per epoch
 
 
 def test_a_used_folder_is_not_overwritten_and_resume_needs_a_checkpoint(tmp_path):

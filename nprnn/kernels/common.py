@@ -113,16 +113,31 @@ def _flush_by_precision(g):
     return lambda g: g
 
 
-@njit
 def dtanh_from_y(y):
-    """d tanh(a) / da, given y = tanh(a)."""
+    """d tanh(a) / da, given y = tanh(a): 1 - y**2, in y's precision."""
     return 1.0 - y * y
 
 
-@njit
 def dsigmoid_from_y(y):
-    """d sigma(a) / da, given y = sigma(a)."""
+    """d sigma(a) / da, given y = sigma(a): y (1 - y), in y's precision."""
     return y * (1.0 - y)
+
+
+# A float literal such as 1.0 is a float64 to numba, so `1.0 - y*y` would turn every float32
+# backward loop into float64 arithmetic (half the vector width on the CPU, double-precision
+# units on the GPU). The overloads keep float32 in float32.
+@overload(dtanh_from_y)
+def _dtanh_by_precision(y):
+    if isinstance(y, types.Float) and y.bitwidth == 32:
+        return lambda y: _ONE32 - y * y
+    return lambda y: 1.0 - y * y
+
+
+@overload(dsigmoid_from_y)
+def _dsigmoid_by_precision(y):
+    if isinstance(y, types.Float) and y.bitwidth == 32:
+        return lambda y: y * (_ONE32 - y)
+    return lambda y: y * (1.0 - y)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -28,8 +28,9 @@ The caller holds BLAS to one thread (`common.one_blas_thread`) while these kerne
 import numpy as np
 from numba import prange
 
-from .common import (dsigmoid_from_y, dtanh_from_y, matmul_nt_rows, matmul_tn_rows,
-                     njit_parallel, num_slices, row_slice, sigmoid, sum_rows, tanh)
+from .common import (dsigmoid_from_y, dtanh_from_y, flush_subnormal, matmul_nt_rows,
+                     matmul_tn_rows, njit_parallel, num_slices, row_slice, sigmoid, sum_rows,
+                     tanh)
 from .gpu_common import (TILE, cdiv, cuda, rows_times_matrix_gpu, scratch,
                          stacked_param_grads_gpu, state_launch, transpose_gpu)
 
@@ -101,16 +102,16 @@ def gru_backward_cpu(dW_ih, dW_hh, db_ih, db_hh, dh0, dgi, dgh, dh_T, hs, gates,
                     # so:          dn_t = dh_t (1 - z) ; dz = dh_t (h_{t-1} - n_t) ; dh_{t-1} = dh_t z
                     # forward was: n_t = tanh(a_n + r * hn_t),  r = sigmoid(a_r),  z = sigmoid(a_z)
                     # so:          da_n = dn_t (1 - n_t**2) ;  dr = da_n hn_t ;  dhn_t = da_n r
-                    da_n = d * (1.0 - z) * dtanh_from_y(n_t)
-                    da_r = da_n * hn[t, b, j] * dsigmoid_from_y(r)
-                    da_z = d * (hs[t, b, j] - n_t) * dsigmoid_from_y(z)
+                    da_n = flush_subnormal(d * (1 - z) * dtanh_from_y(n_t))
+                    da_r = flush_subnormal(da_n * hn[t, b, j] * dsigmoid_from_y(r))
+                    da_z = flush_subnormal(d * (hs[t, b, j] - n_t) * dsigmoid_from_y(z))
                     dgi[t, b, j] = da_r
                     dgi[t, b, n + j] = da_z
                     dgi[t, b, 2 * n + j] = da_n
                     dgh[t, b, j] = da_r
                     dgh[t, b, n + j] = da_z
-                    dgh[t, b, 2 * n + j] = da_n * r
-                    dh[k, j] = d * z
+                    dgh[t, b, 2 * n + j] = flush_subnormal(da_n * r)
+                    dh[k, j] = flush_subnormal(d * z)
             # forward was: (a_r, a_z, hn_t) read W_hh h_{t-1} + b_hh
             # so:          dh_{t-1} += dgh_t W_hh   (row form)
             np.dot(dgh[t, b0:b1], W_hh, dWh)

@@ -22,8 +22,8 @@ The caller holds BLAS to one thread (`common.one_blas_thread`) while these kerne
 import numpy as np
 from numba import prange
 
-from .common import (dtanh_from_y, matmul_nt_rows, matmul_tn_rows, njit_parallel, num_slices,
-                     row_slice, sum_rows, tanh)
+from .common import (dtanh_from_y, flush_subnormal, matmul_nt_rows, matmul_tn_rows, njit_parallel,
+                     num_slices, row_slice, sum_rows, tanh)
 from .gpu_common import (TILE, cdiv, cuda, rows_times_matrix_gpu, scratch,
                          stacked_param_grads_gpu, state_launch, transpose_gpu)
 
@@ -76,7 +76,7 @@ def rnn_backward_cpu(dW_ih, dW_hh, db_ih, db_hh, dh0, da, dh_T, hs, x, W_hh):
                 for j in range(n):
                     # forward was: h_t = tanh(a_t)
                     # so:          da_t = dh_t * (1 - h_t**2)
-                    da[t, b, j] = dh[b - b0, j] * dtanh_from_y(hs[t + 1, b, j])
+                    da[t, b, j] = flush_subnormal(dh[b - b0, j] * dtanh_from_y(hs[t + 1, b, j]))
             # forward was: a_t = W_ih x_t + b_ih + W_hh h_{t-1} + b_hh; h_{t-1} goes nowhere else
             # so:          dh_{t-1} = da_t W_hh   (row form)
             np.dot(da[t, b0:b1], W_hh, dh)
