@@ -24,8 +24,15 @@ from .kernels import optim as K_optim
 OPTIMIZERS = ("sgd", "adagrad")
 
 
+def _on_gpu(a):
+    """Whether `a` is a numba device array (a parameter of a model on device "cuda")."""
+    return hasattr(a, "copy_to_host")
+
+
 def _flat(a, what, name):
     """A 1-d view of a C-contiguous array (a copy would silently drop the in-place update)."""
+    if _on_gpu(a):
+        return a.reshape(a.size)
     if not isinstance(a, np.ndarray) or not a.flags.c_contiguous:
         raise ValueError(f"{what} {name!r} must be a C-contiguous numpy array so that it can be "
                          f"updated in place")
@@ -42,6 +49,12 @@ def _positive(label, value):
 def global_norm(grads):
     """||g|| = sqrt(sum over all tensors and elements of g**2), accumulated in float64 so that a
     float32 gradient cannot overflow the sum. inf or nan when a gradient holds inf or nan."""
+    if any(_on_gpu(g) for g in grads.values()):
+        from . import gpu
+        total = gpu.to_device(np.zeros(1, dtype=np.float64))
+        for name, g in grads.items():
+            K_optim.sum_squares_gpu(total, _flat(g, "gradient", name))
+        return math.sqrt(total.copy_to_host()[0])
     total = np.zeros(1, dtype=np.float64)
     for name, g in grads.items():
         K_optim.sum_squares_cpu(total, _flat(g, "gradient", name))
@@ -58,6 +71,16 @@ def clip_scale(norm, clip):
     return clip / norm
 
 
+def _full_like(p, value):
+    """An array shaped like p, on p's device, filled with value."""
+    if _on_gpu(p):
+        from . import gpu
+        a = gpu.cuda.device_array(p.shape, dtype=p.dtype)
+        gpu.fill(a, value)
+        return a
+    return np.full_like(p, value)
+
+
 class Optimizer:
     """State per parameter in named slots: `self.slots[slot][param_name]` is an array of the
     parameter's shape and dtype. Subclasses set `name`, `slot_names`, `hyper` (the
@@ -70,7 +93,7 @@ class Optimizer:
         self.lr = _positive("lr (learning rate)", lr)
         self.hyper = hyper
         self.steps = 0
-        self.slots = {s: {k: np.full_like(p, self._initial(s)) for k, p in params.items()}
+        self.slots = {s: {k: _full_like(p, self._initial(s)) for k, p in params.items()}
                       for s in self.slot_names}
 
     def _initial(self, slot):
@@ -90,7 +113,8 @@ class Optimizer:
                                  f"the parameter has shape {p.shape} and dtype {p.dtype}")
             state = [_flat(self.slots[s][k], f"{self.name} state {s}", k)
                      for s in self.slot_names]
-            self._update(_flat(p, "parameter", k), *state, _flat(g, "gradient", k), float(scale))
+            update = self._update_gpu if _on_gpu(p) else self._update
+            update(_flat(p, "parameter", k), *state, _flat(g, "gradient", k), float(scale))
         self.steps += 1
 
     def _update(self, p, *state_and_grad_and_scale):
@@ -120,7 +144,10 @@ class Optimizer:
                 if a.shape != live.shape or a.dtype != live.dtype:
                     raise ValueError(f"{self.name} state {s}/{k} has shape {a.shape} and dtype "
                                      f"{a.dtype}; expected {live.shape} and {live.dtype}")
-                live[...] = a
+                if _on_gpu(live):
+                    live.copy_to_device(np.ascontiguousarray(a))
+                else:
+                    live[...] = a
         self.steps = int(state["steps"])
 
 
@@ -138,6 +165,9 @@ class SGD(Optimizer):
 
     def _update(self, p, v, g, scale):
         K_optim.sgd_momentum_cpu(p, v, g, self.lr, self.hyper["momentum"], scale)
+
+    def _update_gpu(self, p, v, g, scale):
+        K_optim.sgd_momentum_gpu(p, v, g, self.lr, self.hyper["momentum"], scale)
 
 
 class Adagrad(Optimizer):
@@ -163,6 +193,9 @@ class Adagrad(Optimizer):
 
     def _update(self, p, G, g, scale):
         K_optim.adagrad_cpu(p, G, g, self.lr, self.hyper["delta"], scale)
+
+    def _update_gpu(self, p, G, g, scale):
+        K_optim.adagrad_gpu(p, G, g, self.lr, self.hyper["delta"], scale)
 
 
 def make_optimizer(name, params, lr, momentum=0.9, **hyper):

@@ -115,3 +115,31 @@ def test_training_steps_stay_on_the_gpu_and_follow_the_cpu():
             assert gpu.is_device_array(p) and gpu.is_device_array(g_dev[k])
     for k, p in dev.host_params().items():
         gt.assert_close(p, cpu.params[k], "float64", f"{k} after 3 steps")
+
+
+@pytest.mark.parametrize("opt", ["sgd", "adagrad"])
+def test_optimizer_classes_train_device_parameters_like_the_cpu(opt):
+    """nprnn.optim on a cuda model: state made on the device, the clipped global norm taken there,
+    updates by the GPU twins, and a state round trip through state_dict; all as on the CPU."""
+    from nprnn.optim import clip_scale, global_norm, make_optimizer
+    cpu, dev = pair("antisym-gated", "float64")
+    x, y = data()
+    opt_cpu = make_optimizer(opt, cpu.params, lr=0.1)
+    opt_dev = make_optimizer(opt, dev.params, lr=0.1)
+    for _ in range(2):
+        for model, o in ((cpu, opt_cpu), (dev, opt_dev)):
+            _, grads = model.loss_and_grad(x, y)
+            o.step(model.params, grads, scale=clip_scale(global_norm(grads), 0.5))
+    host = dev.host_params()
+    for k in cpu.params:
+        np.testing.assert_allclose(host[k], cpu.params[k], rtol=1e-12, atol=1e-12, err_msg=k)
+    assert np.all(np.tril(host["W"]) == 0)
+    state = {k: v for k, v in opt_dev.state_dict().items() if k != "slots"}
+    state["slots"] = {s: {k: a.copy_to_host() for k, a in slot.items()}      # as a checkpoint
+                      for s, slot in opt_dev.slots.items()}
+    fresh = make_optimizer(opt, dev.params, lr=0.1)
+    fresh.load_state_dict(state)
+    for s, slot in fresh.slots.items():
+        for k, a in slot.items():
+            np.testing.assert_allclose(a.copy_to_host(), opt_cpu.slots[s][k], rtol=1e-12,
+                                       atol=1e-12, err_msg=f"{s}/{k}")
