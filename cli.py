@@ -412,7 +412,10 @@ def eval_run(run, split, task, data_dir, T, batch_size):
               help="Timed runs per measurement; the median is reported.")
 @click.option("--torch/--no-torch", "with_torch", default=True, show_default=True,
               help="Time PyTorch beside nprnn when it is installed.")
-def bench(models, B, T, m, n, dtype, repeat, with_torch):
+@click.option("--device", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda"]),
+              help="cpu: the @njit kernels; cuda: every GPU kernel version, beside PyTorch on the "
+                   "same GPU (eager cell, cuDNN nn.RNN / nn.LSTM).")
+def bench(models, B, T, m, n, dtype, repeat, with_torch, device):
     """Forward and forward+backward time per batch, beside PyTorch measured in the same run.
 
     Prints medians of --repeat runs after a warm-up run. The last column is nprnn's time over
@@ -426,8 +429,18 @@ def bench(models, B, T, m, n, dtype, repeat, with_torch):
     if with_torch and not B_.torch_available():
         click.echo("PyTorch is not installed: timing nprnn alone (pip install torch to compare).")
         with_torch = False
-    click.echo(f"B={B} T={T} m={m} n={n} {dtype}, median of {repeat}; {B_.machine()}")
-    rows = B_.run(names, B, T, m, n, dtype=dtype, repeat=repeat, with_torch=with_torch)
+    if device == "cuda":
+        from nprnn.device import DeviceUnavailable, resolve_device
+        try:
+            resolve_device("cuda")
+        except DeviceUnavailable as e:
+            raise click.ClickException(str(e))
+        from nprnn import gpu
+        click.echo(f"B={B} T={T} m={m} n={n} {dtype}, median of {repeat}; {gpu.device_name()}")
+        rows = B_.run_gpu(names, B, T, m, n, dtype=dtype, repeat=repeat, with_torch=with_torch)
+    else:
+        click.echo(f"B={B} T={T} m={m} n={n} {dtype}, median of {repeat}; {B_.machine()}")
+        rows = B_.run(names, B, T, m, n, dtype=dtype, repeat=repeat, with_torch=with_torch)
     click.echo(B_.format_table(rows))
 
 

@@ -38,12 +38,17 @@ def flops(name, B, T, m, n):
     return fwd, fwd + bwd
 
 
-def median_time(fn, repeat):
-    fn()                                            # warm up: compile, allocate, fill caches
+def median_time(fn, repeat, sync=None):
+    """Median wall time of fn() over `repeat` runs after one warm-up run (compilation, caches).
+    `sync` waits for queued GPU work, so that a run's time is the work's, not its launch's."""
+    sync = sync or (lambda: None)
+    fn()
+    sync()
     times = []
     for _ in range(repeat):
         t0 = time.perf_counter()
         fn()
+        sync()
         times.append(time.perf_counter() - t0)
     return float(np.median(times))
 
@@ -75,16 +80,17 @@ def torch_available():
     return True
 
 
-def _torch_euler(name, torch, n, m, eps, gamma, dtype, gen):
+def _torch_euler(name, torch, n, m, eps, gamma, dtype, gen, device="cpu"):
     """The Euler-family cell written the fastest plain way in PyTorch: the input projection for all
     steps as one product, then a time loop of torch.addmm over its unbind(1), autograd for BPTT."""
     def param(*shape, scale=1.0):
-        return (torch.randn(*shape, generator=gen, dtype=dtype) * scale).requires_grad_()
+        w = torch.randn(*shape, generator=gen, dtype=dtype) * scale
+        return w.to(device).requires_grad_()
     W = param(n, n, scale=n ** -0.5)
     V_h, b_h = param(n, m), param(n, scale=0.0)
     gated = name in ("antisym-gated", "ablation")
     V_z, b_z = (param(n, m), param(n, scale=0.0)) if gated else (None, None)
-    eye = torch.eye(n, dtype=dtype)
+    eye = torch.eye(n, dtype=dtype, device=device)
 
     def hidden(x):
         if name in ("antisym", "antisym-gated"):
@@ -96,7 +102,7 @@ def _torch_euler(name, torch, n, m, eps, gamma, dtype, gen):
         B, T, _ = x.shape
         U = torch.addmm(b_h, x.reshape(B * T, m), V_h.T).reshape(B, T, n)
         Z = torch.addmm(b_z, x.reshape(B * T, m), V_z.T).reshape(B, T, n) if gated else None
-        h = torch.zeros(B, n, dtype=dtype)
+        h = torch.zeros(B, n, dtype=dtype, device=device)
         if gated:
             for u, v in zip(U.unbind(1), Z.unbind(1)):
                 Ah = h @ A.T
@@ -108,8 +114,9 @@ def _torch_euler(name, torch, n, m, eps, gamma, dtype, gen):
     return hidden
 
 
-def bench_torch(name, B, T, m, n, dtype, repeat, seed=0):
-    """PyTorch doing the same work; None where PyTorch has no counterpart (peephole-lstm)."""
+def bench_torch(name, B, T, m, n, dtype, repeat, seed=0, device="cpu"):
+    """PyTorch doing the same work on `device` ("cpu" or "cuda"); None where PyTorch has no
+    counterpart (peephole-lstm). On "cuda", rnn, lstm and gru are cuDNN's kernels."""
     import torch
     # PyTorch's fastest setting on the CPU: gradients that die away over hundreds of steps reach
     # the subnormal range, where each operation is ~100x slower (nprnn flushes them too).
@@ -118,15 +125,16 @@ def bench_torch(name, B, T, m, n, dtype, repeat, seed=0):
     gen = torch.Generator().manual_seed(seed)
     if name in ("rnn", "lstm", "gru"):
         cls = dict(rnn=torch.nn.RNN, lstm=torch.nn.LSTM, gru=torch.nn.GRU)[name]
-        module = cls(m, n, batch_first=True, dtype=tdtype)
+        module = cls(m, n, batch_first=True, dtype=tdtype).to(device)
         hidden = lambda x: module(x)[0][:, -1]                                   # noqa: E731
     elif name in PRODUCT_BLOCKS and name != "peephole-lstm":
-        hidden = _torch_euler(name, torch, n, m, 0.01, 0.01, tdtype, gen)
+        hidden = _torch_euler(name, torch, n, m, 0.01, 0.01, tdtype, gen, device)
     else:
         return None
-    readout = torch.nn.Linear(n, 10, dtype=tdtype)
-    x = torch.rand(B, T, m, generator=gen, dtype=tdtype)
-    y = torch.randint(0, 10, (B,), generator=gen)
+    readout = torch.nn.Linear(n, 10, dtype=tdtype).to(device)
+    x = torch.rand(B, T, m, generator=gen, dtype=tdtype).to(device)
+    y = torch.randint(0, 10, (B,), generator=gen).to(device)
+    sync = torch.cuda.synchronize if device == "cuda" else None
 
     def forward():
         with torch.no_grad():
@@ -134,7 +142,8 @@ def bench_torch(name, B, T, m, n, dtype, repeat, seed=0):
 
     def fwd_bwd():
         torch.nn.functional.cross_entropy(readout(hidden(x)), y).backward()
-    return dict(forward=median_time(forward, repeat), fwd_bwd=median_time(fwd_bwd, repeat),
+    return dict(forward=median_time(forward, repeat, sync),
+                fwd_bwd=median_time(fwd_bwd, repeat, sync),
                 threads=torch.get_num_threads(), version=torch.__version__)
 
 
@@ -163,7 +172,46 @@ def format_table(rows):
     lines = [f"{'model':<14} {'implementation':<28} {'forward ms':>10} {'fwd+bwd ms':>10} "
              f"{'GFLOP/s':>8} {'fwd+bwd vs PyTorch':>18}"]
     for r in rows:
+        if not np.isfinite(r["fwd_bwd"]):                   # a version that did not run
+            lines.append(f"{r['model']:<14} {r['impl']:<28} {'-':>10} {'-':>10} {'-':>8} "
+                         f"{'-':>18}  {r.get('note', '')}")
+            continue
         ratio = f"{r['ratio']:.2f}x" if "ratio" in r else "-"
         lines.append(f"{r['model']:<14} {r['impl']:<28} {r['forward'] * 1e3:>10.1f} "
                      f"{r['fwd_bwd'] * 1e3:>10.1f} {r['gflops']:>8.1f} {ratio:>18}")
     return "\n".join(lines)
+
+
+def run_gpu(names, B, T, m, n, dtype="float32", repeat=5, with_torch=True, seed=0):
+    """Each GPU kernel version of each model (nprnn.gpu.time_model, CUDA events), and PyTorch on
+    the same GPU in the same run: the same cell as an eager loop for the Euler family, cuDNN for
+    rnn, lstm, gru. Also cuDNN nn.RNN (tanh) and nn.LSTM of the same size, the issue's yardsticks.
+    Ratios are nprnn's time over the same model's PyTorch time."""
+    from . import gpu
+    rows = []
+    for name in names:
+        f_fwd, f_all = flops(name, B, T, m, n)
+        theirs = (bench_torch(name, B, T, m, n, dtype, repeat, seed, device="cuda")
+                  if with_torch else None)
+        for r in gpu.time_model(name, B=B, n=n, m=m, T=T, dtype=dtype, repeats=repeat,
+                                seed=seed):
+            row = dict(model=name, impl=f"nprnn cuda, {r['version']}", note=r["note"],
+                       forward=r["forward_ms"] / 1e3, fwd_bwd=r["forward_backward_ms"] / 1e3)
+            row["gflops"] = f_all / row["fwd_bwd"] / 1e9
+            if theirs is not None:
+                row["ratio"] = row["fwd_bwd"] / theirs["fwd_bwd"]
+            rows.append(row)
+        if theirs is not None:
+            kind = "cuDNN" if name in ("rnn", "lstm", "gru") else "eager"
+            rows.append(dict(model=name, impl=f"PyTorch {theirs['version']} {kind}",
+                             forward=theirs["forward"], fwd_bwd=theirs["fwd_bwd"],
+                             gflops=f_all / theirs["fwd_bwd"] / 1e9, ratio=1.0))
+    if with_torch:
+        for name in ("rnn", "lstm"):                 # cuDNN yardsticks of the same size
+            if name not in names:
+                t = bench_torch(name, B, T, m, n, dtype, repeat, seed, device="cuda")
+                f_all = flops(name, B, T, m, n)[1]
+                rows.append(dict(model=name, impl=f"PyTorch {t['version']} cuDNN",
+                                 forward=t["forward"], fwd_bwd=t["fwd_bwd"],
+                                 gflops=f_all / t["fwd_bwd"] / 1e9, ratio=1.0))
+    return rows

@@ -408,3 +408,14 @@ def time_model(name, B=128, n=128, m=1, T=784, K=10, dtype="float32", versions=(
                 row["note"] = "CUDA simulator: no timings"
         rows.append(row)
     return rows
+
+
+def device_name():
+    """The current GPU's name and compute capability, e.g. 'NVIDIA H100 (sm_90)'."""
+    from .device import simulator_enabled
+    if simulator_enabled():
+        return "numba's CUDA simulator (no timings)"
+    dev = cuda.get_current_device()
+    name = dev.name.decode() if isinstance(dev.name, bytes) else str(dev.name)
+    major, minor = dev.compute_capability
+    return f"{name} (sm_{major}{minor})"

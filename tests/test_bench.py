@@ -1,0 +1,53 @@
+"""`cli.py bench`: the table it prints and its errors (timings themselves are never asserted)."""
+import os
+import sys
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import cli  # noqa: E402
+from nprnn import bench  # noqa: E402
+from nprnn.device import cuda_available  # noqa: E402
+
+
+def test_flop_counts_follow_the_products():
+    """antisym at B=2, T=3, m=1, n=4: forward 2*T*B*n*(n + m); backward two n x n products and
+    the input one per step."""
+    fwd, total = bench.flops("antisym", 2, 3, 1, 4)
+    assert fwd == 2 * 3 * 2 * 4 * (4 + 1)
+    assert total - fwd == 2 * 3 * 2 * 4 * (2 * 4 + 1)
+    assert bench.flops("lstm", 2, 3, 1, 4)[0] == 4 * bench.flops("rnn", 2, 3, 1, 4)[0]
+
+
+def test_bench_prints_a_row_per_model():
+    result = CliRunner().invoke(cli.cli, ["bench", "--model", "antisym,gru", "--batch", "3",
+                                          "--T", "4", "--hidden", "5", "--repeat", "2",
+                                          "--no-torch"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.strip().splitlines()
+    assert lines[0].startswith("B=3 T=4 m=1 n=5 float32, median of 2")
+    rows = [line for line in lines if "nprnn (numba, CPU)" in line]
+    assert [r.split()[0] for r in rows] == ["antisym", "gru"]
+    assert all(float(r.split()[-3]) > 0 for r in rows)          # GFLOP/s
+
+
+def test_bench_names_an_unknown_model():
+    result = CliRunner().invoke(cli.cli, ["bench", "--model", "antisym,lstmm", "--no-torch"])
+    assert result.exit_code != 0
+    assert "unknown model(s) lstmm" in result.output and "peephole-lstm" in result.output
+
+
+@pytest.mark.skipif(cuda_available()[0], reason="a GPU is present: the error path cannot be hit")
+def test_bench_on_cuda_without_a_gpu_says_why():
+    result = CliRunner().invoke(cli.cli, ["bench", "--device", "cuda", "--no-torch"])
+    assert result.exit_code == 1
+    assert "no GPU is usable" in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.skipif(not bench.torch_available(), reason="PyTorch is not installed (optional)")
+def test_torch_yardstick_runs_the_same_cell():
+    r = bench.bench_torch("antisym-gated", 2, 3, 1, 4, "float32", repeat=1)
+    assert r["forward"] > 0 and r["fwd_bwd"] > 0 and np.isfinite(r["fwd_bwd"])
+    assert bench.bench_torch("peephole-lstm", 2, 3, 1, 4, "float32", repeat=1) is None
