@@ -15,6 +15,7 @@ numba is first imported, `numba.cuda` runs kernels as Python threads on the CPU 
 thousands of times slower). That is how the GPU tests run on machines without a GPU.
 """
 import functools
+import importlib.util
 
 DEVICES = ("cpu", "cuda", "auto")
 
@@ -40,6 +41,10 @@ def simulator_enabled():
 def cuda_available():
     """(True, a description of the GPU) when CUDA kernels can run, else (False, the reason).
     Checked once per process: numba fixes its CUDA target when it is first imported."""
+    if importlib.util.find_spec("numba_cuda") is None:
+        # numba still ships a deprecated built-in numba.cuda, but it cannot compile our kernels
+        # (it does not resolve the @overload-ed scalar math they share with the CPU twins)
+        return False, "numba-cuda is not installed; pip install -e '.[cuda]'"
     try:
         from numba import cuda
     except Exception as exc:               # ImportError, or CUDA bindings that fail to load
