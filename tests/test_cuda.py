@@ -8,6 +8,7 @@ second pytest process started with NUMBA_ENABLE_CUDASIM=1, over the same test fi
 directly on a GPU when one is present. On a machine with a GPU that subprocess is skipped: the
 same tests then run in this process, on the GPU.
 """
+import importlib.util
 import os
 import subprocess
 import sys
@@ -29,6 +30,9 @@ def test_gpu_tests_pass_under_the_cuda_simulator():
         pytest.skip("a GPU is present: tests/gpu run on it in this process")
     if device.simulator_enabled():
         pytest.skip("already running under the simulator")
+    if importlib.util.find_spec("numba_cuda") is None:
+        pytest.skip("numba-cuda is not installed (pip install -e '.[cuda]'): no CUDA target to "
+                    "simulate")
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
     cmd = [sys.executable, "-m", "pytest", "tests/gpu", "-q", "-p", "no:cacheprovider",
            "--no-header", "-rfE"]
