@@ -32,8 +32,8 @@ from numba import prange
 
 from .common import (dsigmoid_from_y, dtanh_from_y, matmul_nt_rows, matmul_tn_rows, njit,
                      njit_parallel, num_slices, row_slice, sigmoid, sum_rows, tanh)
-from .gpu_common import (MAX_THREADS_PER_BLOCK, SHARED_BYTES_MAX, TILE, WARP, cdiv,
-                         column_sums_gpu, cuda, matmul_tn_gpu, round_up, scratch)
+from .gpu_common import (MAX_THREADS_PER_BLOCK, SHARED_BYTES_MAX, TILE, WARP, cdiv, column_sums_gpu,
+                         cuda, load_block_rows, matmul_tn_gpu, round_up, scratch)
 
 
 # ------------------------------------------------------------------------------------------
@@ -591,11 +591,7 @@ def euler_forward_persistent_kernel(hs, th, x, A, V_h, b_h, eps, skew, rows):
     hbuf = smem[size_A:size_A + 2 * rows * n]
     load_matrix(Msh, A, skew, True)
     diag = A[0, 0]
-    for r in range(rows):
-        b = b0 + r
-        if b < B:
-            for i in range(tid, n, nthreads):
-                hbuf[r * n + i] = hs[0, b, i]
+    load_block_rows(hbuf, hs[0], b0, rows)
     cuda.syncthreads()
     for t in range(T):
         cur, nxt = (t % 2) * rows * n, ((t + 1) % 2) * rows * n
@@ -634,11 +630,7 @@ def euler_gated_forward_persistent_kernel(hs, th, z, x, A, V_h, b_h, V_z, b_z, e
     hbuf = smem[size_A:size_A + 2 * rows * n]
     load_matrix(Msh, A, skew, True)
     diag = A[0, 0]
-    for r in range(rows):
-        b = b0 + r
-        if b < B:
-            for i in range(tid, n, nthreads):
-                hbuf[r * n + i] = hs[0, b, i]
+    load_block_rows(hbuf, hs[0], b0, rows)
     cuda.syncthreads()
     for t in range(T):
         cur, nxt = (t % 2) * rows * n, ((t + 1) % 2) * rows * n
@@ -686,11 +678,7 @@ def euler_backward_persistent_kernel(dh0, da, dh_T, th, A, eps, skew, rows):
     dbuf = smem[size_A + rows * n:size_A + 3 * rows * n]
     load_matrix(Msh, A, skew, False)
     diag = A[0, 0]
-    for r in range(rows):
-        b = b0 + r
-        if b < B:
-            for i in range(tid, n, nthreads):
-                dh[r * n + i] = dh_T[b, i]
+    load_block_rows(dh, dh_T, b0, rows)
     for t in range(T - 1, -1, -1):
         cur = (t % 2) * rows * n
         for r in range(rows):
@@ -738,11 +726,7 @@ def euler_gated_backward_persistent_kernel(dh0, da, dzp, ds, dh_T, th, z, A, eps
     dbuf = smem[size_A + rows * n:size_A + 3 * rows * n]
     load_matrix(Msh, A, skew, False)
     diag = A[0, 0]
-    for r in range(rows):
-        b = b0 + r
-        if b < B:
-            for i in range(tid, n, nthreads):
-                dh[r * n + i] = dh_T[b, i]
+    load_block_rows(dh, dh_T, b0, rows)
     for t in range(T - 1, -1, -1):
         cur = (t % 2) * rows * n
         for r in range(rows):

@@ -237,6 +237,21 @@ def rows_times_matrix_gpu(dh, D, W, t, accumulate, *, block=(128, 1)):
                                                                             accumulate)
 
 
+@cuda.jit(device=True)
+def load_block_rows(buf, src, b0, rows):
+    """Copy this block's batch rows of src (B, n) into the flat shared array buf (rows * n):
+    buf[r * n + i] = src[b0 + r, i] for the rows that exist (b0 + r < B), the block's threads
+    sharing the units i. The persistent kernels start their passes with it (h_0, or dL/dh_T);
+    the caller synchronises the block before reading buf."""
+    B, n = src.shape
+    tid, nthreads = cuda.threadIdx.x, cuda.blockDim.x
+    for r in range(rows):
+        b = b0 + r
+        if b < B:
+            for i in range(tid, n, nthreads):
+                buf[r * n + i] = src[b, i]
+
+
 def stacked_param_grads_gpu(dW_ih, dW_hh, db_ih, db_hh, dgi, dgh, hs, x, *, tile=TILE):
     """The products that end BPTT of the baselines, as in their CPU twins (all written, =):
     dW_hh = DGH^T H ; dW_ih = DGI^T X ; db_hh = DGH^T 1 ; db_ih = DGI^T 1, where dgi, dgh

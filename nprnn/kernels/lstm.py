@@ -37,7 +37,7 @@ from numba import prange
 from .common import (dsigmoid_from_y, dtanh_from_y, flush_subnormal, matmul_nt_rows,
                      matmul_tn_rows, njit_parallel, num_slices, row_slice, sigmoid, sum_rows,
                      tanh)
-from .gpu_common import (TILE, cdiv, cuda, fill, rows_times_matrix_gpu, scratch,
+from .gpu_common import (TILE, cdiv, cuda, fill, load_block_rows, rows_times_matrix_gpu, scratch,
                          stacked_param_grads_gpu, state_launch, transpose_gpu)
 
 
@@ -370,11 +370,7 @@ def lstm_forward_persistent_kernel(hs, cs, gates, x, W_ih, WT, b_ih, b_hh, w_ci,
     tid, nthreads = cuda.threadIdx.x, cuda.blockDim.x
     b0 = cuda.blockIdx.x * rows
     hbuf = cuda.shared.array(0, dtype=hs.dtype)
-    for r in range(rows):
-        b = b0 + r
-        if b < B:
-            for j in range(tid, n, nthreads):
-                hbuf[r * n + j] = hs[0, b, j]
+    load_block_rows(hbuf, hs[0], b0, rows)
     cuda.syncthreads()
     for t in range(T):
         cur, nxt = (t % 2) * rows * n, ((t + 1) % 2) * rows * n
@@ -428,7 +424,7 @@ def lstm_backward_persistent_kernel(dh0, da, dh_T, cs, gates, W_hh, w_ci, w_cf, 
     dh = smem[:rows * n]
     dc = smem[rows * n:2 * rows * n]
     dbuf = smem[2 * rows * n:10 * rows * n]              # two copies of (rows, 4n)
-    for r in range(rows):
+    for r in range(rows):                                # dL/dh_T in, dL/dc_T = 0
         b = b0 + r
         if b < B:
             for j in range(tid, n, nthreads):

@@ -24,7 +24,7 @@ from numba import prange
 
 from .common import (dtanh_from_y, flush_subnormal, matmul_nt_rows, matmul_tn_rows, njit_parallel,
                      num_slices, row_slice, sum_rows, tanh)
-from .gpu_common import (TILE, cdiv, cuda, rows_times_matrix_gpu, scratch,
+from .gpu_common import (TILE, cdiv, cuda, load_block_rows, rows_times_matrix_gpu, scratch,
                          stacked_param_grads_gpu, state_launch, transpose_gpu)
 
 
@@ -169,11 +169,7 @@ def rnn_forward_persistent_kernel(hs, x, W_ih, WT, b_ih, b_hh, rows):
     tid, nthreads = cuda.threadIdx.x, cuda.blockDim.x
     b0 = cuda.blockIdx.x * rows
     hbuf = cuda.shared.array(0, dtype=hs.dtype)
-    for r in range(rows):
-        b = b0 + r
-        if b < B:
-            for j in range(tid, n, nthreads):
-                hbuf[r * n + j] = hs[0, b, j]
+    load_block_rows(hbuf, hs[0], b0, rows)
     cuda.syncthreads()
     for t in range(T):
         cur, nxt = (t % 2) * rows * n, ((t + 1) % 2) * rows * n
@@ -209,11 +205,7 @@ def rnn_backward_persistent_kernel(dh0, da, dh_T, hs, W_hh, rows):
     smem = cuda.shared.array(0, dtype=dh0.dtype)
     dh = smem[:rows * n]
     dbuf = smem[rows * n:3 * rows * n]
-    for r in range(rows):
-        b = b0 + r
-        if b < B:
-            for j in range(tid, n, nthreads):
-                dh[r * n + j] = dh_T[b, j]
+    load_block_rows(dh, dh_T, b0, rows)
     for t in range(T - 1, -1, -1):
         cur = (t % 2) * rows * n
         for r in range(rows):
