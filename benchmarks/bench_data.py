@@ -6,6 +6,8 @@ For each task: the time to open its cache (checks included), the median time to 
 training batch and one test batch of B sequences (read the images from the HDF5 file, scale them,
 draw the noise), and the median time of one training step of the antisymmetric RNN (n=128,
 float32, forward + BPTT, `Model.loss_and_grad`) on such a batch, with the ratio batch / step.
+"write/step" is the floor under any batch: allocating a fresh float32 array of the batch's shape
+and writing it once, over the same step time.
 Batches and steps are timed in alternating rounds, so that both see the same machine load.
 The caches are built first if needed (MNIST must be in DIR/mnist or downloadable). Prints a table;
 nothing is asserted (timings are not tests).
@@ -54,13 +56,16 @@ def bench_task(name, data_dir, B, n, batches, steps, T):
         test_t.append(median_time(lambda: next(test_iter), batches))
         step_t.append(median_time(lambda: model.loss_and_grad(x, y), 1))
     train_s, test_s, step_s = map(statistics.median, (train_t, test_t, step_t))
+    # the floor under any batch: allocating and writing a fresh float32 array of its shape
+    write_s = median_time(lambda: np.empty(x.shape, np.float32).fill(0), batches)
     task.close()
     return dict(task=name, T=task.T, m=task.m, open_s=open_s, train_s=train_s, test_s=test_s,
-                step_s=step_s)
+                step_s=step_s, write_s=write_s)
 
 
 def bench_noise(B=128, T=1000, m=28, repeats=5):
-    """ns per float32 N(0, 1) draw: nprnn.noise (keyed streams) and NumPy's Generator."""
+    """ns per float32 N(0, 1) draw, on all CPU threads: nprnn.noise (keyed streams, Box-Muller)
+    and NumPy's Generator (one thread, ziggurat)."""
     x = np.zeros((B, T, m), dtype=np.float32)
     keys = np.column_stack([np.ones(B, int), np.arange(B)])
     noise.fill_gaussian(x, 0, keys)                      # compile (cached on disk)
@@ -92,14 +97,15 @@ def main():
           f"load average {os.getloadavg()[0]:.1f}; medians over {args.steps} rounds of "
           f"{args.batches} batches + 1 step")
     print(f"{'task':<14} {'T':>5} {'m':>4} {'open':>8} {'train batch':>12} {'test batch':>11} "
-          f"{'step':>9} {'batch/step':>11}")
+          f"{'step':>9} {'batch/step':>11} {'write/step':>11}")
     for name in args.tasks.split(","):
         r = bench_task(name, args.data_dir, args.batch_size, args.hidden, args.batches,
                        args.steps, args.T if name in ("mnist-noise", "padded-mnist",
                                                       "cifar10-noise") else None)
         print(f"{r['task']:<14} {r['T']:>5} {r['m']:>4} {1e3 * r['open_s']:>6.0f}ms "
               f"{1e3 * r['train_s']:>10.1f}ms {1e3 * r['test_s']:>9.1f}ms "
-              f"{1e3 * r['step_s']:>7.0f}ms {100 * r['train_s'] / r['step_s']:>10.1f}%",
+              f"{1e3 * r['step_s']:>7.0f}ms {100 * r['train_s'] / r['step_s']:>10.1f}% "
+              f"{100 * r['write_s'] / r['step_s']:>10.1f}%",
               flush=True)
     ours, theirs = bench_noise()
     print(f"N(0, 1) float32 draws: nprnn.noise {ours:.1f} ns, numpy Generator.standard_normal "

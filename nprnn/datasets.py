@@ -70,6 +70,7 @@ import numpy as np
 from . import noise, sources
 
 SPLITS = ("train", "valid", "test")
+DEVICES = ("cpu", "cuda")                   # where batches.x lives
 
 # The validation examples are a fixed random subset of the training set, the same for every
 # training seed, so two runs with different seeds are scored on the same held-out digits.
@@ -178,12 +179,17 @@ class Task:
         epoch = _check_nonneg_int("epoch", epoch)
         return np.random.default_rng([seed, epoch]).permutation(N).astype(np.int64)
 
-    def batches(self, split, batch_size, seed=0, epoch=0, start=0, shuffle=None, drop_last=None):
+    def batches(self, split, batch_size, seed=0, epoch=0, start=0, shuffle=None, drop_last=None,
+                device="cpu"):
         """Iterate over (x float32 (B, T, m), y int64 (B,)) batches of one epoch over `split`.
 
         The order is `order(split, seed, epoch, shuffle)`; batch b holds order[b*B : (b+1)*B].
         `start` is the index of the first batch yielded (resume mid-epoch). Only the batch being
-        yielded is held in memory."""
+        yielded is held in memory. device="cuda" yields x as a float32 device array (numba.cuda):
+        the noise tasks then draw their noise on the GPU (the same numbers to float32 rounding)
+        and only the image part crosses from the host; y stays a NumPy array."""
+        if device not in DEVICES:
+            raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
         _check_split(split)
         B = _check_nonneg_int("batch_size", batch_size)
         start = _check_nonneg_int("start", start)
@@ -194,11 +200,18 @@ class Task:
             raise ValueError(f"start={start} is past the end: {split!r} has {nb} batches of "
                              f"{B}")
         order = self.order(split, seed, epoch, shuffle)
+        make = self._make_device_batch if device == "cuda" else self._make_batch
         for b in range(start, nb):
-            yield self._make_batch(split, order[b * B:(b + 1) * B], seed, epoch, b)
+            yield make(split, order[b * B:(b + 1) * B], seed, epoch, b)
 
     def _make_batch(self, split, idx, seed, epoch, batch_index):
         raise NotImplementedError
+
+    def _make_device_batch(self, split, idx, seed, epoch, batch_index):
+        """The batch with x on the GPU; a task that can build part of it there overrides this."""
+        from . import gpu
+        x, y = self._make_batch(split, idx, seed, epoch, batch_index)
+        return gpu.to_device(x), y
 
     def info(self):
         """A JSON-able summary: shapes, split sizes, label histograms."""
@@ -297,26 +310,37 @@ def permuted_sequence(images, T, perm, keys):
     return PIXELS[images.reshape(B, H * W, C)[:, perm]]
 
 
-def rows_then_noise(images, T, perm, keys):
-    """One image row per step, then noise:  x[b, t] = row t of image b (W pixels x C channels,
-    interleaved: r0 g0 b0 r1 g1 b1 ...) / 255 for t < H,  x[b, t] ~ N(0, I) for H <= t < T.
-
-    images uint8 (B, H, W, C) -> x float32 (B, T, W C)."""
+def image_rows(images):
+    """One image row per step: x[b, t] = row t of image b (W pixels x C channels, interleaved:
+    r0 g0 b0 r1 g1 b1 ...) / 255.  images uint8 (B, H, W, C) -> float32 (B, H, W C)."""
     B, H, W, C = images.shape
-    x = np.empty((B, T, W * C), dtype=np.float32)
-    x[:, :H] = PIXELS[images.reshape(B, H, W * C)]
-    fill_noise(x, H, keys)
+    return PIXELS[images.reshape(B, H, W * C)]
+
+
+def whole_image(images):
+    """The whole image at one step: x[b, 0] = image b flattened / 255.
+    images uint8 (B, H, W, C) -> float32 (B, 1, H W C)."""
+    return PIXELS[images.reshape(images.shape[0], 1, -1)]
+
+
+def head_then_noise(head, T, keys):
+    """x[:, :t0] = head (B, t0, m), then x[b, t] ~ N(0, I) for t0 <= t < T from the stream of
+    keys[b]. -> float32 (B, T, m). (`nprnn.gpu.head_then_noise` is the same on the device.)"""
+    B, t0, m = head.shape
+    x = np.empty((B, T, m), dtype=np.float32)
+    x[:, :t0] = head
+    fill_noise(x, t0, keys)
     return x
+
+
+def rows_then_noise(images, T, perm, keys):
+    """image_rows for t < H, then noise:  images uint8 (B, H, W, C) -> x float32 (B, T, W C)."""
+    return head_then_noise(image_rows(images), T, keys)
 
 
 def image_then_noise(images, T, perm, keys):
-    """The whole image at the first step, then noise:  x[b, 0] = image b flattened / 255,
-    x[b, t] ~ N(0, I) for 1 <= t < T.  images uint8 (B, H, W, C) -> x float32 (B, T, H W C)."""
-    B = images.shape[0]
-    x = np.empty((B, T, images[0].size), dtype=np.float32)
-    x[:, 0] = PIXELS[images.reshape(B, -1)]
-    fill_noise(x, 1, keys)
-    return x
+    """whole_image at t = 0, then noise:  images uint8 (B, H, W, C) -> x float32 (B, T, H W C)."""
+    return head_then_noise(whole_image(images), T, keys)
 
 
 # layout -> (function, has noise, (T, m) from the image shape (H, W, C) and the requested T)
@@ -326,6 +350,8 @@ LAYOUTS = {
     "rows-then-noise": (rows_then_noise, True, lambda H, W, C, T: (T, W * C)),
     "image-then-noise": (image_then_noise, True, lambda H, W, C, T: (T, H * W * C)),
 }
+# the noise layouts' image part, which a batch on the GPU uploads before drawing the noise there
+NOISE_HEADS = {"rows-then-noise": image_rows, "image-then-noise": whole_image}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -594,6 +620,16 @@ def cache_state(name, data_dir=None, seed=DEFAULT_PERMUTATION_SEED):
 # the task over a cache
 # ----------------------------------------------------------------------------------------------
 
+def _contiguous_layout(dataset):
+    """(byte offset in the file, bytes per row) of an uncompressed, contiguous HDF5 dataset of
+    uint8 rows; None for any other layout (read through h5py then)."""
+    offset = dataset.id.get_offset()
+    if (dataset.chunks is not None or dataset.compression is not None or offset is None
+            or dataset.dtype != np.uint8):
+        return None
+    return offset, int(np.prod(dataset.shape[1:]))
+
+
 class CachedTask(Task):
     """A task read from its HDF5 cache (see the module docstring). Use `get_task` to make one.
 
@@ -608,6 +644,11 @@ class CachedTask(Task):
         f = self._file
         self.num_classes = int(f.attrs["num_classes"])
         self._images = dict(train=f["train/images"], test=f["test/images"])
+        # Rows are read straight from the file where the dataset's bytes lie in one piece (as the
+        # cache writes them): one positioned read per row costs ~2 us, where h5py's selection of
+        # 128 scattered rows costs ~4 ms, more than a pixel-MNIST batch may (under 5% of a step).
+        self._layout = {s: _contiguous_layout(d) for s, d in self._images.items()}
+        self._fd = os.open(self.path, os.O_RDONLY) if hasattr(os, "preadv") else None
         labels = dict(train=f["train/labels"][:].astype(np.int64),
                       test=f["test/labels"][:].astype(np.int64))
         self.permutation = f["permutation"][:] if "permutation" in f else None
@@ -625,12 +666,37 @@ class CachedTask(Task):
     def _read_images(self, file_split, rows):
         """uint8 (len(rows), H, W, C) for rows of the file's split, in the order of `rows`
         (HDF5 reads need increasing indices: read sorted, then put back in order)."""
-        order = np.argsort(rows, kind="stable")
         images = np.empty((len(rows),) + self._images[file_split].shape[1:], dtype=np.uint8)
+        layout = self._layout[file_split]
+        if self._fd is not None and layout is not None:
+            offset, row_bytes = layout
+            flat = images.reshape(len(rows), row_bytes)
+            for i, r in enumerate(rows):
+                got = os.preadv(self._fd, [flat[i]], offset + int(r) * row_bytes)
+                if got != row_bytes:
+                    raise OSError(f"{self.path}: short read of {file_split} row {r} ({got} of "
+                                  f"{row_bytes} bytes); the cache changed while open")
+            return images
+        order = np.argsort(rows, kind="stable")
         images[order] = self._images[file_split][rows[order]]
         return images
 
     def _make_batch(self, split, idx, seed, epoch, batch_index):
+        images, keys = self._images_and_keys(split, idx, seed, epoch, batch_index)
+        x = self._function(images, self.T, self.permutation, keys)
+        return x, self._labels[split][idx]
+
+    def _make_device_batch(self, split, idx, seed, epoch, batch_index):
+        if not self.spec.noisy:
+            return super()._make_device_batch(split, idx, seed, epoch, batch_index)
+        from . import gpu
+        images, keys = self._images_and_keys(split, idx, seed, epoch, batch_index)
+        x = gpu.head_then_noise(NOISE_HEADS[self.spec.layout](images), self.T, keys)
+        return x, self._labels[split][idx]
+
+    def _images_and_keys(self, split, idx, seed, epoch, batch_index):
+        """The images uint8 (B, H, W, C) of the examples idx of split, and their noise keys
+        (B, k) (None for the tasks without noise)."""
         file_split, all_rows = self._rows[split]
         rows = all_rows[idx]
         images = self._read_images(file_split, rows)
@@ -644,8 +710,7 @@ class CachedTask(Task):
             else:                                       # the example's own, at every evaluation
                 keys = np.column_stack([np.full(B, NOISE_EVAL),
                                         np.full(B, _FILE_CODE[file_split]), rows])
-        x = self._function(images, self.T, self.permutation, keys)
-        return x, self._labels[split][idx]
+        return images, keys
 
     def info(self):
         out = super().info()
@@ -672,6 +737,9 @@ class CachedTask(Task):
         return out
 
     def close(self):
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
         self._file.close()
 
     def __enter__(self):

@@ -30,7 +30,8 @@ from .kernels import gru as K_gru
 from .kernels import lstm as K_lstm
 from .kernels import readout as K_readout
 from .kernels import rnn as K_rnn
-from .kernels.gpu_common import SHARED_BYTES_MAX, cuda, fill
+from .kernels.gpu_common import (SHARED_BYTES_MAX, copy_leading_steps_gpu, cuda, fill,
+                                 time_major_gpu)
 
 VERSIONS = ("auto", "step", "persistent")
 
@@ -69,6 +70,28 @@ def to_device(a, dtype=None):
     if is_device_array(a):
         return a
     return cuda.to_device(np.ascontiguousarray(a, dtype=dtype))
+
+
+def head_then_noise(head, T, keys):
+    """x float32 (B, T, m) on the device: x[:, :t0] = head (B, t0, m, a host array, uploaded),
+    then N(0, 1) noise drawn on the GPU from the streams of keys (B, k): the device twin of
+    `nprnn.datasets.head_then_noise`, so that a noise-padded batch never crosses the bus whole."""
+    from . import noise
+    B, t0, m = head.shape
+    x = cuda.device_array((B, T, m), dtype=np.float32)
+    if t0:
+        copy_leading_steps_gpu(x, cuda.to_device(np.ascontiguousarray(head, dtype=np.float32)))
+    noise.fill_gaussian_device(x, t0, keys)
+    return x
+
+
+def time_major(x, dtype):
+    """x (B, T, m) on the device -> a new device array (T, B, m) of `dtype`, the layout the
+    kernels read."""
+    B, T, m = x.shape
+    out = cuda.device_array((T, B, m), dtype=dtype)
+    time_major_gpu(out, x)
+    return out
 
 
 def to_host(tree):

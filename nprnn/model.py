@@ -58,6 +58,8 @@ class Model:
 
     # -- validation ----------------------------------------------------------------------------
     def _check_x(self, x):
+        if hasattr(x, "copy_to_host"):                   # a device array (numba.cuda)
+            return self._check_device_x(x)
         if not isinstance(x, np.ndarray):
             raise TypeError(f"x must be a numpy array of shape (B, T, {self.input_size}), "
                             f"got {type(x).__name__}")
@@ -72,6 +74,23 @@ class Model:
             raise ValueError(f"x contains NaN or Inf, first at index (b, t, j) = {bad}")
         # time-major and contiguous: what the kernels read
         return np.ascontiguousarray(x.transpose(1, 0, 2), dtype=self.dtype)
+
+    def _check_device_x(self, x):
+        """A device array x (B, T, m), as `Task.batches(device="cuda")` yields, -> time-major
+        (T, B, m) on the device. Not scanned for NaN or Inf (that would mean a copy to the host);
+        the training loop still stops on a non-finite loss."""
+        if self.device != "cuda":
+            raise TypeError("x is a GPU array but this model is on the cpu: make the model with "
+                            "device='cuda', or pass x.copy_to_host()")
+        shape = tuple(x.shape)
+        if len(shape) != 3 or shape[2] != self.input_size or shape[0] == 0 or shape[1] == 0:
+            raise ValueError(f"x must have shape (B, T, m) with B, T >= 1 and "
+                             f"m = input_size = {self.input_size}; got shape {shape}")
+        if not np.issubdtype(x.dtype, np.floating):
+            raise TypeError(f"x must hold floating-point values (float32 or float64), got dtype "
+                            f"{x.dtype}")
+        from . import gpu
+        return gpu.time_major(x, self.dtype)
 
     def _check_y(self, y, B):
         y = np.asarray(y)

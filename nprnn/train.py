@@ -190,7 +190,7 @@ def evaluate(model, task, split, batch_size=256, should_stop=None):
     Returns dict(loss, accuracy, count), or None if `should_stop()` became true in between
     (a stop signal during a long evaluation does not wait for it to finish)."""
     loss_sum, correct, count = 0.0, 0, 0
-    for x, y in task.batches(split, batch_size):
+    for x, y in task.batches(split, batch_size, device=model.device):
         if should_stop is not None and should_stop():
             return None
         losses, pred = cross_entropy(model.forward(x), y)
@@ -457,7 +457,7 @@ def train(config=None, out="runs/run", resume=False, given=None, task=None, echo
             while it < total and stop.requested is None:
                 epoch, start = divmod(it, per_epoch)
                 for x, y in task.batches("train", B, seed=config["seed"], epoch=epoch,
-                                         start=start):
+                                         start=start, device=model.device):
                     loss, grads, logits = model.loss_and_grad(x, y, return_logits=True)
                     norm = global_norm(grads)
                     if not (math.isfinite(loss) and math.isfinite(norm)):

@@ -188,6 +188,23 @@ def fake_mnist(tmp_path, monkeypatch):
     return tmp_path, arrays
 
 
+def test_rows_read_from_the_file_equal_the_h5py_selection(fake_mnist):
+    data_dir, arrays = fake_mnist
+    with get_task("mnist", data_dir=data_dir, progress=False) as task:
+        if hasattr(os, "preadv"):
+            assert task._fd is not None and task._layout["train"] is not None
+        rows = np.array([17, 3, 59, 0, 42])                # any order, as a shuffled batch
+        direct = task._read_images("train", rows)
+        fd_, task._fd = task._fd, None                      # the h5py route
+        try:
+            via_h5py = task._read_images("train", rows)
+        finally:
+            task._fd = fd_
+        assert np.array_equal(direct, via_h5py)
+        assert np.array_equal(direct[..., 0], arrays["train_images"][rows])
+    assert task._fd is None                                 # closed with the task
+
+
 def test_mnist_task_from_fake_files(fake_mnist):
     data_dir, arrays = fake_mnist
     task = get_task("mnist", data_dir=data_dir, valid_size=10)

@@ -1,5 +1,6 @@
-"""The noise generator: SplitMix64 reference values, the ziggurat's tables, the compiled fill
-against its own Python source, the N(0, 1) distribution, and reproducibility from keys."""
+"""The noise generator: SplitMix64 reference values, the compiled Box-Muller transform against a
+float64 NumPy version of the same formulas (edge words included), the N(0, 1) distribution, and
+reproducibility from keys."""
 import math
 
 import numpy as np
@@ -8,52 +9,84 @@ from scipy import stats
 
 from nprnn import noise
 from nprnn.datasets import splitmix64
+from nprnn.kernels import noise as K
+
+MASK64 = (1 << 64) - 1
 
 
-def test_splitmix64_words_match_the_plain_integer_version():
-    s, t = 0, 0
-    for _ in range(5):
-        s, w = noise._next(np.uint64(s))            # the compiled step, on uint64
-        t, z = splitmix64(t)                        # datasets' version, on Python ints
-        assert (int(s), int(w)) == (t, z)
-    assert int(noise._next(np.uint64(0))[1]) == 0xE220A8397B1DCDAF    # Vigna's reference value
+def words_numpy(s0, count):
+    """Words 0 .. count - 1 of the stream starting at s0, in NumPy uint64 arithmetic."""
+    j = np.arange(1, count + 1, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        z = np.uint64(s0) + j * K.GAMMA
+        z = (z ^ (z >> np.uint64(30))) * K._M1
+        z = (z ^ (z >> np.uint64(27))) * K._M2
+        return z ^ (z >> np.uint64(31))
 
 
-def test_ziggurat_tables_close_and_have_equal_areas():
-    x, k, fx = noise.ziggurat_tables()
-    N, r, v = noise.ZIGGURAT_LAYERS, noise.ZIGGURAT_R, noise.ZIGGURAT_V
-    assert x[1] == r and x[N] == 0 and np.all(np.diff(x[1:]) < 0)
-    # the top layer reaches f(0) = 1: r and v are consistent
-    assert abs(math.exp(-0.5 * x[N - 1] ** 2) + v / x[N - 1] - 1) < 1e-9
-    areas = x[1:N] * (fx[2:N + 1] - fx[1:N])                  # layers 1 .. N-1: boxes
-    assert np.allclose(areas, v, rtol=1e-9)
-    tail = math.sqrt(math.pi / 2) * math.erfc(r / math.sqrt(2))  # integral of f beyond r
-    assert abs(r * fx[1] + tail - v) < 1e-9                    # layer 0: box + tail
-    assert np.all((0 <= k) & (k < 1)) and k[N - 1] == 0
+def box_muller_float64(w):
+    """(z0, z1) float64 for words w: the transform of kernels/noise.py with libm's functions."""
+    w = np.asarray(w, dtype=np.uint64)
+    u = 1.0 - (w & np.uint64(0xFFFFFFFF)).astype(np.float64) * 2.0 ** -32
+    h = w >> np.uint64(32)
+    alpha = (h & np.uint64((1 << 30) - 1)).astype(np.float64) * (math.pi / 2 / 2 ** 30)
+    R = np.sqrt(-2.0 * np.log(u))
+    sign0 = 1.0 - 2.0 * ((h >> np.uint64(31)) & np.uint64(1)).astype(np.float64)
+    sign1 = 1.0 - 2.0 * ((h >> np.uint64(30)) & np.uint64(1)).astype(np.float64)
+    return sign0 * R * np.cos(alpha), sign1 * R * np.sin(alpha)
 
 
-def test_compiled_fill_equals_its_python_source(monkeypatch):
-    keys = np.array([[3, 1], [3, 2]], dtype=np.uint64)
-    starts = noise.stream_starts(keys)
-    fast = np.zeros((2, 5, 2500), dtype=np.float32)    # 20,000 draws
-    slow = fast.copy()
-    noise.gaussian_fill(fast, 1, starts, noise.ZIG_X, noise.ZIG_K, noise.ZIG_F)
-    # the same source run by the Python interpreter, helpers included; count the rare paths
-    for name in ("_mix", "_next", "_uniform_open"):
-        monkeypatch.setattr(noise, name, getattr(noise, name).py_func)
-    visits, slow_path = [], noise._gaussian_slow.py_func
+def ulps(got, want):
+    """|got - want| in units of the last place of float32 at want (want floored at 1e-30).
+    Computed in float64: np.spacing of a tiny float32 is subnormal, which becomes 0 in a process
+    where PyTorch has set flush-to-zero (the comparison tests import it)."""
+    unit = np.exp2(np.floor(np.log2(np.maximum(np.abs(want), 1e-30))) - 23)
+    return np.abs(got.astype(np.float64) - want) / unit
 
-    def counting_slow(s, i, *args):
-        visits.append(i)
-        return slow_path(s, i, *args)
-    monkeypatch.setattr(noise, "_gaussian_slow", counting_slow)
-    with np.errstate(over="ignore"):                   # uint64 wrap-around is the algorithm
-        starts_py = noise.stream_starts.py_func(keys)
-        noise.gaussian_fill.py_func(slow, 1, starts_py, noise.ZIG_X, noise.ZIG_K, noise.ZIG_F)
-    assert np.array_equal(starts, starts_py)
-    assert np.array_equal(fast, slow) and np.all(fast[:, 0] == 0)
-    assert 0 in visits and len(set(visits)) > 50       # the tail and many wedges were taken
-    assert np.sum(np.abs(fast) > noise.ZIGGURAT_R) > 0  # and the tail produced values beyond r
+
+def test_stream_words_are_splitmix64():
+    t = 12345
+    for j in range(5):
+        t, z = splitmix64(t)                        # datasets' sequential version, Python ints
+        assert int(K.stream_word(np.uint64(12345), j)) == z
+    assert int(K.stream_word(np.uint64(0), 0)) == 0xE220A8397B1DCDAF    # Vigna's reference value
+    assert np.array_equal(words_numpy(12345, 5),
+                          [K.stream_word(np.uint64(12345), j) for j in range(5)])
+
+
+def edge_words():
+    """Words at the edges of every branch of log_u and of the angle fold."""
+    lows = [0, 1, 2, 1 << 31, (1 << 31) - 1, (1 << 31) + 1, (1 << 32) - 1, (1 << 32) - 2,
+            int((1 - math.sqrt(0.5)) * 2 ** 32), int((1 - math.sqrt(0.5)) * 2 ** 32) + 1,
+            int((1 - 2 ** -0.5 / 2) * 2 ** 32), 3 << 30, (1 << 32) - (1 << 16), 12345]
+    angles = [0, 1, (1 << 29) - 1, 1 << 29, (1 << 29) + 1, (1 << 30) - 1, 1 << 28]
+    highs = [k | (s << 30) for k in angles for s in range(4)]
+    return np.array([(h << 32) | a for h in highs for a in lows], dtype=np.uint64)
+
+
+def test_pair_within_a_few_float32_ulps_of_the_exact_transform():
+    rng = np.random.default_rng(0)
+    words = np.concatenate([edge_words(), words_numpy(777, 100_000),
+                            rng.integers(0, 1 << 63, 1000, dtype=np.uint64) << np.uint64(1)])
+    got = np.array([K.gaussian_pair(w) for w in words], dtype=np.float32)
+    want = np.stack(box_muller_float64(words), axis=1)
+    assert ulps(got, want).max() <= 8
+    # u = 1 (a = 0) gives 0; u = 2^-32 (a = 2^32 - 1) the largest |z|
+    assert K.gaussian_pair(np.uint64(0)) == (0.0, 0.0)
+    R = max(abs(v) for v in K.gaussian_pair(np.uint64((1 << 32) - 1)))
+    assert abs(R - noise.MAX_ABS) < 1e-5
+
+
+def test_fill_is_the_stream_in_row_major_order_from_t0():
+    keys = np.array([[3, 1], [3, 2]])
+    x = np.full((2, 4, 5), 7.0, dtype=np.float32)   # from t0 = 1: 15 values, an odd count
+    noise.fill_gaussian(x, 1, keys)
+    assert np.all(x[:, 0] == 7)                      # before t0: untouched
+    starts = noise.stream_starts(keys.astype(np.uint64))
+    for b in range(2):
+        z0, z1 = box_muller_float64(words_numpy(starts[b], 8))
+        want = np.stack([z0, z1], axis=1).ravel()[:15]     # the last pair gives only z0
+        assert ulps(x[b, 1:].ravel(), want).max() <= 8
 
 
 def test_gaussian_distribution():
@@ -67,10 +100,15 @@ def test_gaussian_distribution():
     edges = stats.norm.ppf(np.linspace(0, 1, 61))
     counts = np.histogram(z, edges)[0]
     assert stats.chisquare(counts).pvalue > 1e-3
-    # the tail beyond r (drawn by its own method) has the right mass
-    beyond = np.mean(np.abs(z) > noise.ZIGGURAT_R)
-    expected = 2 * stats.norm.sf(noise.ZIGGURAT_R)
-    assert abs(beyond - expected) < 5 * math.sqrt(expected / z.size)
+    # the far tail has its mass, and nothing lies beyond the largest |z| the transform allows
+    for c in (3.5, 4.5):
+        beyond, expected = np.mean(np.abs(z) > c), 2 * stats.norm.sf(c)
+        assert abs(beyond - expected) < 5 * math.sqrt(expected / z.size)
+    assert np.abs(z).max() <= noise.MAX_ABS
+    # the two values of a pair are uncorrelated, also in their squares
+    pairs = z.reshape(-1, 2)
+    assert abs(np.corrcoef(pairs.T)[0, 1]) < 4 / math.sqrt(len(pairs))
+    assert abs(np.corrcoef((pairs ** 2).T)[0, 1]) < 4 / math.sqrt(len(pairs))
 
 
 def test_keys_decide_the_noise():
@@ -89,8 +127,12 @@ def test_fill_gaussian_rejects_bad_arguments():
         noise.fill_gaussian(np.zeros((2, 3, 4)), 0, np.zeros((2, 1), int))
     with pytest.raises(ValueError, match="one row of non-negative integer keys per example"):
         noise.fill_gaussian(np.zeros((2, 3, 4), np.float32), 0, np.zeros((3, 1), int))
+    with pytest.raises(ValueError, match="one row of non-negative integer keys per example"):
+        noise.fill_gaussian(np.zeros((2, 3, 4), np.float32), 0, -np.ones((2, 1), int))
     with pytest.raises(ValueError, match="t0 must lie in"):
         noise.fill_gaussian(np.zeros((2, 3, 4), np.float32), 4, np.zeros((2, 1), int))
+    with pytest.raises(ValueError, match="float32 device array"):
+        noise.fill_gaussian_device(np.zeros((2, 3, 4), np.float32), 0, np.zeros((2, 1), int))
 
 
 def test_noise_does_not_depend_on_the_number_of_threads():

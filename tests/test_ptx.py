@@ -33,26 +33,28 @@ from nprnn.device import cuda_available, simulator_enabled
 CC = (9, 0)
 MODULES = ["nprnn.kernels.gpu_common", "nprnn.kernels.antisym", "nprnn.kernels.readout",
            "nprnn.kernels.rnn", "nprnn.kernels.lstm", "nprnn.kernels.gru",
-           "nprnn.kernels.optim"]
+           "nprnn.kernels.optim", "nprnn.kernels.noise"]
 
 # argument name -> kind: "1", "2", "3" a C-contiguous array of the model dtype with that many
 # dimensions; "f" a scalar of the model dtype; "f64" a Python float; "i" a Python int;
-# "b" a bool; "i64_1" int64 labels (B,); "f64_1" a float64 (1,) accumulator.
+# "b" a bool; "i64_1" int64 labels (B,); "f64_1" a float64 (1,) accumulator; "u64_1" uint64 (B,)
+# noise streams' starting states.
 ARG_KINDS = {
     **{k: "3" for k in ("hs", "cs", "th", "z", "x", "da", "dzp", "ds", "gates", "hn", "dgi",
-                        "dgh", "partial", "D")},
+                        "dgh", "partial", "D", "head")},
     **{k: "2" for k in ("A", "W", "dA", "dW", "V_h", "V_z", "W_out", "dW_out", "W_ih", "W_hh",
                         "WT", "logits", "dlogits", "h", "dh", "dh0", "dh_T", "dh_prev", "dc",
                         "C")},
     **{k: "1" for k in ("b_h", "b_z", "b_out", "db_out", "b_ih", "b_hh", "w_ci", "w_cf", "w_co",
                         "dw_ci", "dw_cf", "dw_co", "losses", "a", "p", "v", "g", "G")},
     "eps": "f", "value": "f", "gamma": "f64", "lr": "f64", "momentum": "f64", "scale": "f64",
-    "delta": "f64", "t": "i", "rows": "i", "skew": "b", "peephole": "b", "accumulate": "b",
-    "y": "i64_1", "out": "f64_1", "block_sums": "f64_1",
+    "delta": "f64", "t": "i", "t0": "i", "rows": "i", "skew": "b", "peephole": "b", "accumulate": "b",
+    "y": "i64_1", "out": "f64_1", "block_sums": "f64_1", "starts": "u64_1",
 }
 # where one name means another kind in one kernel: (kernel, argument) -> kind
 OVERRIDES = {("matmul_tn_partial_kernel", "A"): "2", ("matmul_tn_partial_kernel", "B"): "2",
-             ("transpose_kernel", "out"): "2", ("transpose_kernel", "a"): "2"}
+             ("transpose_kernel", "out"): "2", ("transpose_kernel", "a"): "2",
+             ("time_major_kernel", "out"): "3"}
 
 
 def kernels():
@@ -74,7 +76,7 @@ def arg_types(kernel_name, py_func, dtype):
     float_t = numba.from_dtype(np.dtype(dtype))
     kinds = {"1": float_t[::1], "2": float_t[:, ::1], "3": float_t[:, :, ::1], "f": float_t,
              "f64": numba.float64, "i": numba.int64, "b": numba.boolean,
-             "i64_1": numba.int64[::1], "f64_1": numba.float64[::1]}
+             "i64_1": numba.int64[::1], "f64_1": numba.float64[::1], "u64_1": numba.uint64[::1]}
     names = py_func.__code__.co_varnames[:py_func.__code__.co_argcount]
     out = []
     for a in names:
@@ -106,7 +108,8 @@ def test_kernels_were_found():
     for expected in ("euler_forward_persistent_kernel", "euler_backward_step_kernel",
                      "readout_backward_kernel", "matmul_tn_partial_kernel",
                      "lstm_backward_persistent_kernel", "gru_forward_step_kernel",
-                     "rnn_backward_unit_kernel", "sum_squares_block_kernel", "adagrad_kernel"):
+                     "rnn_backward_unit_kernel", "sum_squares_block_kernel", "adagrad_kernel",
+                     "gaussian_fill_kernel"):
         assert expected in names, f"kernel scan missed {expected}: found {sorted(names)}"
 
 

@@ -37,6 +37,9 @@ from numba.extending import overload
 njit = numba.njit(cache=True, error_model="numpy")
 # The same for kernels that split their work over CPU threads with numba.prange.
 njit_parallel = numba.njit(cache=True, error_model="numpy", parallel=True)
+# Scalar helpers that must be inlined into their callers' loops for those to vectorise (numba
+# inlines them in its own IR, before LLVM decides).
+njit_inline = numba.njit(cache=True, error_model="numpy", inline="always")
 
 # tanh a ~ a P(a^2) / Q(a^2): the continued fraction above, lowest power first
 TANH_P = (7905853580625, 1159525191825, 41247931725, 523783260, 2552550, 4095, 1)
