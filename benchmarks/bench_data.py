@@ -1,6 +1,7 @@
 """What a batch costs next to the training step that consumes it.
 
     python benchmarks/bench_data.py [--data-dir DIR] [--tasks mnist,pmnist,mnist-noise,padded-mnist]
+                                    [--synthetic cifar10,cifar10-noise]
 
 For each task: the time to open its cache (checks included), the median time to produce one
 training batch and one test batch of B sequences (read the images from the HDF5 file, scale them,
@@ -9,7 +10,9 @@ float32, forward + BPTT, `Model.loss_and_grad`) on such a batch, with the ratio 
 "write/step" is the floor under any batch: allocating a fresh float32 array of the batch's shape
 and writing it once, over the same step time.
 Batches and steps are timed in alternating rounds, so that both see the same machine load.
-The caches are built first if needed (MNIST must be in DIR/mnist or downloadable). Prints a table;
+The caches are built first if needed (MNIST must be in DIR/mnist or downloadable). The
+--synthetic tasks (CIFAR-10, which cannot be had everywhere) are timed on random images of their
+shape: their layout and noise, all of a batch but the read from the cache. Prints a table;
 nothing is asserted (timings are not tests).
 """
 import argparse
@@ -24,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np                                       # noqa: E402
 
 import nprnn                                             # noqa: E402
-from nprnn import noise                                  # noqa: E402
-from nprnn.datasets import get_task                      # noqa: E402
+from nprnn import noise, sources                         # noqa: E402
+from nprnn.datasets import LAYOUTS, get_task, task_spec  # noqa: E402
 
 
 def median_time(fn, repeats):
@@ -37,30 +40,61 @@ def median_time(fn, repeats):
     return statistics.median(times)
 
 
+def time_batches_and_step(next_train, next_test, m, K, B, n, batches, steps):
+    """Median times (s) of a training batch, a test batch and one antisym training step, timed in
+    interleaved rounds so that all three see the same machine load; and of the floor under any
+    batch: allocating and writing a fresh float32 array of its shape."""
+    next_train(), next_test()                            # first touch of the output memory
+    model = nprnn.make_model("antisym", m, n, K, dtype="float32")
+    x, y = next_train()
+    model.loss_and_grad(x, y)                            # compile (cached on disk) and warm up
+    train_t, test_t, step_t = [], [], []
+    for _ in range(steps):
+        train_t.append(median_time(next_train, batches))
+        test_t.append(median_time(next_test, batches))
+        step_t.append(median_time(lambda: model.loss_and_grad(x, y), 1))
+    write_s = median_time(lambda: np.empty(x.shape, np.float32).fill(0), batches)
+    train_s, test_s, step_s = map(statistics.median, (train_t, test_t, step_t))
+    return dict(train_s=train_s, test_s=test_s, step_s=step_s, write_s=write_s)
+
+
 def bench_task(name, data_dir, B, n, batches, steps, T):
+    """A task read from its cache, as training reads it."""
     get_task(name, data_dir=data_dir, T=T, progress=False).close()    # build the cache if needed
     start = time.perf_counter()
     task = get_task(name, data_dir=data_dir, T=T, progress=False)
     open_s = time.perf_counter() - start
-
     train_iter = task.batches("train", B, seed=0, epoch=0)
     test_iter = task.batches("test", B)
-    next(train_iter), next(test_iter)                    # first touch of the output memory
-    model = nprnn.make_model("antisym", task.m, n, task.num_classes, dtype="float32")
-    x, y = next(task.batches("train", B, seed=1))
-    model.loss_and_grad(x, y)                            # compile (cached on disk) and warm up
-    # interleaved rounds, so that batches and steps see the same machine load
-    train_t, test_t, step_t = [], [], []
-    for _ in range(steps):
-        train_t.append(median_time(lambda: next(train_iter), batches))
-        test_t.append(median_time(lambda: next(test_iter), batches))
-        step_t.append(median_time(lambda: model.loss_and_grad(x, y), 1))
-    train_s, test_s, step_s = map(statistics.median, (train_t, test_t, step_t))
-    # the floor under any batch: allocating and writing a fresh float32 array of its shape
-    write_s = median_time(lambda: np.empty(x.shape, np.float32).fill(0), batches)
+    r = time_batches_and_step(lambda: next(train_iter), lambda: next(test_iter), task.m,
+                              task.num_classes, B, n, batches, steps)
     task.close()
-    return dict(task=name, T=task.T, m=task.m, open_s=open_s, train_s=train_s, test_s=test_s,
-                step_s=step_s, write_s=write_s)
+    return dict(r, task=name, T=task.T, m=task.m, open=f"{1e3 * open_s:>6.0f}ms")
+
+
+def bench_synthetic(name, B, n, batches, steps, T):
+    """A task whose raw files cannot be had here (CIFAR-10): its sequence layout applied to random
+    uint8 images of its shape, with its noise keys. Everything a batch costs but reading the
+    B images from the cache (about 0.3 ms for 128 MNIST digits by positioned reads)."""
+    spec = task_spec(name)
+    T, m = spec.shape(T)
+    H, W, C = sources.SOURCES[spec.source].image_shape
+    layout = LAYOUTS[spec.layout][0]
+    perm = np.arange(H * W)
+    rng = np.random.default_rng(0)
+    counter = iter(range(10 ** 9))
+
+    def batch(split):
+        images = rng.integers(0, 256, (B, H, W, C), dtype=np.uint8)
+        i = next(counter)
+        keys = (np.column_stack([np.full(B, 1), np.zeros(B, int), np.zeros(B, int),
+                                 np.full(B, i), np.arange(B)]) if split == "train" else
+                np.column_stack([np.full(B, 2), np.ones(B, int), i * B + np.arange(B)]))
+        return layout(images, T, perm, keys), rng.integers(0, 10, B)
+
+    r = time_batches_and_step(lambda: batch("train"), lambda: batch("test"), m, 10, B, n,
+                              batches, steps)
+    return dict(r, task=name + "*", T=T, m=m, open="-")
 
 
 def bench_noise(B=128, T=1000, m=28, repeats=5):
@@ -84,6 +118,8 @@ def main():
     parser.add_argument("--data-dir", default=None,
                         help="data directory (default: $NPRNN_DATA_DIR, else ./data)")
     parser.add_argument("--tasks", default="mnist,pmnist,mnist-noise,padded-mnist")
+    parser.add_argument("--synthetic", default="cifar10,cifar10-noise",
+                        help="tasks timed on random images of their shape (no raw files needed)")
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--batches", type=int, default=5,
@@ -98,16 +134,22 @@ def main():
           f"{args.batches} batches + 1 step")
     print(f"{'task':<14} {'T':>5} {'m':>4} {'open':>8} {'train batch':>12} {'test batch':>11} "
           f"{'step':>9} {'batch/step':>11} {'write/step':>11}")
-    for name in args.tasks.split(","):
-        r = bench_task(name, args.data_dir, args.batch_size, args.hidden, args.batches,
-                       args.steps, args.T if name in ("mnist-noise", "padded-mnist",
-                                                      "cifar10-noise") else None)
-        print(f"{r['task']:<14} {r['T']:>5} {r['m']:>4} {1e3 * r['open_s']:>6.0f}ms "
+    noisy = ("mnist-noise", "padded-mnist", "cifar10-noise")
+    rows = [(bench_task, name, dict(data_dir=args.data_dir)) for name in
+            filter(None, args.tasks.split(","))]
+    rows += [(bench_synthetic, name, {}) for name in filter(None, args.synthetic.split(","))]
+    for bench, name, extra in rows:
+        r = bench(name, B=args.batch_size, n=args.hidden, batches=args.batches, steps=args.steps,
+                  T=args.T if name in noisy else None, **extra)
+        print(f"{r['task']:<14} {r['T']:>5} {r['m']:>4} {r['open']:>8} "
               f"{1e3 * r['train_s']:>10.1f}ms {1e3 * r['test_s']:>9.1f}ms "
               f"{1e3 * r['step_s']:>7.0f}ms {100 * r['train_s'] / r['step_s']:>10.1f}% "
               f"{100 * r['write_s'] / r['step_s']:>10.1f}%",
               flush=True)
     ours, theirs = bench_noise()
+    if args.synthetic:
+        print("* random images of the task's shape through its layout and noise: all of a batch "
+              "but reading the images from the cache")
     print(f"N(0, 1) float32 draws: nprnn.noise {ours:.1f} ns, numpy Generator.standard_normal "
           f"{theirs:.1f} ns")
     print(f"load average at the end: {os.getloadavg()[0]:.1f}")

@@ -51,3 +51,19 @@ def test_torch_yardstick_runs_the_same_cell():
     r = bench.bench_torch("antisym-gated", 2, 3, 1, 4, "float32", repeat=1)
     assert r["forward"] > 0 and r["fwd_bwd"] > 0 and np.isfinite(r["fwd_bwd"])
     assert bench.bench_torch("peephole-lstm", 2, 3, 1, 4, "float32", repeat=1) is None
+
+
+def test_data_benchmark_runs_at_tiny_sizes(monkeypatch, capsys):
+    """benchmarks/bench_data.py end to end on the synthetic CIFAR-10 rows (no raw files needed):
+    one row per task with the shapes of the task, and the noise line."""
+    import runpy
+    monkeypatch.setattr(sys, "argv", ["bench_data.py", "--tasks", "", "--synthetic",
+                                      "cifar10,cifar10-noise", "--batch-size", "2", "--hidden",
+                                      "3", "--batches", "1", "--steps", "1", "--T", "40"])
+    runpy.run_path(os.path.join(os.path.dirname(__file__), "..", "benchmarks", "bench_data.py"),
+                   run_name="__main__")
+    out = capsys.readouterr().out.splitlines()
+    rows = {line.split()[0]: line.split() for line in out if line.startswith("cifar10")}
+    assert rows["cifar10*"][1:3] == ["1024", "3"]
+    assert rows["cifar10-noise*"][1:3] == ["40", "96"]
+    assert any(line.startswith("N(0, 1) float32 draws: nprnn.noise") for line in out)
