@@ -23,12 +23,15 @@ which cuts off a tail of probability 3e-11.
 Why not libm's log and cos: a call to logf or cosf stops LLVM from vectorising the loop (the
 earlier ziggurat generator, a table lookup per draw, could not vectorise either). The
 transcendental functions below are written as float32 multiply-adds, one division and one square
-root, so the CPU loop runs 16 lanes wide and CPU and GPU share the same scalar code:
+root, so the CPU loop runs in AVX-512 vectors (8 words at a time) and CPU and GPU share the same
+scalar code:
 
-  ln u    u = m 2^e with m - 1 = f in [sqrt(1/2) - 1, sqrt(2) - 1], formed *exactly* from the
-          integer a (near u = 1 from d = a 2^-32, else from the integer 2^32 - a), then
-          ln u = e ln 2 + ln(1 + f),  ln(1 + f) = 2 atanh(s) = 2 s (1 + s^2/3 + ... + s^8/9)
-          with s = f / (2 + f), |s| <= 0.172 (truncation error < 2e-9).
+  ln u    The integer input is rounded to float32 once, as d = 1 - u = a 2^-32 when u >= 1/2
+          (so that ln u ~ -d keeps its relative precision near u = 1), else as 2^32 - a = u 2^32.
+          Halving by powers of two (exact) gives u = m 2^e with f = m - 1 in
+          [sqrt(1/2) - 1, sqrt(2) - 1], and ln u = e ln 2 + ln(1 + f) with
+          ln(1 + f) = 2 atanh(s) = 2 s (1 + s^2/3 + ... + s^8/9),  s = f / (2 + f),  |s| <= 0.172
+          (truncation error < 2e-9).
   cos, sin  Taylor polynomials on [0, pi/4] (truncation error < 4e-8 relative); an angle in
           [pi/4, pi/2) is folded to beta = pi/2 - alpha, computed exactly from the integer k, and
           cos / sin swap.
@@ -111,8 +114,8 @@ def _scale_down(c, e, power, inverse, bits):
 def log_u(a):
     """ln(1 - a 2^-32) in float32 for an integer 0 <= a < 2^32 (int64).
 
-    u >= 1/2: d = a 2^-32 is exact, and ln u = ln(1 - d) = e ln 2 + ln(1 + f) with
-              f = -d (e = 0) or, for u < sqrt(1/2), f = 1 - 2 d (e = -1), both exact.
+    u >= 1/2: d = a 2^-32 (rounded once), and ln u = ln(1 - d) = e ln 2 + ln(1 + f) with
+              f = -d (e = 0) or, for u < sqrt(1/2), f = 1 - 2 d (e = -1), both exact given d.
     u < 1/2:  c = 2^32 - a (an integer, rounded once to float32) = m 2^e with m in [1, 2) by
               halving (exact); f = m - 1 or m / 2 - 1 (exact), and ln u = (e - 32) ln 2 + ln(1 + f).
     Both are computed and one is selected, so the function has no branch."""
