@@ -30,8 +30,8 @@ from .kernels import gru as K_gru
 from .kernels import lstm as K_lstm
 from .kernels import readout as K_readout
 from .kernels import rnn as K_rnn
-from .kernels.gpu_common import (SHARED_BYTES_MAX, copy_leading_steps_gpu, cuda, fill,
-                                 time_major_gpu)
+from .kernels.gpu_common import SHARED_BYTES_MAX, cuda, fill
+from .kernels.layout import copy_leading_steps_gpu, time_major_gpu
 
 VERSIONS = ("auto", "step", "persistent")
 
@@ -85,11 +85,11 @@ def head_then_noise(head, T, keys):
     return x
 
 
-def time_major(x, dtype):
-    """x (B, T, m) on the device -> a new device array (T, B, m) of `dtype`, the layout the
-    kernels read."""
+def time_major(x, dtype, ws=None):
+    """x (B, T, m) on the device -> (T, B, m) of `dtype` on the device (a workspace buffer when
+    ws is given), the layout the kernels read."""
     B, T, m = x.shape
-    out = cuda.device_array((T, B, m), dtype=dtype)
+    out = _buffer(ws, "x_time_major", (T, B, m), dtype)
     time_major_gpu(out, x)
     return out
 

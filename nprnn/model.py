@@ -4,13 +4,15 @@
 carries it through all T steps. Inputs are validated here, once, so the kernels can trust them.
 
 On device "cuda" (nprnn/gpu.py) the same calls run the GPU twins: `params` and the gradients are
-numba device arrays that stay on the GPU (`host_params()` copies the parameters out), while x, y,
-the loss, the logits and h_T cross as NumPy values, as on the CPU.
+numba device arrays that stay on the GPU (`host_params()` copies the parameters out), while y, the
+loss, the logits and h_T cross as NumPy values, as on the CPU; x may be a NumPy array or a device
+array (`Task.batches(..., device="cuda")` makes batches on the GPU).
 """
 import numpy as np
 
 from .cells import CELLS, DEFAULT_EPS, DEFAULT_GAMMA, Workspace, gaussian
 from .device import DEVICES, resolve_device
+from .kernels import layout as K_layout
 from .kernels import readout as K_readout
 
 DTYPES = ("float32", "float64")
@@ -28,6 +30,7 @@ class Model:
         # activation buffers reused from call to call (host or device arrays)
         self.gpu_version = "auto"
         self._workspace = Workspace()
+        self._inputs = Workspace()             # the host's time-major copy of x, on both devices
         if device == "cuda":
             from . import gpu
             gpu.gpu_cell(cell.name)            # ValueError for a cell without GPU kernels
@@ -69,11 +72,15 @@ class Model:
         if not np.issubdtype(x.dtype, np.floating):
             raise TypeError(f"x must hold floating-point values (float32 or float64), got dtype "
                             f"{x.dtype}; scale integer pixels first, e.g. x.astype('float32') / 255")
-        if not np.isfinite(x).all():
+        if x.dtype not in (np.float32, np.float64):
+            x = x.astype(self.dtype)
+        # time-major and contiguous, what the kernels read, in a buffer kept from call to call
+        B, T, m = x.shape
+        xt = self._inputs.get("x", (T, B, m), self.dtype)
+        if K_layout.to_time_major_cpu(xt, x):
             bad = tuple(int(i) for i in np.argwhere(~np.isfinite(x))[0])
             raise ValueError(f"x contains NaN or Inf, first at index (b, t, j) = {bad}")
-        # time-major and contiguous: what the kernels read
-        return np.ascontiguousarray(x.transpose(1, 0, 2), dtype=self.dtype)
+        return xt
 
     def _check_device_x(self, x):
         """A device array x (B, T, m), as `Task.batches(device="cuda")` yields, -> time-major
@@ -90,7 +97,7 @@ class Model:
             raise TypeError(f"x must hold floating-point values (float32 or float64), got dtype "
                             f"{x.dtype}")
         from . import gpu
-        return gpu.time_major(x, self.dtype)
+        return gpu.time_major(x, self.dtype, self._workspace)
 
     def _check_y(self, y, B):
         y = np.asarray(y)

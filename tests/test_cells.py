@@ -254,6 +254,29 @@ def test_bad_inputs_are_named():
         model.loss_and_grad(good, np.array([0.0, 1.0]))
 
 
+def test_inputs_of_any_layout_and_float_dtype_give_the_same_model_outputs():
+    """Model._check_x reorders x (B, T, m) to time-major with kernels/layout.py, into a buffer
+    kept from call to call: a strided view, a float16 copy and a float64 copy of one batch give
+    the logits of the contiguous float32 batch, and a second batch does not see the first."""
+    model = nprnn.make_model("antisym", 3, 4, 2, eps=0.5, seed=1)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((5, 6, 3)).astype(np.float16).astype(np.float32)
+    want = model.forward(x)
+    wide = np.zeros((5, 12, 3), np.float32)
+    wide[:, ::2] = x
+    for variant in (wide[:, ::2], x.astype(np.float16), x.astype(np.float64),
+                    np.asfortranarray(x)):
+        np.testing.assert_allclose(model.forward(variant), want, rtol=1e-6, atol=1e-7)
+    other = rng.standard_normal((5, 6, 3)).astype(np.float32)
+    first = model.forward(other)
+    assert not np.allclose(first, want)
+    np.testing.assert_array_equal(model.forward(x), want)
+    inf = x.copy()
+    inf[4, 0, 2] = -np.inf
+    with pytest.raises(ValueError, match=r"NaN or Inf, first at index \(b, t, j\) = \(4, 0, 2\)"):
+        model.forward(inf)
+
+
 def test_float32_subnormal_gradients_are_flushed_to_zero():
     """common.flush_subnormal: float32 subnormals become 0 (they cost ~100 cycles per operation
     in the products of BPTT); normal numbers and all float64 values pass through unchanged."""

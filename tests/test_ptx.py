@@ -33,7 +33,7 @@ from nprnn.device import cuda_available, simulator_enabled
 CC = (9, 0)
 MODULES = ["nprnn.kernels.gpu_common", "nprnn.kernels.antisym", "nprnn.kernels.readout",
            "nprnn.kernels.rnn", "nprnn.kernels.lstm", "nprnn.kernels.gru",
-           "nprnn.kernels.optim", "nprnn.kernels.noise"]
+           "nprnn.kernels.optim", "nprnn.kernels.noise", "nprnn.kernels.layout"]
 
 # argument name -> kind: "1", "2", "3" a C-contiguous array of the model dtype with that many
 # dimensions; "f" a scalar of the model dtype; "f64" a Python float; "i" a Python int;

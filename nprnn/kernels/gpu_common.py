@@ -215,43 +215,6 @@ def transpose_gpu(out, a, *, block=(16, 16)):
     transpose_kernel[(cdiv(C, block[0]), cdiv(R, block[1])), block](out, a)
 
 
-# ------------------------------------------------------------------------------------------
-# Batches that live on the device: (B, T, m) as the datasets give them, (T, B, m) for the kernels
-# ------------------------------------------------------------------------------------------
-
-@cuda.jit
-def copy_leading_steps_kernel(x, head):
-    """x[b, t, j] = head[b, t, j] for t < t0 (written, =): head (B, t0, m) into x (B, T, m).
-    One thread per element of head; 2-d grid (t m + j, b)."""
-    i, b = cuda.grid(2)
-    B, t0, m = head.shape
-    if b < B and i < t0 * m:
-        x[b, i // m, i % m] = head[b, i // m, i % m]
-
-
-def copy_leading_steps_gpu(x, head, *, threads=256):
-    """x[:, :t0] = head (written, =) for device arrays head (B, t0, m), x (B, T, m)."""
-    B, t0, m = head.shape
-    copy_leading_steps_kernel[(cdiv(max(t0 * m, 1), threads), B), (threads, 1)](x, head)
-
-
-@cuda.jit
-def time_major_kernel(out, x):
-    """out[t, b, j] = x[b, t, j] (written, =; converted to out's dtype): x (B, T, m), out
-    (T, B, m). One thread per element; 2-d grid (b m + j, t), so that consecutive threads write
-    consecutive elements of out."""
-    i, t = cuda.grid(2)
-    T, B, m = out.shape
-    if t < T and i < B * m:
-        out[t, i // m, i % m] = x[i // m, t, i % m]
-
-
-def time_major_gpu(out, x, *, threads=256):
-    """out (T, B, m) = x (B, T, m) with its first two axes swapped (written, =), on the device."""
-    T, B, m = out.shape
-    time_major_kernel[(cdiv(B * m, threads), T), (threads, 1)](out, x)
-
-
 @cuda.jit
 def rows_times_matrix_kernel(dh, D, W, t, accumulate):
     """dh[b, j] (+)= sum_k D[t, b, k] W[k, j]: dL/dh_{t-1} from the pre-activation gradients of

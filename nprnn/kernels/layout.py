@@ -1,0 +1,76 @@
+"""Batches in the kernels' layout: the datasets give x as (B, T, m), every cell kernel reads it
+time-major, (T, B, m), so that step t is one contiguous (B, m) block. The CPU twin above the GPU
+twins.
+
+    to_time_major_cpu    out[t, b, j] = x[b, t, j], counting the non-finite values on the way
+                         (the model refuses a NaN or Inf in its input)
+    time_major_gpu       the same on the device (device inputs are not scanned)
+    copy_leading_steps_gpu   x[:, :t0] = head: the image part of a noise-padded batch made on the
+                         device, before its noise is drawn there (nprnn.gpu.head_then_noise)
+"""
+import math
+
+import numba
+import numpy as np
+
+from .common import njit_parallel
+from .gpu_common import cdiv, cuda
+
+
+# ------------------------------------------------------------------------------------------
+# CPU twin
+# ------------------------------------------------------------------------------------------
+
+@njit_parallel
+def to_time_major_cpu(out, x):
+    """out[t, b, j] = x[b, t, j] (written, =, in out's dtype): x (B, T, m) of any strides, out
+    (T, B, m) C-contiguous. Returns how many values of x are NaN or Inf. Steps are split over the
+    CPU threads; for a padded-mnist batch (40 MB) this is a quarter of NumPy's single-threaded
+    isfinite + transposing copy."""
+    B, T, m = x.shape
+    bad = 0
+    for t in numba.prange(T):
+        for b in range(B):
+            for j in range(m):
+                v = x[b, t, j]
+                if not math.isfinite(v):
+                    bad += 1
+                out[t, b, j] = v
+    return bad
+
+
+# ------------------------------------------------------------------------------------------
+# GPU twins
+# ------------------------------------------------------------------------------------------
+
+@cuda.jit
+def time_major_kernel(out, x):
+    """out[t, b, j] = x[b, t, j] (written, =; converted to out's dtype): x (B, T, m), out
+    (T, B, m). One thread per element; 2-d grid (b m + j, t), so that consecutive threads write
+    consecutive elements of out."""
+    i, t = cuda.grid(2)
+    T, B, m = out.shape
+    if t < T and i < B * m:
+        out[t, i // m, i % m] = x[i // m, t, i % m]
+
+
+def time_major_gpu(out, x, *, threads=256):
+    """out (T, B, m) = x (B, T, m) with its first two axes swapped (written, =), on the device."""
+    T, B, m = out.shape
+    time_major_kernel[(cdiv(B * m, threads), T), (threads, 1)](out, x)
+
+
+@cuda.jit
+def copy_leading_steps_kernel(x, head):
+    """x[b, t, j] = head[b, t, j] for t < t0 (written, =): head (B, t0, m) into x (B, T, m).
+    One thread per element of head; 2-d grid (t m + j, b)."""
+    i, b = cuda.grid(2)
+    B, t0, m = head.shape
+    if b < B and i < t0 * m:
+        x[b, i // m, i % m] = head[b, i // m, i % m]
+
+
+def copy_leading_steps_gpu(x, head, *, threads=256):
+    """x[:, :t0] = head (written, =) for device arrays head (B, t0, m), x (B, T, m)."""
+    B, t0, m = head.shape
+    copy_leading_steps_kernel[(cdiv(max(t0 * m, 1), threads), B), (threads, 1)](x, head)
