@@ -1,7 +1,7 @@
 """What a batch costs next to the training step that consumes it.
 
     python benchmarks/bench_data.py [--data-dir DIR] [--tasks mnist,pmnist,mnist-noise,padded-mnist]
-                                    [--synthetic cifar10,cifar10-noise]
+                                    [--synthetic cifar10,cifar10-noise] [--device cpu|cuda]
 
 For each task: the time to open its cache (checks included), the median time to produce one
 training batch and one test batch of B sequences (read the images from the HDF5 file, scale them,
@@ -12,8 +12,9 @@ and writing it once, over the same step time.
 Batches and steps are timed in alternating rounds, so that both see the same machine load.
 The caches are built first if needed (MNIST must be in DIR/mnist or downloadable). The
 --synthetic tasks (CIFAR-10, which cannot be had everywhere) are timed on random images of their
-shape: their layout and noise, all of a batch but the read from the cache. Prints a table;
-nothing is asserted (timings are not tests).
+shape: their layout and noise, all of a batch but the read from the cache. With --device cuda
+the batches are made as training on cuda makes them (the noise drawn on the GPU) and the step runs
+there. Prints a table; nothing is asserted (timings are not tests).
 """
 import argparse
 import os
@@ -28,51 +29,63 @@ import numpy as np                                       # noqa: E402
 
 import nprnn                                             # noqa: E402
 from nprnn import noise, sources                         # noqa: E402
-from nprnn.datasets import LAYOUTS, get_task, task_spec  # noqa: E402
+from nprnn.datasets import LAYOUTS, NOISE_HEADS, get_task, task_spec  # noqa: E402
 
 
-def median_time(fn, repeats):
+def median_time(fn, repeats, sync=lambda: None):
+    """Median wall time (s) of fn(); `sync` waits for the GPU's queued work (a no-op on the CPU)."""
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         fn()
+        sync()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
 
-def time_batches_and_step(next_train, next_test, m, K, B, n, batches, steps):
-    """Median times (s) of a training batch, a test batch and one antisym training step, timed in
-    interleaved rounds so that all three see the same machine load; and of the floor under any
-    batch: allocating and writing a fresh float32 array of its shape."""
+def synchronizer(device):
+    if device == "cuda":
+        from numba import cuda
+        return cuda.synchronize
+    return lambda: None
+
+
+def time_batches_and_step(next_train, next_test, m, K, B, n, batches, steps, device):
+    """Median times (s) of a training batch, a test batch and one antisym training step on
+    `device`, timed in interleaved rounds so that all three see the same machine load; and, on
+    the CPU, of the floor under any batch: allocating and writing a fresh float32 array of its
+    shape."""
+    sync = synchronizer(device)
     next_train(), next_test()                            # first touch of the output memory
-    model = nprnn.make_model("antisym", m, n, K, dtype="float32")
+    model = nprnn.make_model("antisym", m, n, K, dtype="float32", device=device)
     x, y = next_train()
     model.loss_and_grad(x, y)                            # compile (cached on disk) and warm up
     train_t, test_t, step_t = [], [], []
     for _ in range(steps):
-        train_t.append(median_time(next_train, batches))
-        test_t.append(median_time(next_test, batches))
-        step_t.append(median_time(lambda: model.loss_and_grad(x, y), 1))
-    write_s = median_time(lambda: np.empty(x.shape, np.float32).fill(0), batches)
+        train_t.append(median_time(next_train, batches, sync))
+        test_t.append(median_time(next_test, batches, sync))
+        step_t.append(median_time(lambda: model.loss_and_grad(x, y), 1, sync))
+    write_s = (median_time(lambda: np.empty(x.shape, np.float32).fill(0), batches)
+               if device == "cpu" else float("nan"))
     train_s, test_s, step_s = map(statistics.median, (train_t, test_t, step_t))
     return dict(train_s=train_s, test_s=test_s, step_s=step_s, write_s=write_s)
 
 
-def bench_task(name, data_dir, B, n, batches, steps, T):
+def bench_task(name, data_dir, B, n, batches, steps, T, device):
     """A task read from its cache, as training reads it."""
     get_task(name, data_dir=data_dir, T=T, progress=False).close()    # build the cache if needed
     start = time.perf_counter()
     task = get_task(name, data_dir=data_dir, T=T, progress=False)
     open_s = time.perf_counter() - start
-    train_iter = task.batches("train", B, seed=0, epoch=0)
-    test_iter = task.batches("test", B)
+    train_iter = task.batches("train", B, seed=0, epoch=0, device=device)
+    test_iter = task.batches("test", B, device=device)
     r = time_batches_and_step(lambda: next(train_iter), lambda: next(test_iter), task.m,
-                              task.num_classes, B, n, batches, steps)
+                              task.num_classes, B, n, batches, steps, device)
     task.close()
     return dict(r, task=name, T=task.T, m=task.m, open=f"{1e3 * open_s:>6.0f}ms")
 
 
-def bench_synthetic(name, B, n, batches, steps, T):
+def bench_synthetic(name, B, n, batches, steps, T, device):
     """A task whose raw files cannot be had here (CIFAR-10): its sequence layout applied to random
     uint8 images of its shape, with its noise keys. Everything a batch costs but reading the
     B images from the cache (about 0.3 ms for 128 MNIST digits by positioned reads)."""
@@ -90,18 +103,31 @@ def bench_synthetic(name, B, n, batches, steps, T):
         keys = (np.column_stack([np.full(B, 1), np.zeros(B, int), np.zeros(B, int),
                                  np.full(B, i), np.arange(B)]) if split == "train" else
                 np.column_stack([np.full(B, 2), np.ones(B, int), i * B + np.arange(B)]))
-        return layout(images, T, perm, keys), rng.integers(0, 10, B)
+        y = rng.integers(0, 10, B)
+        if device == "cpu":
+            return layout(images, T, perm, keys), y
+        from nprnn import gpu                        # as Task.batches(device="cuda") makes it
+        if spec.noisy:
+            return gpu.head_then_noise(NOISE_HEADS[spec.layout](images), T, keys), y
+        return gpu.to_device(layout(images, T, perm, keys)), y
 
     r = time_batches_and_step(lambda: batch("train"), lambda: batch("test"), m, 10, B, n,
-                              batches, steps)
+                              batches, steps, device)
     return dict(r, task=name + "*", T=T, m=m, open="-")
 
 
-def bench_noise(B=128, T=1000, m=28, repeats=5):
+def bench_noise(B=128, T=1000, m=28, repeats=5, device="cpu"):
     """ns per float32 N(0, 1) draw, on all CPU threads: nprnn.noise (keyed streams, Box-Muller)
-    and NumPy's Generator (one thread, ziggurat)."""
+    and NumPy's Generator (one thread, ziggurat); on cuda also nprnn.noise on the GPU."""
     x = np.zeros((B, T, m), dtype=np.float32)
     keys = np.column_stack([np.ones(B, int), np.arange(B)])
+    on_gpu = None
+    if device == "cuda":
+        from numba import cuda
+        x_gpu = cuda.device_array((B, T, m), dtype=np.float32)
+        noise.fill_gaussian_device(x_gpu, 0, keys)
+        on_gpu = 1e9 * median_time(lambda: noise.fill_gaussian_device(x_gpu, 0, keys), repeats,
+                                   cuda.synchronize) / x.size
     noise.fill_gaussian(x, 0, keys)                      # compile (cached on disk)
     ours = median_time(lambda: noise.fill_gaussian(x, 0, keys), repeats)
     rng = np.random.default_rng(0)
@@ -110,7 +136,7 @@ def bench_noise(B=128, T=1000, m=28, repeats=5):
         for b in range(B):
             rng.standard_normal(out=x[b], dtype=np.float32)
     theirs = median_time(numpy_fill, repeats)
-    return 1e9 * ours / x.size, 1e9 * theirs / x.size
+    return 1e9 * ours / x.size, 1e9 * theirs / x.size, on_gpu
 
 
 def main():
@@ -127,9 +153,19 @@ def main():
     parser.add_argument("--steps", type=int, default=5,
                         help="rounds: each times --batches batches per split, then one step")
     parser.add_argument("--T", type=int, default=None, help="T of the noise tasks")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                        help="where batches are made and steps run (cuda: batches made on the "
+                             "GPU, as training on cuda makes them)")
     args = parser.parse_args()
 
-    print(f"B={args.batch_size}, antisym n={args.hidden} float32, {os.cpu_count()} CPU cores, "
+    if args.device == "cuda":
+        from nprnn.device import DeviceUnavailable, resolve_device
+        try:
+            resolve_device("cuda")
+        except DeviceUnavailable as exc:                 # say why, without a traceback
+            sys.exit(f"bench_data.py: {exc}")
+    print(f"device {args.device}, B={args.batch_size}, antisym n={args.hidden} float32, "
+          f"{os.cpu_count()} CPU cores, "
           f"load average {os.getloadavg()[0]:.1f}; medians over {args.steps} rounds of "
           f"{args.batches} batches + 1 step")
     print(f"{'task':<14} {'T':>5} {'m':>4} {'open':>8} {'train batch':>12} {'test batch':>11} "
@@ -140,18 +176,19 @@ def main():
     rows += [(bench_synthetic, name, {}) for name in filter(None, args.synthetic.split(","))]
     for bench, name, extra in rows:
         r = bench(name, B=args.batch_size, n=args.hidden, batches=args.batches, steps=args.steps,
-                  T=args.T if name in noisy else None, **extra)
+                  T=args.T if name in noisy else None, device=args.device, **extra)
         print(f"{r['task']:<14} {r['T']:>5} {r['m']:>4} {r['open']:>8} "
               f"{1e3 * r['train_s']:>10.1f}ms {1e3 * r['test_s']:>9.1f}ms "
-              f"{1e3 * r['step_s']:>7.0f}ms {100 * r['train_s'] / r['step_s']:>10.1f}% "
-              f"{100 * r['write_s'] / r['step_s']:>10.1f}%",
+              f"{1e3 * r['step_s']:>7.1f}ms {100 * r['train_s'] / r['step_s']:>10.1f}% "
+              + (f"{100 * r['write_s'] / r['step_s']:>10.1f}%" if args.device == "cpu"
+                 else f"{'-':>11}"),
               flush=True)
-    ours, theirs = bench_noise()
+    ours, theirs, on_gpu = bench_noise(args.batch_size, args.T or 1000, device=args.device)
     if args.synthetic:
         print("* random images of the task's shape through its layout and noise: all of a batch "
               "but reading the images from the cache")
     print(f"N(0, 1) float32 draws: nprnn.noise {ours:.1f} ns, numpy Generator.standard_normal "
-          f"{theirs:.1f} ns")
+          f"{theirs:.1f} ns" + (f", nprnn.noise on the GPU {on_gpu:.3f} ns" if on_gpu else ""))
     print(f"load average at the end: {os.getloadavg()[0]:.1f}")
 
 

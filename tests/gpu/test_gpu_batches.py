@@ -60,3 +60,21 @@ def test_model_takes_device_batches(data_dir, monkeypatch):
         cpu_model.loss_and_grad(xd, y)
     with pytest.raises(ValueError, match="m = input_size = 784"):
         model.loss_and_grad(gpu.to_device(np.zeros((4, 3, 5), np.float32)), y)
+
+
+def test_data_benchmark_on_cuda(monkeypatch, capsys):
+    """benchmarks/bench_data.py --device cuda at tiny sizes: batches made on the device, the
+    step on the device, and the GPU noise rate printed."""
+    import runpy
+    monkeypatch.setitem(gpu.LAUNCH, "readout_block", (4, 2))
+    monkeypatch.setattr(sys, "argv", ["bench_data.py", "--device", "cuda", "--tasks", "",
+                                      "--synthetic", "cifar10-noise", "--batch-size", "2",
+                                      "--hidden", "3", "--batches", "1", "--steps", "1",
+                                      "--T", "33"])
+    runpy.run_path(str(Path(__file__).resolve().parents[2] / "benchmarks" / "bench_data.py"),
+                   run_name="__main__")
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("device cuda, B=2")
+    row = next(line.split() for line in out if line.startswith("cifar10-noise*"))
+    assert row[1:3] == ["33", "96"] and row[-1] == "-"
+    assert "nprnn.noise on the GPU" in out[-2]
