@@ -34,6 +34,8 @@ sees exactly the batches it would have seen. Noise is drawn per batch, never sto
 from its own stream (nprnn.noise): in a training batch keyed by (seed, epoch, batch index,
 position in the batch), fresh every batch and reproducible; in validation and test keyed by the
 example's file and row, so every evaluation sees the same noise whatever the batch size.
+`batches(..., device="cuda")` makes the same batches on the GPU: the images are uploaded and the
+noise is drawn there (the same numbers to float32 rounding), for training on --device cuda.
 
 The cache
 ---------
