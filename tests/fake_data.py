@@ -133,13 +133,16 @@ CIFAR_TARBALLS = dict(python="cifar-10-python.tar.gz", binary="cifar-10-binary.t
 
 
 def tarball_bytes(members, directory):
+    """A .tar.gz of the members under `directory`, the same bytes at every call: member mtimes
+    and the gzip header's time are 0 (tarfile's "w:gz" would stamp the current second into the
+    header, so two calls a second apart gave different MD5s)."""
     buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+    with tarfile.open(fileobj=buf, mode="w") as tar:
         for name, data in members.items():
             info = tarfile.TarInfo(f"{directory}/{name}")
             info.size, info.mtime = len(data), 0
             tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
+    return gzip.compress(buf.getvalue(), mtime=0)
 
 
 def write_fake_cifar(directory, kind, form, batches=None):
