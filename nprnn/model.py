@@ -77,7 +77,7 @@ class Model:
         # time-major and contiguous, what the kernels read, in a buffer kept from call to call
         B, T, m = x.shape
         xt = self._inputs.get("x", (T, B, m), self.dtype)
-        if K_layout.to_time_major_cpu(xt, x):
+        if K_layout.time_major_cpu(xt, x):
             bad = tuple(int(i) for i in np.argwhere(~np.isfinite(x))[0])
             raise ValueError(f"x contains NaN or Inf, first at index (b, t, j) = {bad}")
         return xt

@@ -2,7 +2,7 @@
 time-major, (T, B, m), so that step t is one contiguous (B, m) block. The CPU twin above the GPU
 twins.
 
-    to_time_major_cpu    out[t, b, j] = x[b, t, j], counting the non-finite values on the way
+    time_major_cpu       out[t, b, j] = x[b, t, j], counting the non-finite values on the way
                          (the model refuses a NaN or Inf in its input)
     time_major_gpu       the same on the device (device inputs are not scanned)
     copy_leading_steps_gpu   x[:, :t0] = head: the image part of a noise-padded batch made on the
@@ -22,7 +22,7 @@ from .gpu_common import cdiv, cuda
 # ------------------------------------------------------------------------------------------
 
 @njit_parallel
-def to_time_major_cpu(out, x):
+def time_major_cpu(out, x):
     """out[t, b, j] = x[b, t, j] (written, =, in out's dtype): x (B, T, m) of any strides, out
     (T, B, m) C-contiguous. Returns how many values of x are NaN or Inf. Steps are split over the
     CPU threads; for a padded-mnist batch (40 MB) this is a quarter of NumPy's single-threaded
