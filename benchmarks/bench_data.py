@@ -17,6 +17,7 @@ the batches are made as training on cuda makes them (the noise drawn on the GPU)
 there. Prints a table; nothing is asserted (timings are not tests).
 """
 import argparse
+import itertools
 import os
 import statistics
 import sys
@@ -95,7 +96,7 @@ def bench_synthetic(name, B, n, batches, steps, T, device):
     layout = LAYOUTS[spec.layout][0]
     perm = np.arange(H * W)
     rng = np.random.default_rng(0)
-    counter = iter(range(10 ** 9))
+    counter = itertools.count()
 
     def batch(split):
         images = rng.integers(0, 256, (B, H, W, C), dtype=np.uint8)

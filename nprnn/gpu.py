@@ -30,7 +30,7 @@ from .kernels import gru as K_gru
 from .kernels import lstm as K_lstm
 from .kernels import readout as K_readout
 from .kernels import rnn as K_rnn
-from .kernels.gpu_common import SHARED_BYTES_MAX, cuda, fill
+from .kernels.gpu_common import SHARED_BYTES_MAX, cuda, fill, is_device_array
 from .kernels.layout import copy_leading_steps_gpu, time_major_gpu
 
 VERSIONS = ("auto", "step", "persistent")
@@ -59,11 +59,6 @@ def _launch(version, backward, skew=None):
 # ------------------------------------------------------------------------------------------
 # Device arrays
 # ------------------------------------------------------------------------------------------
-
-def is_device_array(a):
-    """Whether `a` lives on the GPU (a numba device array, or the simulator's stand-in)."""
-    return hasattr(a, "copy_to_host")
-
 
 def to_device(a, dtype=None):
     """A device array holding `a` (a NumPy array, or already a device array: returned as is)."""

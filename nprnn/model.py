@@ -13,6 +13,7 @@ import numpy as np
 from .cells import CELLS, DEFAULT_EPS, DEFAULT_GAMMA, Workspace, gaussian
 from .device import DEVICES, resolve_device
 from .kernels import layout as K_layout
+from .kernels.gpu_common import is_device_array
 from .kernels import readout as K_readout
 
 DTYPES = ("float32", "float64")
@@ -61,7 +62,7 @@ class Model:
 
     # -- validation ----------------------------------------------------------------------------
     def _check_x(self, x):
-        if hasattr(x, "copy_to_host"):                   # a device array (numba.cuda)
+        if is_device_array(x):
             return self._check_device_x(x)
         if not isinstance(x, np.ndarray):
             raise TypeError(f"x must be a numpy array of shape (B, T, {self.input_size}), "

@@ -15,6 +15,7 @@ transform; the kernels, and why they are written the way they are, are in `nprnn
 """
 import numpy as np
 
+from .kernels import gpu_common as K_gpu
 from .kernels import noise as K
 from .kernels.common import njit
 
@@ -63,9 +64,8 @@ def fill_gaussian(x, t0, keys):
 def fill_gaussian_device(x, t0, keys):
     """The same numbers as `fill_gaussian` (to float32 rounding), drawn on the GPU into the
     device array x float32 (B, T, m); keys (B, k) is a host array of non-negative integers."""
-    if not hasattr(x, "copy_to_host") or x.dtype != np.float32 or len(x.shape) != 3:
+    if not K_gpu.is_device_array(x) or x.dtype != np.float32 or len(x.shape) != 3:
         raise ValueError(f"x must be a float32 device array of shape (B, T, m), got "
                          f"{type(x).__name__} {getattr(x, 'dtype', '')} {getattr(x, 'shape', '')}")
-    from .kernels.gpu_common import cuda
-    starts = cuda.to_device(_starts(x, t0, keys))
+    starts = K_gpu.cuda.to_device(_starts(x, t0, keys))
     K.gaussian_fill_gpu(x, int(t0), starts)

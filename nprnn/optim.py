@@ -20,18 +20,14 @@ import math
 import numpy as np
 
 from .kernels import optim as K_optim
+from .kernels.gpu_common import is_device_array
 
 OPTIMIZERS = ("sgd", "adagrad")
 
 
-def _on_gpu(a):
-    """Whether `a` is a numba device array (a parameter of a model on device "cuda")."""
-    return hasattr(a, "copy_to_host")
-
-
 def _flat(a, what, name):
     """A 1-d view of a C-contiguous array (a copy would silently drop the in-place update)."""
-    if _on_gpu(a):
+    if is_device_array(a):
         return a.reshape(a.size)
     if not isinstance(a, np.ndarray) or not a.flags.c_contiguous:
         raise ValueError(f"{what} {name!r} must be a C-contiguous numpy array so that it can be "
@@ -49,7 +45,7 @@ def _positive(label, value):
 def global_norm(grads):
     """||g|| = sqrt(sum over all tensors and elements of g**2), accumulated in float64 so that a
     float32 gradient cannot overflow the sum. inf or nan when a gradient holds inf or nan."""
-    if any(_on_gpu(g) for g in grads.values()):
+    if any(is_device_array(g) for g in grads.values()):
         from . import gpu
         total = gpu.to_device(np.zeros(1, dtype=np.float64))
         for name, g in grads.items():
@@ -73,7 +69,7 @@ def clip_scale(norm, clip):
 
 def _full_like(p, value):
     """An array shaped like p, on p's device, filled with value."""
-    if _on_gpu(p):
+    if is_device_array(p):
         from . import gpu
         a = gpu.cuda.device_array(p.shape, dtype=p.dtype)
         gpu.fill(a, value)
@@ -113,7 +109,7 @@ class Optimizer:
                                  f"the parameter has shape {p.shape} and dtype {p.dtype}")
             state = [_flat(self.slots[s][k], f"{self.name} state {s}", k)
                      for s in self.slot_names]
-            update = self._update_gpu if _on_gpu(p) else self._update
+            update = self._update_gpu if is_device_array(p) else self._update
             update(_flat(p, "parameter", k), *state, _flat(g, "gradient", k), float(scale))
         self.steps += 1
 
@@ -144,7 +140,7 @@ class Optimizer:
                 if a.shape != live.shape or a.dtype != live.dtype:
                     raise ValueError(f"{self.name} state {s}/{k} has shape {a.shape} and dtype "
                                      f"{a.dtype}; expected {live.shape} and {live.dtype}")
-                if _on_gpu(live):
+                if is_device_array(live):
                     live.copy_to_device(np.ascontiguousarray(a))
                 else:
                     live[...] = a

@@ -66,6 +66,12 @@ TILE = 16                       # matmul_tn_gpu: (TILE x TILE) threads per block
 TARGET_BLOCKS = 512             # matmul_tn_gpu: enough blocks to fill ~132 SMs a few times over
 
 
+def is_device_array(a):
+    """Whether `a` lives on the GPU (a numba device array, or the simulator's stand-in). Safe to
+    call without numba-cuda installed."""
+    return hasattr(a, "copy_to_host")
+
+
 def cdiv(a, b):
     """ceil(a / b) for positive integers."""
     return -(-a // b)
