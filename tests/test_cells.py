@@ -275,22 +275,3 @@ def test_inputs_of_any_layout_and_float_dtype_give_the_same_model_outputs():
     inf[4, 0, 2] = -np.inf
     with pytest.raises(ValueError, match=r"NaN or Inf, first at index \(b, t, j\) = \(4, 0, 2\)"):
         model.forward(inf)
-
-
-def test_float32_subnormal_gradients_are_flushed_to_zero():
-    """common.flush_subnormal: float32 subnormals become 0 (they cost ~100 cycles per operation
-    in the products of BPTT); normal numbers and all float64 values pass through unchanged."""
-    import numba
-    from nprnn.kernels.common import flush_subnormal
-
-    @numba.njit
-    def flush_all(a):
-        out = np.empty_like(a)
-        for i in range(a.size):
-            out[i] = flush_subnormal(a[i])
-        return out
-    tiny = np.finfo(np.float32).tiny
-    a32 = np.array([tiny / 4, -tiny / 2, tiny, -3e-20, 1.0], dtype=np.float32)
-    np.testing.assert_array_equal(flush_all(a32), np.array([0, 0, tiny, -3e-20, 1], np.float32))
-    a64 = np.array([1e-310, -1e-320, 1.0])
-    np.testing.assert_array_equal(flush_all(a64), a64)

@@ -16,6 +16,7 @@ and asks the *current GPU* for its compute capability to do so, which fails with
 same one the kernel itself is compiled for; with a real GPU present nothing is replaced.
 """
 import importlib
+import re
 import types
 
 import numba
@@ -113,9 +114,32 @@ def test_kernels_were_found():
         assert expected in names, f"kernel scan missed {expected}: found {sorted(names)}"
 
 
+# The float32 version of a kernel does no float64 arithmetic (see tests/test_precision.py for why
+# it happens and what it costs; on a GPU float64 runs at a fraction of float32's rate), except
+# where it is meant: kernel -> why.
+FLOAT64_ON_PURPOSE = {
+    "softmax_xent_kernel": "the softmax and loss of K = 10 logits per row, as the CPU twin",
+    "sum_squares_block_kernel": "the squared gradient norm is summed in float64",
+    "sum_block_sums_kernel": "the squared gradient norm is summed in float64",
+    "sgd_momentum_kernel": "lr, momentum and scale are float64 scalars, as on the CPU",
+    "adagrad_kernel": "lr, delta and scale are float64 scalars, as on the CPU",
+    "antisym_matrix_kernel": "gamma is a float64 scalar; n values per call",
+    "shifted_matrix_kernel": "gamma is a float64 scalar; n values per call",
+}
+F64_ARITHMETIC = re.compile(r"^\s*(?:@!?%p\d+\s+)?((?:add|sub|mul|div|fma|rcp|sqrt|neg|abs|min|max)"
+                            r"(?:\.[a-z0-9]+)*\.f64)\b", re.M)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("module, name, kernel", KERNELS, ids=[k[1] for k in KERNELS])
 def test_kernel_compiles_to_ptx_for_sm90(ptx_target, module, name, kernel, dtype):
     ptx, _ = cuda.compile_ptx(kernel.py_func, arg_types(name, kernel.py_func, dtype), cc=CC)
     assert f".target sm_{CC[0]}{CC[1]}" in ptx
     assert ".entry" in ptx, f"{module}.{name}: no kernel entry point in the PTX"
+    if dtype == "float32":
+        f64 = sorted(set(F64_ARITHMETIC.findall(ptx)))
+        if name in FLOAT64_ON_PURPOSE:
+            assert f64, f"{name} no longer uses float64: take it out of FLOAT64_ON_PURPOSE"
+        else:
+            assert not f64, (f"{module}.{name} does float64 arithmetic in float32 ({f64}): a "
+                             f"float literal or an int mixed with float32?")

@@ -30,8 +30,9 @@ How the CPU work is split (the standard recipe, on threads that own batch rows):
 import numpy as np
 from numba import prange
 
-from .common import (dsigmoid_from_y, dtanh_from_y, matmul_nt_rows, matmul_tn_rows, njit,
-                     njit_parallel, num_slices, row_slice, sigmoid, sum_rows, tanh)
+from .common import (dsigmoid_from_y, dtanh_from_y, flush_denormals, matmul_nt_rows,
+                     matmul_tn_rows, njit, njit_parallel, num_slices, restore_fp_mode, row_slice,
+                     sigmoid, sum_rows, tanh)
 from .gpu_common import (MAX_THREADS_PER_BLOCK, SHARED_BYTES_MAX, TILE, WARP, cdiv, column_sums_gpu,
                          cuda, load_block_rows, matmul_tn_gpu, round_up, scratch)
 
@@ -106,6 +107,7 @@ def euler_backward_cpu(dA, dV_h, db_h, dh0, da, dh_T, hs, th, x, A, eps):
     S = num_slices(B)
     for c in prange(S):
         b0, b1 = row_slice(c, S, B)
+        mode = flush_denormals(dh0)      # float32: subnormals to zero (common.py)
         dh = dh0[b0:b1]
         dA_h = np.empty((b1 - b0, n), dtype=dh0.dtype)
         for t in range(T - 1, -1, -1):
@@ -118,6 +120,7 @@ def euler_backward_cpu(dA, dV_h, db_h, dh0, da, dh_T, hs, th, x, A, eps):
             # so:          dh_{t-1} += da_t A
             np.dot(da[t, b0:b1], A, dA_h)
             dh += dA_h
+        restore_fp_mode(mode)
     # 3. parameter gradients over all steps at once
     da2 = da.reshape(T * B, n)
     matmul_tn_rows(dA, da2, hs[:T].reshape(T * B, n))    # dA   = sum_t da_t^T h_{t-1}
@@ -169,6 +172,7 @@ def euler_gated_backward_cpu(dA, dV_h, db_h, dV_z, db_z, dh0, da, dzp, ds,
     S = num_slices(B)
     for c in prange(S):
         b0, b1 = row_slice(c, S, B)
+        mode = flush_denormals(dh0)      # float32: subnormals to zero (common.py)
         dh = dh0[b0:b1]
         dA_h = np.empty((b1 - b0, n), dtype=dh0.dtype)
         for t in range(T - 1, -1, -1):
@@ -186,6 +190,7 @@ def euler_gated_backward_cpu(dA, dV_h, db_h, dV_z, db_z, dh0, da, dzp, ds,
             # so:          dh_{t-1} += (da_t + dzp_t) A
             np.dot(ds[t, b0:b1], A, dA_h)
             dh += dA_h
+        restore_fp_mode(mode)
     x2 = x.reshape(T * B, m)
     matmul_tn_rows(dA, ds.reshape(T * B, n), hs[:T].reshape(T * B, n))  # sum_t (da+dzp)^T h
     matmul_tn_rows(dV_h, da.reshape(T * B, n), x2)                      # sum_t da_t^T x_t

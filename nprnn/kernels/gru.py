@@ -28,11 +28,47 @@ The caller holds BLAS to one thread (`common.one_blas_thread`) while these kerne
 import numpy as np
 from numba import prange
 
-from .common import (dsigmoid_from_y, dtanh_from_y, flush_subnormal, matmul_nt_rows,
-                     matmul_tn_rows, njit_parallel, num_slices, row_slice, sigmoid, sum_rows,
-                     tanh)
+from .common import (dsigmoid_from_y, dtanh_from_y, flush_denormals, flush_subnormal,
+                     matmul_nt_rows, matmul_tn_rows, njit_inline, njit_parallel, num_slices,
+                     restore_fp_mode, row_slice, sigmoid, sum_rows, tanh)
 from .gpu_common import (TILE, cdiv, cuda, load_block_rows, rows_times_matrix_gpu, scratch,
                          stacked_param_grads_gpu, state_launch, transpose_gpu)
+
+
+# ------------------------------------------------------------------------------------------
+# The unit's math, shared by the CPU and the GPU twins
+# ------------------------------------------------------------------------------------------
+# h_t = (1 - z) n_t + z h_{t-1} is computed as n_t + z (h_{t-1} - n_t), the same value: a literal
+# 1 is a float64 to numba, so `1 - z` would turn a float32 kernel's arithmetic into float64
+# (tests/test_precision.py checks that no kernel does so by accident).
+
+@njit_inline
+def gru_unit(gi_r, gi_z, gi_n, gh_r, gh_z, hn, h_prev):
+    """One unit of one step, from gi = W_ih x_t + b_ih and gh = W_hh h_{t-1} + b_hh (hn = gh_n):
+        r = sigmoid(gi_r + gh_r), z = sigmoid(gi_z + gh_z), n_t = tanh(gi_n + r hn)
+        h_t = (1 - z) n_t + z h_{t-1}
+    Returns (r, z, n_t, h_t)."""
+    r = sigmoid(gi_r + gh_r)
+    z = sigmoid(gi_z + gh_z)
+    n_t = tanh(gi_n + r * hn)
+    return r, z, n_t, n_t + z * (h_prev - n_t)
+
+
+@njit_inline
+def gru_unit_backward(d, r, z, n_t, hn, h_prev):
+    """BPTT through gru_unit, given d = dL/dh_t.
+
+    forward was: h_t = (1 - z) n_t + z h_{t-1}
+    so:          dn_t = d (1 - z) ;  dz = d (h_{t-1} - n_t) ;  dh_{t-1} = d z + (through gh)
+    forward was: n_t = tanh(gi_n + r hn),  r = sigmoid(gi_r + gh_r),  z = sigmoid(gi_z + gh_z)
+    so:          da_n = dn_t (1 - n_t**2) ;  da_r = da_n hn r (1 - r) ;  da_z = dz z (1 - z)
+                 dgi = (da_r, da_z, da_n) ;  dgh = (da_r, da_z, da_n r)
+    Returns (da_r, da_z, da_n, da_n r, d z)."""
+    dz = d * z
+    da_n = (d - dz) * dtanh_from_y(n_t)
+    da_r = da_n * hn * dsigmoid_from_y(r)
+    da_z = d * (h_prev - n_t) * dsigmoid_from_y(z)
+    return da_r, da_z, da_n, da_n * r, dz
 
 
 @njit_parallel
@@ -58,15 +94,16 @@ def gru_forward_cpu(hs, gates, hn, x, W_ih, W_hh, b_ih, b_hh):
             for b in range(b0, b1):
                 k = b - b0
                 for j in range(n):
-                    r = sigmoid(gates[t, b, j] + b_ih[j] + Wh[k, j] + b_hh[j])
-                    z = sigmoid(gates[t, b, n + j] + b_ih[n + j] + Wh[k, n + j] + b_hh[n + j])
                     hn_t = Wh[k, 2 * n + j] + b_hh[2 * n + j]         # W_hn h_{t-1} + b_hn
-                    n_t = tanh(gates[t, b, 2 * n + j] + b_ih[2 * n + j] + r * hn_t)
+                    r, z, n_t, h = gru_unit(
+                        gates[t, b, j] + b_ih[j], gates[t, b, n + j] + b_ih[n + j],
+                        gates[t, b, 2 * n + j] + b_ih[2 * n + j], Wh[k, j] + b_hh[j],
+                        Wh[k, n + j] + b_hh[n + j], hn_t, hs[t, b, j])
                     gates[t, b, j] = r
                     gates[t, b, n + j] = z
                     gates[t, b, 2 * n + j] = n_t
                     hn[t, b, j] = hn_t
-                    hs[t + 1, b, j] = (1.0 - z) * n_t + z * hs[t, b, j]
+                    hs[t + 1, b, j] = h
 
 
 @njit_parallel
@@ -88,6 +125,7 @@ def gru_backward_cpu(dW_ih, dW_hh, db_ih, db_hh, dh0, dgi, dgh, dh_T, hs, gates,
     S = num_slices(B)
     for c in prange(S):
         b0, b1 = row_slice(c, S, B)
+        mode = flush_denormals(dh0)      # float32: subnormals to zero (common.py)
         dh = dh0[b0:b1]
         dWh = np.empty((b1 - b0, n), dtype=dh0.dtype)
         for t in range(T - 1, -1, -1):
@@ -95,27 +133,24 @@ def gru_backward_cpu(dW_ih, dW_hh, db_ih, db_hh, dh0, dgi, dgh, dh_T, hs, gates,
                 k = b - b0
                 for j in range(n):
                     r = gates[t, b, j]
-                    z = gates[t, b, n + j]
-                    n_t = gates[t, b, 2 * n + j]
-                    d = dh[k, j]
-                    # forward was: h_t = (1 - z) * n_t + z * h_{t-1}
-                    # so:          dn_t = dh_t (1 - z) ; dz = dh_t (h_{t-1} - n_t) ; dh_{t-1} = dh_t z
-                    # forward was: n_t = tanh(a_n + r * hn_t),  r = sigmoid(a_r),  z = sigmoid(a_z)
-                    # so:          da_n = dn_t (1 - n_t**2) ;  dr = da_n hn_t ;  dhn_t = da_n r
-                    da_n = flush_subnormal(d * (1 - z) * dtanh_from_y(n_t))
-                    da_r = flush_subnormal(da_n * hn[t, b, j] * dsigmoid_from_y(r))
-                    da_z = flush_subnormal(d * (hs[t, b, j] - n_t) * dsigmoid_from_y(z))
+                    da_r, da_z, da_n, dgh_n, carry = gru_unit_backward(
+                        dh[k, j], r, gates[t, b, n + j], gates[t, b, 2 * n + j], hn[t, b, j],
+                        hs[t, b, j])
+                    da_r = flush_subnormal(da_r)
+                    da_z = flush_subnormal(da_z)
+                    da_n = flush_subnormal(da_n)
                     dgi[t, b, j] = da_r
                     dgi[t, b, n + j] = da_z
                     dgi[t, b, 2 * n + j] = da_n
                     dgh[t, b, j] = da_r
                     dgh[t, b, n + j] = da_z
-                    dgh[t, b, 2 * n + j] = flush_subnormal(da_n * r)
-                    dh[k, j] = flush_subnormal(d * z)
+                    dgh[t, b, 2 * n + j] = flush_subnormal(dgh_n)
+                    dh[k, j] = flush_subnormal(carry)
             # forward was: (a_r, a_z, hn_t) read W_hh h_{t-1} + b_hh
             # so:          dh_{t-1} += dgh_t W_hh   (row form)
             np.dot(dgh[t, b0:b1], W_hh, dWh)
             dh += dWh
+        restore_fp_mode(mode)
     # 3. weight gradients over all steps at once
     dgi2 = dgi.reshape(T * B, 3 * n)
     dgh2 = dgh.reshape(T * B, 3 * n)
@@ -136,36 +171,9 @@ def gru_backward_cpu(dW_ih, dW_hh, db_ih, db_hh, dh0, dgi, dgh, dh_T, hs, gates,
 # W_hh (3n, n) is 192 KB at n = 128 in float32, more than a block's shared memory, so the
 # persistent kernels read it from global memory every step (all blocks read the same matrix; it
 # stays in the L2 cache): the forward pass reads W_hh^T (made once per call) so that consecutive
-# threads read consecutive addresses, and BPTT reads W_hh itself. The unit's math is in two
-# device functions used by both versions.
-
-@cuda.jit(device=True)
-def gru_unit(gi_r, gi_z, gi_n, gh_r, gh_z, hn, h_prev):
-    """One unit of one step, from gi = W_ih x_t + b_ih and gh = W_hh h_{t-1} + b_hh (hn = gh_n):
-        r = sigmoid(gi_r + gh_r), z = sigmoid(gi_z + gh_z), n_t = tanh(gi_n + r hn)
-        h_t = (1 - z) n_t + z h_{t-1}
-    Returns (r, z, n_t, h_t)."""
-    r = sigmoid(gi_r + gh_r)
-    z = sigmoid(gi_z + gh_z)
-    n_t = tanh(gi_n + r * hn)
-    return r, z, n_t, (1.0 - z) * n_t + z * h_prev
-
-
-@cuda.jit(device=True)
-def gru_unit_backward(d, r, z, n_t, hn, h_prev):
-    """BPTT through gru_unit, given d = dL/dh_t.
-
-    forward was: h_t = (1 - z) n_t + z h_{t-1}
-    so:          dn_t = d (1 - z) ;  dz = d (h_{t-1} - n_t) ;  dh_{t-1} = d z + (through gh)
-    forward was: n_t = tanh(gi_n + r hn),  r = sigmoid(gi_r + gh_r),  z = sigmoid(gi_z + gh_z)
-    so:          da_n = dn_t (1 - n_t**2) ;  da_r = da_n hn r (1 - r) ;  da_z = dz z (1 - z)
-                 dgi = (da_r, da_z, da_n) ;  dgh = (da_r, da_z, da_n r)
-    Returns (da_r, da_z, da_n, da_n r, d z)."""
-    da_n = d * (1.0 - z) * dtanh_from_y(n_t)
-    da_r = da_n * hn * dsigmoid_from_y(r)
-    da_z = d * (h_prev - n_t) * dsigmoid_from_y(z)
-    return da_r, da_z, da_n, da_n * r, d * z
-
+# threads read consecutive addresses, and BPTT reads W_hh itself. The unit's math is gru_unit and
+# gru_unit_backward above, shared with the CPU twins. The CPU twins flush float32 subnormal
+# gradients to zero (a CPU speed measure, as in lstm.py); the GPU twins keep them.
 
 @cuda.jit
 def gru_forward_step_kernel(hs, gates, hn, x, W_ih, W_hh, b_ih, b_hh, t):

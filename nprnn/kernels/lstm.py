@@ -34,9 +34,9 @@ The caller holds BLAS to one thread (`common.one_blas_thread`) while these kerne
 import numpy as np
 from numba import prange
 
-from .common import (dsigmoid_from_y, dtanh_from_y, flush_subnormal, matmul_nt_rows,
-                     matmul_tn_rows, njit_parallel, num_slices, row_slice, sigmoid, sum_rows,
-                     tanh)
+from .common import (BLOCK_ROWS, dsigmoid_from_y, dtanh_from_y, flush_denormals,
+                     flush_subnormal, matmul_nt_rows, matmul_tn_rows, njit_parallel, num_slices,
+                     restore_fp_mode, row_slice, sigmoid, sum_rows, tanh)
 from .gpu_common import (TILE, cdiv, cuda, fill, load_block_rows, rows_times_matrix_gpu, scratch,
                          stacked_param_grads_gpu, state_launch, transpose_gpu)
 
@@ -98,6 +98,7 @@ def lstm_backward_cpu(dW_ih, dW_hh, db_ih, db_hh, dh0, da, dh_T, hs, cs, gates, 
     S = num_slices(B)
     for c in prange(S):
         b0, b1 = row_slice(c, S, B)
+        mode = flush_denormals(dh0)      # float32: subnormals to zero (common.py)
         dh = dh0[b0:b1]
         dc = np.zeros((b1 - b0, n), dtype=dh0.dtype)     # the running dL/dc_t; dL/dc_T = 0
         for t in range(T - 1, -1, -1):
@@ -125,6 +126,7 @@ def lstm_backward_cpu(dW_ih, dW_hh, db_ih, db_hh, dh0, da, dh_T, hs, cs, gates, 
             # forward was: a_t = W_ih x_t + b_ih + W_hh h_{t-1} + b_hh; h_{t-1} goes nowhere else
             # so:          dh_{t-1} = da_t W_hh   (row form)
             np.dot(da[t, b0:b1], W_hh, dh)
+        restore_fp_mode(mode)
     # 3. weight gradients over all steps at once
     da2 = da.reshape(T * B, 4 * n)
     matmul_tn_rows(dW_hh, da2, hs[:T].reshape(T * B, n))    # dW_hh = sum_t da_t^T h_{t-1}
@@ -190,6 +192,7 @@ def peephole_lstm_backward_cpu(dW_ih, dW_hh, db_ih, db_hh, dw_ci, dw_cf, dw_co, 
     S = num_slices(B)
     for c in prange(S):
         b0, b1 = row_slice(c, S, B)
+        mode = flush_denormals(dh0)      # float32: subnormals to zero (common.py)
         dh = dh0[b0:b1]
         dc = np.zeros((b1 - b0, n), dtype=dh0.dtype)     # the running dL/dc_t; dL/dc_T = 0
         for t in range(T - 1, -1, -1):
@@ -219,22 +222,33 @@ def peephole_lstm_backward_cpu(dW_ih, dW_hh, db_ih, db_hh, dw_ci, dw_cf, dw_co, 
                     da[t, b, 3 * n + j] = flush_subnormal(da_o)
                     dc[r, j] = flush_subnormal(dc_t * f + da_i * w_ci[j] + da_f * w_cf[j])
             np.dot(da[t, b0:b1], W_hh, dh)                # dh_{t-1} = da_t W_hh
+        restore_fp_mode(mode)
     da2 = da.reshape(T * B, 4 * n)
     matmul_tn_rows(dW_hh, da2, hs[:T].reshape(T * B, n))    # dW_hh = sum_t da_t^T h_{t-1}
     matmul_tn_rows(dW_ih, da2, x.reshape(T * B, m))         # dW_ih = sum_t da_t^T x_t
     sum_rows(db_ih, da2)
     db_hh[:] = db_ih
-    # the peepholes: dw_ci = sum_{t,b} da_i c_{t-1};  dw_cf = sum da_f c_{t-1};  dw_co = sum da_o c_t
-    for j in prange(n):
-        s_i = s_f = s_o = 0.0
-        for t in range(T):
-            for b in range(B):
-                s_i += da[t, b, j] * cs[t, b, j]
-                s_f += da[t, b, n + j] * cs[t, b, j]
-                s_o += da[t, b, 3 * n + j] * cs[t + 1, b, j]
-        dw_ci[j] = s_i
-        dw_cf[j] = s_f
-        dw_co[j] = s_o
+    # the peepholes: dw_ci = sum_{t,b} da_i c_{t-1};  dw_cf = sum da_f c_{t-1};
+    # dw_co = sum da_o c_t; over slices of the T*B rows in memory order (a loop over units outside
+    # would read da with a stride of 4n), the slices' partial sums added in a fixed order
+    R = T * B
+    S = num_slices(R, BLOCK_ROWS)
+    partial = np.zeros((S, 3, n), dtype=dw_ci.dtype)
+    for c in prange(S):
+        r0, r1 = row_slice(c, S, R)
+        for r in range(r0, r1):
+            t, b = r // B, r % B
+            for j in range(n):
+                partial[c, 0, j] += da[t, b, j] * cs[t, b, j]
+                partial[c, 1, j] += da[t, b, n + j] * cs[t, b, j]
+                partial[c, 2, j] += da[t, b, 3 * n + j] * cs[t + 1, b, j]
+    dw_ci[:] = partial[0, 0]
+    dw_cf[:] = partial[0, 1]
+    dw_co[:] = partial[0, 2]
+    for c in range(1, S):
+        dw_ci += partial[c, 0]
+        dw_cf += partial[c, 1]
+        dw_co += partial[c, 2]
 
 
 # ------------------------------------------------------------------------------------------

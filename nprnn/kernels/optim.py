@@ -13,8 +13,11 @@ kernel does not care whether the tensor was W (n, n) or b_h (n,). The updates, f
                               G <- G + (s * g)**2
                               p <- p - lr * s * g / (sqrt(G) + delta)
 
-State (v, G) has the parameter's dtype. Both updates leave p untouched wherever g has always been
-0, so a strictly upper-triangular W (whose gradient is 0 on and below the diagonal) stays so.
+State (v, G) has the parameter's dtype. The scalars (lr, momentum, delta, scale) arrive as Python
+floats, so each element's update is computed in float64 and rounded once into the parameter's
+dtype; the cost is negligible beside a training step. Both updates leave p untouched wherever g
+has always been 0, so a strictly upper-triangular W (whose gradient is 0 on and below the
+diagonal) stays so.
 
 Argument order is the project's: outputs first (updated in place), then inputs, then scalars, so
 the GPU twins below (one thread per element) take exactly the same arguments.

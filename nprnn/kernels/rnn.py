@@ -22,8 +22,9 @@ The caller holds BLAS to one thread (`common.one_blas_thread`) while these kerne
 import numpy as np
 from numba import prange
 
-from .common import (dtanh_from_y, flush_subnormal, matmul_nt_rows, matmul_tn_rows, njit_parallel,
-                     num_slices, row_slice, sum_rows, tanh)
+from .common import (dtanh_from_y, flush_denormals, flush_subnormal, matmul_nt_rows,
+                     matmul_tn_rows, njit_parallel, num_slices, restore_fp_mode, row_slice,
+                     sum_rows, tanh)
 from .gpu_common import (TILE, cdiv, cuda, load_block_rows, rows_times_matrix_gpu, scratch,
                          stacked_param_grads_gpu, state_launch, transpose_gpu)
 
@@ -70,6 +71,7 @@ def rnn_backward_cpu(dW_ih, dW_hh, db_ih, db_hh, dh0, da, dh_T, hs, x, W_hh):
     S = num_slices(B)
     for c in prange(S):
         b0, b1 = row_slice(c, S, B)
+        mode = flush_denormals(dh0)      # float32: subnormals to zero (common.py)
         dh = dh0[b0:b1]
         for t in range(T - 1, -1, -1):
             for b in range(b0, b1):
@@ -80,6 +82,7 @@ def rnn_backward_cpu(dW_ih, dW_hh, db_ih, db_hh, dh0, da, dh_T, hs, x, W_hh):
             # forward was: a_t = W_ih x_t + b_ih + W_hh h_{t-1} + b_hh; h_{t-1} goes nowhere else
             # so:          dh_{t-1} = da_t W_hh   (row form)
             np.dot(da[t, b0:b1], W_hh, dh)
+        restore_fp_mode(mode)
     # 3. weight gradients over all steps at once
     da2 = da.reshape(T * B, n)
     matmul_tn_rows(dW_hh, da2, hs[:T].reshape(T * B, n))    # dW_hh = sum_t da_t^T h_{t-1}
