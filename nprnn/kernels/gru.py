@@ -64,11 +64,11 @@ def gru_unit_backward(d, r, z, n_t, hn, h_prev):
     so:          da_n = dn_t (1 - n_t**2) ;  da_r = da_n hn r (1 - r) ;  da_z = dz z (1 - z)
                  dgi = (da_r, da_z, da_n) ;  dgh = (da_r, da_z, da_n r)
     Returns (da_r, da_z, da_n, da_n r, d z)."""
-    dz = d * z
-    da_n = (d - dz) * dtanh_from_y(n_t)
+    carry = d * z                                   # the direct part of dh_{t-1}
+    da_n = (d - carry) * dtanh_from_y(n_t)          # d (1 - z) (1 - n_t**2)
     da_r = da_n * hn * dsigmoid_from_y(r)
     da_z = d * (h_prev - n_t) * dsigmoid_from_y(z)
-    return da_r, da_z, da_n, da_n * r, dz
+    return da_r, da_z, da_n, da_n * r, carry
 
 
 @njit_parallel
