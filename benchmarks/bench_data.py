@@ -30,18 +30,8 @@ import numpy as np                                       # noqa: E402
 
 import nprnn                                             # noqa: E402
 from nprnn import noise, sources                         # noqa: E402
-from nprnn.datasets import LAYOUTS, NOISE_HEADS, get_task, task_spec  # noqa: E402
-
-
-def median_time(fn, repeats, sync=lambda: None):
-    """Median wall time (s) of fn(); `sync` waits for the GPU's queued work (a no-op on the CPU)."""
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+from nprnn.bench import median_time                       # noqa: E402
+from nprnn.datasets import get_task, sequences, task_spec  # noqa: E402
 
 
 def synchronizer(device):
@@ -63,10 +53,12 @@ def time_batches_and_step(next_train, next_test, m, K, B, n, batches, steps, dev
     model.loss_and_grad(x, y)                            # compile (cached on disk) and warm up
     train_t, test_t, step_t = [], [], []
     for _ in range(steps):
-        train_t.append(median_time(next_train, batches, sync))
-        test_t.append(median_time(next_test, batches, sync))
-        step_t.append(median_time(lambda: model.loss_and_grad(x, y), 1, sync))
-    write_s = (median_time(lambda: np.empty(x.shape, np.float32).fill(0), batches)
+        train_t.append(median_time(next_train, batches, sync, warmup=False))
+        test_t.append(median_time(next_test, batches, sync, warmup=False))
+        step_t.append(median_time(lambda: model.loss_and_grad(x, y), 1, sync,
+                                  warmup=False))
+    write_s = (median_time(lambda: np.empty(x.shape, np.float32).fill(0), batches,
+                           warmup=False)
                if device == "cpu" else float("nan"))
     train_s, test_s, step_s = map(statistics.median, (train_t, test_t, step_t))
     return dict(train_s=train_s, test_s=test_s, step_s=step_s, write_s=write_s)
@@ -93,7 +85,6 @@ def bench_synthetic(name, B, n, batches, steps, T, device):
     spec = task_spec(name)
     T, m = spec.shape(T)
     H, W, C = sources.SOURCES[spec.source].image_shape
-    layout = LAYOUTS[spec.layout][0]
     perm = np.arange(H * W)
     rng = np.random.default_rng(0)
     counter = itertools.count()
@@ -105,12 +96,7 @@ def bench_synthetic(name, B, n, batches, steps, T, device):
                                  np.full(B, i), np.arange(B)]) if split == "train" else
                 np.column_stack([np.full(B, 2), np.ones(B, int), i * B + np.arange(B)]))
         y = rng.integers(0, 10, B)
-        if device == "cpu":
-            return layout(images, T, perm, keys), y
-        from nprnn import gpu                        # as Task.batches(device="cuda") makes it
-        if spec.noisy:
-            return gpu.head_then_noise(NOISE_HEADS[spec.layout](images), T, keys), y
-        return gpu.to_device(layout(images, T, perm, keys)), y
+        return sequences(spec.layout, images, T, perm, keys, device), y     # as Task.batches
 
     r = time_batches_and_step(lambda: batch("train"), lambda: batch("test"), m, 10, B, n,
                               batches, steps, device)
@@ -128,15 +114,15 @@ def bench_noise(B=128, T=1000, m=28, repeats=5, device="cpu"):
         x_gpu = cuda.device_array((B, T, m), dtype=np.float32)
         noise.fill_gaussian_device(x_gpu, 0, keys)
         on_gpu = 1e9 * median_time(lambda: noise.fill_gaussian_device(x_gpu, 0, keys), repeats,
-                                   cuda.synchronize) / x.size
+                                   cuda.synchronize, warmup=False) / x.size
     noise.fill_gaussian(x, 0, keys)                      # compile (cached on disk)
-    ours = median_time(lambda: noise.fill_gaussian(x, 0, keys), repeats)
+    ours = median_time(lambda: noise.fill_gaussian(x, 0, keys), repeats, warmup=False)
     rng = np.random.default_rng(0)
 
     def numpy_fill():
         for b in range(B):
             rng.standard_normal(out=x[b], dtype=np.float32)
-    theirs = median_time(numpy_fill, repeats)
+    theirs = median_time(numpy_fill, repeats, warmup=False)
     return 1e9 * ours / x.size, 1e9 * theirs / x.size, on_gpu
 
 

@@ -38,12 +38,14 @@ def flops(name, B, T, m, n):
     return fwd, fwd + bwd
 
 
-def median_time(fn, repeat, sync=None):
-    """Median wall time of fn() over `repeat` runs after one warm-up run (compilation, caches).
-    `sync` waits for queued GPU work, so that a run's time is the work's, not its launch's."""
+def median_time(fn, repeat, sync=None, warmup=True):
+    """Median wall time of fn() over `repeat` runs, after one warm-up run (compilation, caches)
+    unless warmup=False. `sync` waits for queued GPU work, so that a run's time is the work's,
+    not its launch's."""
     sync = sync or (lambda: None)
-    fn()
-    sync()
+    if warmup:
+        fn()
+        sync()
     times = []
     for _ in range(repeat):
         t0 = time.perf_counter()

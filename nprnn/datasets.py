@@ -356,6 +356,18 @@ LAYOUTS = {
 NOISE_HEADS = {"rows-then-noise": image_rows, "image-then-noise": whole_image}
 
 
+def sequences(layout, images, T, perm, keys, device="cpu"):
+    """x float32 (B, T, m) of `layout` from images uint8 (B, H, W, C): a NumPy array, or with
+    device="cuda" a device array, whose noise (if the layout has any) is drawn on the GPU so that
+    only the image part is uploaded."""
+    if device == "cuda":
+        from . import gpu
+        if layout in NOISE_HEADS:
+            return gpu.head_then_noise(NOISE_HEADS[layout](images), T, keys)
+        return gpu.to_device(LAYOUTS[layout][0](images, T, perm, keys))
+    return LAYOUTS[layout][0](images, T, perm, keys)
+
+
 # ----------------------------------------------------------------------------------------------
 # the task registry
 # ----------------------------------------------------------------------------------------------
@@ -641,7 +653,6 @@ class CachedTask(Task):
         spec = task_spec(name)
         self.spec, self.name, self.path = spec, spec.name, Path(path)
         self.T, self.m = spec.shape(T)
-        self._function = LAYOUTS[spec.layout][0]
         self._file = h5py.File(self.path, "r")
         f = self._file
         self.num_classes = int(f.attrs["num_classes"])
@@ -666,8 +677,9 @@ class CachedTask(Task):
         return len(self._labels[split])
 
     def _read_images(self, file_split, rows):
-        """uint8 (len(rows), H, W, C) for rows of the file's split, in the order of `rows`
-        (HDF5 reads need increasing indices: read sorted, then put back in order)."""
+        """uint8 (len(rows), H, W, C) for rows of the file's split, in the order of `rows`: by
+        positioned reads where the rows lie contiguously in the file, else through h5py (whose
+        reads need increasing indices: read sorted, then put back in order)."""
         images = np.empty((len(rows),) + self._images[file_split].shape[1:], dtype=np.uint8)
         layout = self._layout[file_split]
         if self._fd is not None and layout is not None:
@@ -683,22 +695,7 @@ class CachedTask(Task):
         images[order] = self._images[file_split][rows[order]]
         return images
 
-    def _make_batch(self, split, idx, seed, epoch, batch_index):
-        images, keys = self._images_and_keys(split, idx, seed, epoch, batch_index)
-        x = self._function(images, self.T, self.permutation, keys)
-        return x, self._labels[split][idx]
-
-    def _make_device_batch(self, split, idx, seed, epoch, batch_index):
-        if not self.spec.noisy:
-            return super()._make_device_batch(split, idx, seed, epoch, batch_index)
-        from . import gpu
-        images, keys = self._images_and_keys(split, idx, seed, epoch, batch_index)
-        x = gpu.head_then_noise(NOISE_HEADS[self.spec.layout](images), self.T, keys)
-        return x, self._labels[split][idx]
-
-    def _images_and_keys(self, split, idx, seed, epoch, batch_index):
-        """The images uint8 (B, H, W, C) of the examples idx of split, and their noise keys
-        (B, k) (None for the tasks without noise)."""
+    def _make_batch(self, split, idx, seed, epoch, batch_index, device="cpu"):
         file_split, all_rows = self._rows[split]
         rows = all_rows[idx]
         images = self._read_images(file_split, rows)
@@ -712,7 +709,11 @@ class CachedTask(Task):
             else:                                       # the example's own, at every evaluation
                 keys = np.column_stack([np.full(B, NOISE_EVAL),
                                         np.full(B, _FILE_CODE[file_split]), rows])
-        return images, keys
+        x = sequences(self.spec.layout, images, self.T, self.permutation, keys, device)
+        return x, self._labels[split][idx]
+
+    def _make_device_batch(self, split, idx, seed, epoch, batch_index):
+        return self._make_batch(split, idx, seed, epoch, batch_index, device="cuda")
 
     def info(self):
         out = super().info()

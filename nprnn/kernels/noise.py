@@ -210,7 +210,7 @@ def gaussian_fill_kernel(x, t0, starts):
         x[b, (i + 1) // m, (i + 1) % m] = z1
 
 
-def gaussian_fill_gpu(x, t0, starts, threads=256):
+def gaussian_fill_gpu(x, t0, starts, *, threads=256):
     """The launch of gaussian_fill_kernel: one thread per pair of values, (threads, 1) blocks."""
     B, T, m = x.shape
     pairs = cdiv(max((T - t0) * m, 1), 2)
