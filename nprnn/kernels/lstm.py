@@ -35,10 +35,62 @@ import numpy as np
 from numba import prange
 
 from .common import (BLOCK_ROWS, dsigmoid_from_y, dtanh_from_y, flush_denormals,
-                     flush_subnormal, matmul_nt_rows, matmul_tn_rows, njit_parallel, num_slices,
-                     restore_fp_mode, row_slice, sigmoid, sum_rows, tanh)
+                     flush_subnormal, matmul_nt_rows, matmul_tn_rows, njit_inline, njit_parallel,
+                     num_slices, restore_fp_mode, row_slice, sigmoid, sum_rows, tanh)
 from .gpu_common import (TILE, cdiv, cuda, fill, load_block_rows, rows_times_matrix_gpu, scratch,
                          stacked_param_grads_gpu, state_launch, transpose_gpu)
+
+
+# ------------------------------------------------------------------------------------------
+# The unit's math, shared by the CPU and the GPU twins of both LSTMs
+# ------------------------------------------------------------------------------------------
+# `peephole` is a literal at every CPU call site, so the branches on it fold away when numba
+# inlines these functions; without peepholes w_ci, w_cf, w_co are not read, and the callers pass
+# any value of the kernel's dtype in their place (a float64 literal would turn the float32
+# arithmetic into float64: tests/test_precision.py).
+
+@njit_inline
+def lstm_unit(a_i, a_f, a_g, a_o, c_prev, w_ci, w_cf, w_co, peephole):
+    """One unit of one step, from its four pre-activations a = W_ih x_t + b_ih + W_hh h + b_hh:
+        i = sigmoid(a_i [+ w_ci c_{t-1}]), f = sigmoid(a_f [+ w_cf c_{t-1}]), g = tanh(a_g)
+        c_t = f c_{t-1} + i g ;  o = sigmoid(a_o [+ w_co c_t]) ;  h_t = o tanh(c_t)
+    Returns (i, f, g, o, c_t, h_t)."""
+    if peephole:
+        a_i += w_ci * c_prev
+        a_f += w_cf * c_prev
+    i = sigmoid(a_i)
+    f = sigmoid(a_f)
+    g = tanh(a_g)
+    c = f * c_prev + i * g
+    if peephole:
+        a_o += w_co * c
+    o = sigmoid(a_o)
+    return i, f, g, o, c, o * tanh(c)
+
+
+@njit_inline
+def lstm_unit_backward(dh, dc, i, f, g, o, c_prev, c, w_ci, w_cf, w_co, peephole):
+    """BPTT through lstm_unit, given dh = dL/dh_t and dc = dL/dc_t from the later steps.
+
+    forward was: h_t = o tanh(c_t),  o = sigmoid(a_o [+ w_co c_t])
+    so:          da_o = dh tanh(c_t) o (1 - o) ;  dc_t = dc + dh o (1 - tanh(c_t)**2) [+ da_o w_co]
+    forward was: c_t = f c_{t-1} + i g,  i = sigmoid(a_i [+ w_ci c_{t-1}]), f = ..., g = tanh(a_g)
+    so:          da_i = dc_t g i (1 - i) ;  da_f = dc_t c_{t-1} f (1 - f)
+                 da_g = dc_t i (1 - g**2)
+                 dc_{t-1} = dc_t f [+ da_i w_ci + da_f w_cf]
+    Returns (da_i, da_f, da_g, da_o, dc_{t-1})."""
+    tc = tanh(c)
+    da_o = dh * tc * dsigmoid_from_y(o)
+    dc_t = dc + dh * o * dtanh_from_y(tc)
+    if peephole:
+        dc_t += da_o * w_co
+    da_i = dc_t * g * dsigmoid_from_y(i)
+    da_f = dc_t * c_prev * dsigmoid_from_y(f)
+    da_g = dc_t * i * dtanh_from_y(g)
+    dc_prev = dc_t * f
+    if peephole:
+        dc_prev += da_i * w_ci + da_f * w_cf
+    return da_i, da_f, da_g, da_o, dc_prev
 
 
 @njit_parallel
@@ -66,18 +118,20 @@ def lstm_forward_cpu(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh):
             for b in range(b0, b1):
                 r = b - b0
                 for j in range(n):
-                    # a_t = W_ih x_t + b_ih + W_hh h_{t-1} + b_hh, gate k at column k n + j
-                    i = sigmoid(gates[t, b, j] + Wh[r, j] + bias[j])
-                    f = sigmoid(gates[t, b, n + j] + Wh[r, n + j] + bias[n + j])
-                    g = tanh(gates[t, b, 2 * n + j] + Wh[r, 2 * n + j] + bias[2 * n + j])
-                    o = sigmoid(gates[t, b, 3 * n + j] + Wh[r, 3 * n + j] + bias[3 * n + j])
-                    cell = f * cs[t, b, j] + i * g              # c_t = f c_{t-1} + i g
+                    # a_t = W_ih x_t + b_ih + W_hh h_{t-1} + b_hh, gate k at column k n + j;
+                    # no peepholes: bias[j] stands in for the w's, which are not read
+                    i, f, g, o, cell, h = lstm_unit(
+                        gates[t, b, j] + Wh[r, j] + bias[j],
+                        gates[t, b, n + j] + Wh[r, n + j] + bias[n + j],
+                        gates[t, b, 2 * n + j] + Wh[r, 2 * n + j] + bias[2 * n + j],
+                        gates[t, b, 3 * n + j] + Wh[r, 3 * n + j] + bias[3 * n + j],
+                        cs[t, b, j], bias[j], bias[j], bias[j], False)
                     gates[t, b, j] = i
                     gates[t, b, n + j] = f
                     gates[t, b, 2 * n + j] = g
                     gates[t, b, 3 * n + j] = o
                     cs[t + 1, b, j] = cell
-                    hs[t + 1, b, j] = o * tanh(cell)            # h_t = o tanh(c_t)
+                    hs[t + 1, b, j] = h
 
 
 @njit_parallel
@@ -105,24 +159,19 @@ def lstm_backward_cpu(dW_ih, dW_hh, db_ih, db_hh, dh0, da, dh_T, hs, cs, gates, 
             for b in range(b0, b1):
                 r = b - b0
                 for j in range(n):
-                    i = gates[t, b, j]
-                    f = gates[t, b, n + j]
-                    g = gates[t, b, 2 * n + j]
-                    o = gates[t, b, 3 * n + j]
-                    tc = tanh(cs[t + 1, b, j])
-                    # forward was: h_t = o * tanh(c_t)
-                    # so:          do = dh_t tanh(c_t) ;  dc_t += dh_t o (1 - tanh(c_t)**2)
-                    do = dh[r, j] * tc
-                    dc_t = dc[r, j] + dh[r, j] * o * dtanh_from_y(tc)
-                    # forward was: c_t = f * c_{t-1} + i * g
-                    # so:          di = dc_t g ; df = dc_t c_{t-1} ; dg = dc_t i ; dc_{t-1} = dc_t f
-                    # forward was: i, f, o = sigmoid(a_i, a_f, a_o) ;  g = tanh(a_g)
-                    # so:          da_i = di i (1 - i) ;  ... ;  da_g = dg (1 - g**2)
-                    da[t, b, j] = flush_subnormal(dc_t * g * dsigmoid_from_y(i))
-                    da[t, b, n + j] = flush_subnormal(dc_t * cs[t, b, j] * dsigmoid_from_y(f))
-                    da[t, b, 2 * n + j] = flush_subnormal(dc_t * i * dtanh_from_y(g))
-                    da[t, b, 3 * n + j] = flush_subnormal(do * dsigmoid_from_y(o))
-                    dc[r, j] = flush_subnormal(dc_t * f)
+                    # forward was: (i, f, g, o, c_t, h_t) = lstm_unit(a_t, c_{t-1})
+                    # so:          da_t and dc_{t-1} by lstm_unit_backward (no peepholes:
+                    #              c_prev stands in for the w's, which are not read)
+                    c_prev = cs[t, b, j]
+                    da_i, da_f, da_g, da_o, dc_prev = lstm_unit_backward(
+                        dh[r, j], dc[r, j], gates[t, b, j], gates[t, b, n + j],
+                        gates[t, b, 2 * n + j], gates[t, b, 3 * n + j], c_prev, cs[t + 1, b, j],
+                        c_prev, c_prev, c_prev, False)
+                    da[t, b, j] = flush_subnormal(da_i)
+                    da[t, b, n + j] = flush_subnormal(da_f)
+                    da[t, b, 2 * n + j] = flush_subnormal(da_g)
+                    da[t, b, 3 * n + j] = flush_subnormal(da_o)
+                    dc[r, j] = flush_subnormal(dc_prev)
             # forward was: a_t = W_ih x_t + b_ih + W_hh h_{t-1} + b_hh; h_{t-1} goes nowhere else
             # so:          dh_{t-1} = da_t W_hh   (row form)
             np.dot(da[t, b0:b1], W_hh, dh)
@@ -158,20 +207,18 @@ def peephole_lstm_forward_cpu(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, w_ci, w_
             for b in range(b0, b1):
                 r = b - b0
                 for j in range(n):
-                    c_prev = cs[t, b, j]
-                    i = sigmoid(gates[t, b, j] + Wh[r, j] + bias[j] + w_ci[j] * c_prev)
-                    f = sigmoid(gates[t, b, n + j] + Wh[r, n + j] + bias[n + j]
-                                + w_cf[j] * c_prev)
-                    g = tanh(gates[t, b, 2 * n + j] + Wh[r, 2 * n + j] + bias[2 * n + j])
-                    cell = f * c_prev + i * g                   # c_t = f c_{t-1} + i g
-                    o = sigmoid(gates[t, b, 3 * n + j] + Wh[r, 3 * n + j] + bias[3 * n + j]
-                                + w_co[j] * cell)               # o peeks at the new c_t
+                    i, f, g, o, cell, h = lstm_unit(
+                        gates[t, b, j] + Wh[r, j] + bias[j],
+                        gates[t, b, n + j] + Wh[r, n + j] + bias[n + j],
+                        gates[t, b, 2 * n + j] + Wh[r, 2 * n + j] + bias[2 * n + j],
+                        gates[t, b, 3 * n + j] + Wh[r, 3 * n + j] + bias[3 * n + j],
+                        cs[t, b, j], w_ci[j], w_cf[j], w_co[j], True)
                     gates[t, b, j] = i
                     gates[t, b, n + j] = f
                     gates[t, b, 2 * n + j] = g
                     gates[t, b, 3 * n + j] = o
                     cs[t + 1, b, j] = cell
-                    hs[t + 1, b, j] = o * tanh(cell)            # h_t = o tanh(c_t)
+                    hs[t + 1, b, j] = h
 
 
 @njit_parallel
@@ -199,28 +246,17 @@ def peephole_lstm_backward_cpu(dW_ih, dW_hh, db_ih, db_hh, dw_ci, dw_cf, dw_co, 
             for b in range(b0, b1):
                 r = b - b0
                 for j in range(n):
-                    i = gates[t, b, j]
-                    f = gates[t, b, n + j]
-                    g = gates[t, b, 2 * n + j]
-                    o = gates[t, b, 3 * n + j]
-                    c_prev = cs[t, b, j]
-                    tc = tanh(cs[t + 1, b, j])
-                    # forward was: h_t = o * tanh(c_t),  o = sigmoid(a_o + w_co c_t)
-                    # so:          da_o = dh_t tanh(c_t) o (1 - o)
-                    #              dc_t += dh_t o (1 - tanh(c_t)**2) + da_o w_co
-                    da_o = dh[r, j] * tc * dsigmoid_from_y(o)
-                    dc_t = dc[r, j] + dh[r, j] * o * dtanh_from_y(tc) + da_o * w_co[j]
-                    # forward was: c_t = f * c_{t-1} + i * g
-                    #              i = sigmoid(a_i + w_ci c_{t-1}),  f = sigmoid(a_f + w_cf c_{t-1})
-                    # so:          da_i = dc_t g i (1 - i) ;  da_f = dc_t c_{t-1} f (1 - f)
-                    #              dc_{t-1} = dc_t f + da_i w_ci + da_f w_cf
-                    da_i = dc_t * g * dsigmoid_from_y(i)
-                    da_f = dc_t * c_prev * dsigmoid_from_y(f)
+                    # forward was: (i, f, g, o, c_t, h_t) = lstm_unit(a_t, c_{t-1}, w_c*)
+                    # so:          da_t and dc_{t-1} by lstm_unit_backward (with peepholes)
+                    da_i, da_f, da_g, da_o, dc_prev = lstm_unit_backward(
+                        dh[r, j], dc[r, j], gates[t, b, j], gates[t, b, n + j],
+                        gates[t, b, 2 * n + j], gates[t, b, 3 * n + j], cs[t, b, j],
+                        cs[t + 1, b, j], w_ci[j], w_cf[j], w_co[j], True)
                     da[t, b, j] = flush_subnormal(da_i)
                     da[t, b, n + j] = flush_subnormal(da_f)
-                    da[t, b, 2 * n + j] = flush_subnormal(dc_t * i * dtanh_from_y(g))
+                    da[t, b, 2 * n + j] = flush_subnormal(da_g)
                     da[t, b, 3 * n + j] = flush_subnormal(da_o)
-                    dc[r, j] = flush_subnormal(dc_t * f + da_i * w_ci[j] + da_f * w_cf[j])
+                    dc[r, j] = flush_subnormal(dc_prev)
             np.dot(da[t, b0:b1], W_hh, dh)                # dh_{t-1} = da_t W_hh
         restore_fp_mode(mode)
     da2 = da.reshape(T * B, 4 * n)
@@ -266,53 +302,9 @@ def peephole_lstm_backward_cpu(dW_ih, dW_hh, db_ih, db_hh, dw_ci, dw_cf, dw_co, 
 # threads read consecutive addresses, and BPTT reads W_hh itself. The standard and the peephole
 # LSTM share every GPU kernel through `peephole`; without peepholes w_ci, w_cf, w_co are not read
 # (the standard LSTM's host functions pass a bias vector in their place). c_t of a unit is touched
-# only by the thread that owns it. The unit's math is in two device functions used by both
-# versions. The CPU twins flush float32 subnormal gradients to zero (a CPU speed measure); GPUs
+# only by the thread that owns it. Both versions call the CPU twins' `lstm_unit` and
+# `lstm_unit_backward` (above), here with `peephole` a kernel argument. The CPU twins flush float32 subnormal gradients to zero (a CPU speed measure); GPUs
 # handle subnormals at full speed, so the GPU twins keep them (a difference below 1.2e-38).
-
-@cuda.jit(device=True)
-def lstm_unit(a_i, a_f, a_g, a_o, c_prev, w_ci, w_cf, w_co, peephole):
-    """One unit of one step, from its four pre-activations a = W_ih x_t + b_ih + W_hh h + b_hh:
-        i = sigmoid(a_i [+ w_ci c_{t-1}]), f = sigmoid(a_f [+ w_cf c_{t-1}]), g = tanh(a_g)
-        c_t = f c_{t-1} + i g ;  o = sigmoid(a_o [+ w_co c_t]) ;  h_t = o tanh(c_t)
-    Returns (i, f, g, o, c_t, h_t)."""
-    if peephole:
-        a_i += w_ci * c_prev
-        a_f += w_cf * c_prev
-    i = sigmoid(a_i)
-    f = sigmoid(a_f)
-    g = tanh(a_g)
-    c = f * c_prev + i * g
-    if peephole:
-        a_o += w_co * c
-    o = sigmoid(a_o)
-    return i, f, g, o, c, o * tanh(c)
-
-
-@cuda.jit(device=True)
-def lstm_unit_backward(dh, dc, i, f, g, o, c_prev, c, w_ci, w_cf, w_co, peephole):
-    """BPTT through lstm_unit, given dh = dL/dh_t and dc = dL/dc_t from the later steps.
-
-    forward was: h_t = o tanh(c_t),  o = sigmoid(a_o [+ w_co c_t])
-    so:          da_o = dh tanh(c_t) o (1 - o) ;  dc_t = dc + dh o (1 - tanh(c_t)**2) [+ da_o w_co]
-    forward was: c_t = f c_{t-1} + i g,  i = sigmoid(a_i [+ w_ci c_{t-1}]), f = ..., g = tanh(a_g)
-    so:          da_i = dc_t g i (1 - i) ;  da_f = dc_t c_{t-1} f (1 - f)
-                 da_g = dc_t i (1 - g**2)
-                 dc_{t-1} = dc_t f [+ da_i w_ci + da_f w_cf]
-    Returns (da_i, da_f, da_g, da_o, dc_{t-1})."""
-    tc = tanh(c)
-    da_o = dh * tc * dsigmoid_from_y(o)
-    dc_t = dc + dh * o * dtanh_from_y(tc)
-    if peephole:
-        dc_t += da_o * w_co
-    da_i = dc_t * g * dsigmoid_from_y(i)
-    da_f = dc_t * c_prev * dsigmoid_from_y(f)
-    da_g = dc_t * i * dtanh_from_y(g)
-    dc_prev = dc_t * f
-    if peephole:
-        dc_prev += da_i * w_ci + da_f * w_cf
-    return da_i, da_f, da_g, da_o, dc_prev
-
 
 @cuda.jit
 def lstm_forward_step_kernel(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, w_ci, w_cf, w_co,
