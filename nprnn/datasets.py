@@ -59,8 +59,6 @@ images from the file, so memory stays at a few batches (the labels, int64, are h
 import datetime
 import json
 import os
-import secrets
-import socket
 import sys
 import zlib
 from dataclasses import dataclass
@@ -84,9 +82,15 @@ def _check_split(split):
         raise ValueError(f"unknown split {split!r}; the splits are {', '.join(SPLITS)}")
 
 
+_MAX_INT64 = 2**63 - 1
+
+
 def _check_nonneg_int(name, value):
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 0:
-        raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+    """value as an int, checked to be in 0 .. 2**63 - 1 (seeds and positions become int64 keys of
+    the noise streams)."""
+    if (isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer))
+            or not 0 <= value <= _MAX_INT64):
+        raise ValueError(f"{name} must be an integer in 0 .. 2**63 - 1, got {value!r}")
     return int(value)
 
 
@@ -491,29 +495,6 @@ def _write_split(f, split, images, labels):
         ds.attrs["crc32"] = zlib.crc32(np.ascontiguousarray(data).tobytes())
 
 
-def _pid_alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _remove_stale_temporaries(path):
-    """Delete this host's temporary cache files whose builder process is gone (killed mid-build)."""
-    host = socket.gethostname()
-    for tmp in path.parent.glob(f".{path.name}.tmp-*"):
-        try:
-            _, rest = tmp.name.split(".tmp-", 1)
-            tmp_host, pid, _ = rest.rsplit("-", 2)
-            if tmp_host == host and not _pid_alive(int(pid)):
-                tmp.unlink()
-        except (ValueError, OSError):
-            continue
-
-
 def build_cache(name, data_dir=None, seed=DEFAULT_PERMUTATION_SEED, download=True, progress=True):
     """Read the task's raw files and write its cache atomically; returns the cache's Path.
 
@@ -532,9 +513,7 @@ def build_cache(name, data_dir=None, seed=DEFAULT_PERMUTATION_SEED, download=Tru
                                          f"{W}, {C}) with N labels; got {images.dtype} "
                                          f"{images.shape} and {len(labels)} labels")
     path.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_temporaries(path)
-    tmp = path.with_name(f".{path.name}.tmp-{socket.gethostname()}-{os.getpid()}-"
-                         f"{secrets.token_hex(4)}")
+    tmp = sources.temporary_name(path, "tmp")
     _say(f"building {path} from {raw.origin}")
     try:
         with h5py.File(tmp, "w") as f:
@@ -570,11 +549,17 @@ def _version():
         return "unknown"
 
 
+# attributes that describe the cache (`info`), beside the ones check_cache compares with the task
+_DESCRIPTIVE_ATTRS = ("source", "origin", "raw_files", "normalisation", "pixel_mean", "pixel_std",
+                      "created", "nprnn_version")
+
+
 def check_cache(path, name, seed=DEFAULT_PERMUTATION_SEED):
     """None if the cache at `path` is a complete, current cache of task `name`; else the reason.
 
-    Checks: readable HDF5, format version, task and layout, datasets and their shapes and dtypes,
-    label range, permutation (pmnist), and the CRC-32 of every dataset's bytes."""
+    Checks: readable HDF5, format version, task, layout and number of classes, the presence of the
+    descriptive attributes, datasets and their shapes and dtypes, label range, permutation (pmnist),
+    and the CRC-32 of every dataset's bytes."""
     spec = task_spec(name)
     source = sources.SOURCES[spec.source]
     path = Path(path)
@@ -586,9 +571,16 @@ def check_cache(path, name, seed=DEFAULT_PERMUTATION_SEED):
             if version != CACHE_FORMAT_VERSION:
                 return (f"it has format version {version}, this nprnn writes version "
                         f"{CACHE_FORMAT_VERSION}")
-            for key, want in (("task", spec.name), ("layout", spec.layout)):
-                if f.attrs.get(key) != want:
-                    return f"its {key} is {f.attrs.get(key)!r}, expected {want!r}"
+            for key, want in (("task", spec.name), ("layout", spec.layout),
+                              ("num_classes", source.num_classes)):
+                got = f.attrs.get(key)
+                if got != want:
+                    got = got.item() if isinstance(got, np.generic) else got
+                    return f"its {key} is {got!r}, expected {want!r}"
+            missing = [key for key in _DESCRIPTIVE_ATTRS if key not in f.attrs]
+            if missing:
+                return f"its attribute(s) {', '.join(missing)} are missing"
+            json.loads(f.attrs["raw_files"])              # a damaged value fails here
             names = ["train/images", "train/labels", "test/images", "test/labels"]
             if spec.layout == "permuted":
                 names.append("permutation")
@@ -653,7 +645,7 @@ class CachedTask(Task):
         spec = task_spec(name)
         self.spec, self.name, self.path = spec, spec.name, Path(path)
         self.T, self.m = spec.shape(T)
-        self._file = h5py.File(self.path, "r")
+        self._file, self._fd = self._open()
         f = self._file
         self.num_classes = int(f.attrs["num_classes"])
         self._images = dict(train=f["train/images"], test=f["test/images"])
@@ -661,7 +653,6 @@ class CachedTask(Task):
         # cache writes them): one positioned read per row costs ~2 us, where h5py's selection of
         # 128 scattered rows costs ~4 ms, more than a pixel-MNIST batch may (under 5% of a step).
         self._layout = {s: _contiguous_layout(d) for s, d in self._images.items()}
-        self._fd = os.open(self.path, os.O_RDONLY) if hasattr(os, "preadv") else None
         labels = dict(train=f["train/labels"][:].astype(np.int64),
                       test=f["test/labels"][:].astype(np.int64))
         self.permutation = f["permutation"][:] if "permutation" in f else None
@@ -671,6 +662,24 @@ class CachedTask(Task):
         self._rows = dict(train=("train", train_rows), valid=("train", valid_rows),
                           test=("test", np.arange(len(labels["test"]))))
         self._labels = {s: labels[fs][rows] for s, (fs, rows) in self._rows.items()}
+
+    def _open(self, tries=5):
+        """(h5py file, raw descriptor or None) of the same cache file. A rebuild may rename a new
+        file over the path between the two opens; the descriptor, opened first, still holds the
+        old file. The path still naming the descriptor's file after both opens proves that h5py
+        opened that file too (a rebuild never brings an old file back)."""
+        if not hasattr(os, "preadv"):
+            return h5py.File(self.path, "r"), None
+        for _ in range(tries):
+            fd = os.open(self.path, os.O_RDONLY)
+            f = h5py.File(self.path, "r")
+            a, b = os.fstat(fd), os.stat(self.path)
+            if (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino):
+                return f, fd
+            f.close()
+            os.close(fd)
+        raise RuntimeError(f"{self.path} was replaced {tries} times while being opened; is "
+                           f"another process rebuilding it in a loop?")
 
     def size(self, split):
         _check_split(split)
@@ -771,6 +780,7 @@ def get_task(name, data_dir=None, T=None, seed=DEFAULT_PERMUTATION_SEED, valid_s
     seed = _check_nonneg_int("seed", seed)
     data_dir = resolve_data_dir(data_dir)
     path = cache_path(name, data_dir, seed)
+    sources.remove_stale_temporaries(path.parent, "tmp")      # what killed builds left behind
     problem = check_cache(path, name, seed)
     if problem is not None:
         if path.exists():

@@ -52,6 +52,7 @@ import io
 import os
 import pickle
 import secrets
+import socket
 import struct
 import sys
 import tarfile
@@ -185,15 +186,59 @@ class _Progress:
                   file=self.stream, flush=True)
 
 
+# ----------------------------------------------------------------------------------------------
+# files being written: hidden temporary names, and what a killed writer left behind
+# ----------------------------------------------------------------------------------------------
+
+def temporary_name(dest, kind):
+    """A hidden name beside `dest` for a file that is still being written:
+    .NAME.KIND-HOST-PID-RANDOM (downloads use kind "part", cache builds "tmp"). The host and the
+    process id let `remove_stale_temporaries` tell a killed writer's file from a live one's."""
+    return dest.with_name(f".{dest.name}.{kind}-{socket.gethostname()}-{os.getpid()}-"
+                          f"{secrets.token_hex(4)}")
+
+
+def _pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_temporaries(directory, kind):
+    """Delete the temporary files of `kind` in `directory` that a process of this host was writing
+    when it was killed (its process is gone). Files of live processes and of other hosts (a shared
+    data directory) are left alone. Returns the paths removed."""
+    host, removed = socket.gethostname(), []
+    directory = Path(directory)
+    if not directory.is_dir():
+        return removed
+    for tmp in directory.glob(f".*.{kind}-*"):
+        try:
+            rest = tmp.name.rsplit(f".{kind}-", 1)[1]
+            tmp_host, pid, _ = rest.rsplit("-", 2)
+            if tmp_host == host and not _pid_alive(int(pid)):
+                tmp.unlink()
+                removed.append(tmp)
+        except (ValueError, IndexError, OSError):
+            continue
+    return removed
+
+
 def fetch(url, dest, md5, progress=True, timeout=60):
     """Download `url` to `dest` (a Path) and check that the file's MD5 is `md5`.
 
     The bytes go to a hidden temporary file beside `dest` that is renamed to `dest` only when the
     transfer is complete and the MD5 is right; on any failure it is deleted, so `dest` either holds
-    the verified file or is untouched. Raises DownloadError."""
+    the verified file or is untouched (a process killed mid-download cannot delete its file: the
+    next download into the same directory does). Raises DownloadError."""
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{dest.name}.part-{os.getpid()}-{secrets.token_hex(4)}")
+    remove_stale_temporaries(dest.parent, "part")
+    tmp = temporary_name(dest, "part")
     done, ok = 0, False
     bar = None
     try:
@@ -638,9 +683,13 @@ class MlxtendSample:
             raise RawFormatError(f"{path}: expected (N, 784) pixels and N labels, found "
                                  f"{X.shape} and {y.shape}")
         if X.min() < 0 or X.max() > 255 or not np.array_equal(X, np.round(X)):
-            raise RawFormatError(f"{path}: pixels must be integers in 0..255")
+            frac = X[X != np.round(X)]
+            raise RawFormatError(f"{path}: pixels must be integers in 0..255, found values in "
+                                 f"{X.min()}..{X.max()}"
+                                 + (f" and fractions such as {frac[0]}" if frac.size else ""))
         if y.min() < 0 or y.max() >= self.num_classes:
-            raise RawFormatError(f"{path}: labels must lie in 0..{self.num_classes - 1}")
+            raise RawFormatError(f"{path}: labels must lie in 0..{self.num_classes - 1}, found "
+                                 f"{y.min()}..{y.max()}")
         images = X.astype(np.uint8).reshape(-1, *self.image_shape)
         train = np.zeros(len(y), dtype=bool)
         for c in range(self.num_classes):

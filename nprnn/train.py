@@ -54,7 +54,7 @@ from .optim import OPTIMIZERS, clip_scale, global_norm, make_optimizer
 DEFAULTS = dict(
     model="antisym", task="mnist", hidden=128, eps=None, gamma=None, sigma_w=1.0, init="paper",
     optimizer="sgd", lr=0.1, momentum=0.9, batch_size=128, iterations=50_000, clip=0.0, seed=0,
-    eval_every=1000, log_every=100, checkpoint_every=500, eval_batch_size=256, dtype="float32",
+    perm_seed=0, eval_every=1000, log_every=100, checkpoint_every=500, eval_batch_size=256, dtype="float32",
     device="cpu", data_dir=None, valid_size=0, T=None,
 )
 
@@ -63,6 +63,7 @@ DEFAULTS = dict(
 CHANGEABLE_ON_RESUME = ("iterations", "eval_every", "log_every", "checkpoint_every",
                         "eval_batch_size", "data_dir", "device", "lr", "clip")
 
+MAX_SEED = 2**63 - 1
 METRICS = "metrics.jsonl"
 CONFIG = "config.json"
 
@@ -79,10 +80,12 @@ class TrainingDiverged(TrainError):
 # Configuration
 # ----------------------------------------------------------------------------------------------
 
-def _int_option(config, key, minimum):
+def _int_option(config, key, minimum, maximum=None):
     v = config[key]
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < minimum:
-        raise TrainError(f"{key} must be an integer >= {minimum}, got {v!r}")
+    if (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < minimum
+            or (maximum is not None and v > maximum)):
+        allowed = f">= {minimum}" if maximum is None else f"in {minimum} .. {maximum}"
+        raise TrainError(f"{key} must be an integer {allowed}, got {v!r}")
     config[key] = int(v)
 
 
@@ -94,10 +97,12 @@ def resolve_config(**options):
     if unknown:
         raise TrainError(f"unknown option(s) {sorted(unknown)}; known: {sorted(DEFAULTS)}")
     config = dict(DEFAULTS, **options)
-    for key, minimum in (("hidden", 1), ("batch_size", 1), ("iterations", 0), ("seed", 0),
+    for key, minimum in (("hidden", 1), ("batch_size", 1), ("iterations", 0),
                          ("eval_every", 1), ("log_every", 1), ("checkpoint_every", 1),
                          ("eval_batch_size", 1), ("valid_size", 0)):
         _int_option(config, key, minimum)
+    for key in ("seed", "perm_seed"):            # 63-bit: int64 keys of the noise streams
+        _int_option(config, key, 0, MAX_SEED)
     if config["optimizer"] not in OPTIMIZERS:
         raise TrainError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got "
                          f"{config['optimizer']!r}")
@@ -142,13 +147,14 @@ def merge_resume_config(saved, given):
 
 def load_task(config, task=None):
     """The task a configuration names (nprnn.datasets.get_task), or `task` if one is given
-    (tests and notebooks pass in-memory tasks). The training seed is not the task's: pmnist keeps
-    its one fixed permutation whatever the seed of the run."""
+    (tests and notebooks pass in-memory tasks). The training seed is not the task's: pmnist's
+    permutation comes from perm_seed, so runs with different seeds see the same task. (Runs saved
+    before perm_seed existed have none in their config.json: they used the permutation of 0.)"""
     if task is not None:
         return task
     from .datasets import get_task
     return get_task(config["task"], data_dir=config["data_dir"], T=config["T"],
-                    valid_size=config["valid_size"])
+                    seed=config.get("perm_seed", 0), valid_size=config["valid_size"])
 
 
 def build_model(config, input_size, num_classes):

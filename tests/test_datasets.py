@@ -5,6 +5,7 @@ builders."""
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -329,11 +330,26 @@ def _garbage(path):
     path.write_bytes(b"this is not HDF5" * 100)
 
 
+def _set_attr(key, value):
+    def damage(path):
+        with h5py.File(path, "a") as f:
+            f.attrs[key] = value
+    return damage
+
+
+def _drop_attr(path):
+    with h5py.File(path, "a") as f:
+        del f.attrs["origin"]
+
+
 @pytest.mark.parametrize("damage, reason", [
     (_flip_image_byte, "do not match their stored CRC-32"),
     (_truncate, "cannot be read"),
     (_outdate, "format version 0"),
     (_garbage, "cannot be read"),
+    (_set_attr("num_classes", 7), "num_classes is 7, expected 10"),
+    (_drop_attr, "origin are missing"),
+    (_set_attr("raw_files", "{not json"), "cannot be read (JSONDecodeError"),
 ])
 def test_damaged_cache_is_detected_and_rebuilt(fake_mnist, capsys, damage, reason):
     data_dir, arrays = fake_mnist
@@ -420,6 +436,25 @@ def test_build_killed_halfway_leaves_no_cache(tmp_path, monkeypatch):
     assert list(tmp_path.glob(".mnist.h5.tmp-*")) == []      # the dead builder's file is gone
 
 
+def _dead_pid():
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_a_killed_builders_file_is_removed_even_when_the_cache_is_good(fake_mnist):
+    data_dir, _ = fake_mnist
+    get_task("mnist", data_dir, progress=False).close()
+    host = socket.gethostname()
+    dead = data_dir / f".mnist.h5.tmp-{host}-{_dead_pid()}-0123abcd"
+    alive = data_dir / f".mnist.h5.tmp-{host}-{os.getpid()}-0123abcd"    # a build in progress
+    elsewhere = data_dir / f".mnist.h5.tmp-another-host-{_dead_pid()}-0123abcd"
+    for f in (dead, alive, elsewhere):
+        f.write_bytes(b"half a cache")
+    get_task("mnist", data_dir, progress=False).close()      # the cache is good: no build
+    assert not dead.exists() and alive.exists() and elsewhere.exists()
+
+
 def test_two_builders_at_once_leave_one_good_cache(tmp_path):
     procs = [_builder(tmp_path, "race") for _ in range(2)]
     outs = [p.communicate(timeout=120) for p in procs]
@@ -479,11 +514,12 @@ def test_cli_data_prepare_and_info(fake_mnist):
     assert "not built" in r.output and "train-images-idx3-ubyte.gz" in r.output
     assert not cache_path("pmnist", data_dir).exists()           # info builds nothing
     r = _run_cli("data", "prepare", "--task", "pmnist", "--task", "mnist-noise",
-                 "--data-dir", str(data_dir), "--seed", "2")
+                 "--data-dir", str(data_dir), "--perm-seed", "2")
     assert r.exit_code == 0, r.output
     assert "pmnist-seed2.h5 (train 60, test 20; T=784, m=1) ready" in r.output
     assert "mnist-noise.h5 (train 60, test 20; T=1000, m=28) ready" in r.output
-    r = _run_cli("data", "info", "--task", "pmnist", "--data-dir", str(data_dir), "--seed", "2")
+    r = _run_cli("data", "info", "--task", "pmnist", "--data-dir", str(data_dir),
+                 "--perm-seed", "2")
     assert r.exit_code == 0, r.output
     counts = np.bincount(arrays["test_labels"], minlength=10).tolist()
     assert f"test        20  labels {counts}" in r.output
@@ -495,7 +531,7 @@ def test_cli_data_prepare_and_info(fake_mnist):
     assert (info["T"], info["m"], info["sizes"]["train"]) == (60, 28, 60) and "noise" in info
 
 
-def test_cli_data_prepare_errors_are_clear(tmp_path):
+def test_cli_data_prepare_errors_are_clear(tmp_path, monkeypatch):
     r = _run_cli("data", "prepare", "--task", "cifar10", "--data-dir", str(tmp_path),
                  "--no-download")
     assert r.exit_code == 1
@@ -503,3 +539,15 @@ def test_cli_data_prepare_errors_are_clear(tmp_path):
     assert "Traceback" not in r.output
     r = _run_cli("data", "prepare", "--task", "cifar", "--data-dir", str(tmp_path))
     assert r.exit_code == 2 and "'cifar' is not one of" in r.output
+    for cache in ("missing", "built"):                 # a bad --T, with or without a cache
+        if cache == "built":
+            arrays = fd.write_fake_mnist(tmp_path / "mnist")
+            monkeypatch.setitem(sources.SOURCES, "mnist",
+                                fd.fake_idx_source(tmp_path, arrays=arrays))
+            assert _run_cli("data", "prepare", "--task", "mnist", "--data-dir",
+                            str(tmp_path)).exit_code == 0
+        r = _run_cli("data", "info", "--task", "mnist", "--T", "100", "--data-dir", str(tmp_path))
+        assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+        assert "T" in r.output and "784" in r.output and "100" in r.output, r.output
+    r = _run_cli("data", "info", "--task", "pmnist", "--perm-seed", str(2**63))
+    assert r.exit_code == 2 and "--perm-seed" in r.output and str(2**63) in r.output

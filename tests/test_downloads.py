@@ -2,6 +2,8 @@
 connection, mirror fallback, and a whole dataset fetched into an empty data directory."""
 import gzip
 import http.server
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -73,6 +75,21 @@ def test_fetch_dropped_connection_leaves_nothing(server, tmp_path):
     with pytest.raises(DownloadError, match="IncompleteRead|closed after"):
         fetch(server + "drop", tmp_path / "drop.bin", fd.md5(GOOD), progress=False)
     assert leftovers(tmp_path) == []
+
+
+def test_a_download_killed_outright_is_cleaned_up_by_the_next(server, tmp_path):
+    # SIGKILL gives fetch no chance to delete its temporary file: the next download does
+    code = ("import os, sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]); "
+            "from nprnn.sources import temporary_name; "
+            "temporary_name(Path(sys.argv[2]) / 'good.bin', 'part').write_bytes(b'half'); "
+            "os.kill(os.getpid(), 9)")
+    proc = subprocess.run([sys.executable, "-c", code, str(fd.REPO), str(tmp_path)])
+    assert proc.returncode == -9
+    live = sources.temporary_name(tmp_path / "other.bin", "part")   # this process: in progress
+    live.write_bytes(b"half")
+    assert len(leftovers(tmp_path)) == 2
+    fetch(server + "good.bin", tmp_path / "good.bin", fd.md5(GOOD), progress=False)
+    assert leftovers(tmp_path) == sorted(["good.bin", live.name])
 
 
 def test_fetch_http_error_and_refused_connection(server, tmp_path):

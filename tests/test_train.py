@@ -18,7 +18,8 @@ from click.testing import CliRunner
 import nprnn.datasets
 from nprnn.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from nprnn.datasets import ArrayTask
-from nprnn.train import TrainError, TrainingDiverged, evaluate_checkpoint, train
+from nprnn.train import (TrainError, TrainingDiverged, evaluate_checkpoint, resolve_config,
+                         train)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -288,10 +289,15 @@ def test_evaluate_checkpoint_errors(tmp_path, reference_run):
 
 @pytest.fixture
 def toy_get_task(monkeypatch):
-    """`get_task` answering every name with the toy task (the commands load tasks by name)."""
+    """`get_task` answering every name with the toy task (the commands load tasks by name); the
+    list it returns collects the (name, seed) of each call."""
+    calls = []
+
     def get_task(name, data_dir=None, T=None, seed=0, valid_size=0, download=True):
+        calls.append((name, seed))
         return toy_task(name=name)
     monkeypatch.setattr(nprnn.datasets, "get_task", get_task, raising=False)
+    return calls
 
 
 def test_cli_train_then_eval(tmp_path, toy_get_task):
@@ -308,6 +314,28 @@ def test_cli_train_then_eval(tmp_path, toy_get_task):
     r = runner.invoke(cli.cli, ["train", "--out", out, "--resume", "--iterations", "40"])
     assert r.exit_code == 0, r.output
     assert "final test accuracy after 40" in r.output
+
+
+def test_the_permutation_seed_reaches_the_task_and_is_not_the_training_seed(tmp_path,
+                                                                           toy_get_task):
+    out = str(tmp_path / "run")
+    runner = CliRunner()
+    args = ["--model", "antisym", "--task", "pmnist", "--hidden", "8", "--batch-size", "8",
+            "--eval-every", "10"]
+    r = runner.invoke(cli.cli, ["train", *args, "--iterations", "10", "--seed", "3",
+                                "--perm-seed", "5", "--out", out])
+    assert r.exit_code == 0, r.output
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert (config["seed"], config["perm_seed"]) == (3, 5)
+    r = runner.invoke(cli.cli, ["eval", out])
+    assert r.exit_code == 0, r.output
+    assert toy_get_task == [("pmnist", 5), ("pmnist", 5)]          # train, then eval
+    r = runner.invoke(cli.cli, ["train", "--out", out, "--resume", "--perm-seed", "6"])
+    assert r.exit_code == 1 and "perm_seed=6 (the run was started with 5)" in r.output
+    r = runner.invoke(cli.cli, ["train", *args, "--seed", str(2**63), "--out", out + "2"])
+    assert r.exit_code == 2 and "0<=x<=9223372036854775807" in r.output
+    with pytest.raises(TrainError, match=r"perm_seed must be an integer in 0 \.\. "):
+        resolve_config(perm_seed=-1)
 
 
 def test_cli_errors_are_clean(tmp_path, toy_get_task):
