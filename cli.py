@@ -387,14 +387,17 @@ def train(progress, out, resume, **options):
               help="Sequence length of a noise-padded task [default: the run's].")
 @click.option("--batch-size", default=None, type=click.IntRange(min=1),
               help="Examples per forward pass [default: the run's --eval-batch-size].")
-def eval_run(run, split, task, data_dir, T, batch_size):
+@click.option("--device", default="auto", show_default=True,
+              type=click.Choice(["cpu", "cuda", "auto"]),
+              help="Where to evaluate, whatever the run was trained on.")
+def eval_run(run, split, task, data_dir, T, batch_size, device):
     """Evaluate the checkpoint of RUN (a run folder or a checkpoint file): loss and accuracy."""
     from nprnn import train as training
     from nprnn.checkpoint import CheckpointError
 
     try:
         r = training.evaluate_checkpoint(run, split=split, task_name=task, data_dir=data_dir,
-                                         T=T, batch_size=batch_size)
+                                         T=T, batch_size=batch_size, device=device)
     except (training.TrainError, CheckpointError, ValueError, RuntimeError, OSError) as e:
         raise click.ClickException(str(e)) from None
     correct = round(r["accuracy"] * r["count"])

@@ -24,6 +24,8 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from .kernels.gpu_common import copy_into
+
 FORMAT = "nprnn-checkpoint"
 VERSION = 1
 FILENAME = "checkpoint.h5"
@@ -130,4 +132,4 @@ def load_params_into(model, params, source="checkpoint"):
             raise CheckpointError(f"{source}: parameter {k!r} has dtype {a.dtype}, the model "
                                   f"was built with {live.dtype}")
     for k, live in model.params.items():
-        live[...] = params[k]
+        copy_into(live, params[k])          # in place, on the model's device

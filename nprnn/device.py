@@ -10,9 +10,10 @@ Nothing here lets a driver error escape as a traceback: `cuda_available` turns e
 `resolve_device("cuda")` raises DeviceUnavailable with that reason and what to do instead. The
 command line turns DeviceUnavailable into its usual error message.
 
-Numba's CUDA simulator counts as usable: with NUMBA_ENABLE_CUDASIM=1 in the environment before
-numba is first imported, `numba.cuda` runs kernels as Python threads on the CPU (correct, and
-thousands of times slower). That is how the GPU tests run on machines without a GPU.
+Numba's CUDA simulator counts as usable for an explicit "cuda": with NUMBA_ENABLE_CUDASIM=1 in
+the environment before numba is first imported, `numba.cuda` runs kernels as Python threads on
+the CPU (correct, and thousands of times slower). That is how the GPU tests run on machines
+without a GPU. "auto" never picks it: it stands for speed.
 """
 import functools
 import importlib.util
@@ -69,15 +70,16 @@ def cuda_available():
 
 
 def resolve_device(device):
-    """"cpu" or "cuda" for a requested device in DEVICES: "auto" picks cuda when a GPU is
-    usable; "cuda" without one raises DeviceUnavailable naming the reason."""
+    """"cpu" or "cuda" for a requested device in DEVICES: "auto" picks cuda when a real GPU is
+    usable (not the simulator); "cuda" without one raises DeviceUnavailable naming the
+    reason."""
     if device not in DEVICES:
         raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
     if device == "cpu":
         return "cpu"
     ok, why = cuda_available()
     if device == "auto":
-        return "cuda" if ok else "cpu"
+        return "cuda" if ok and not simulator_enabled() else "cpu"
     if not ok:
         raise DeviceUnavailable(f"device 'cuda' was requested but no GPU is usable: {why}. "
                                 f"Use device 'cpu', or 'auto' to take a GPU only when one is "

@@ -20,7 +20,7 @@ import math
 import numpy as np
 
 from .kernels import optim as K_optim
-from .kernels.gpu_common import is_device_array
+from .kernels.gpu_common import copy_into, is_device_array
 
 OPTIMIZERS = ("sgd", "adagrad")
 
@@ -140,10 +140,7 @@ class Optimizer:
                 if a.shape != live.shape or a.dtype != live.dtype:
                     raise ValueError(f"{self.name} state {s}/{k} has shape {a.shape} and dtype "
                                      f"{a.dtype}; expected {live.shape} and {live.dtype}")
-                if is_device_array(live):
-                    live.copy_to_device(np.ascontiguousarray(a))
-                else:
-                    live[...] = a
+                copy_into(live, a)
         self.steps = int(state["steps"])
 
 

@@ -46,6 +46,7 @@ import numpy as np
 
 from .checkpoint import (FILENAME, CheckpointError, load_checkpoint, load_params_into,
                          save_checkpoint)
+from .device import resolve_device
 from .model import make_model
 from .optim import OPTIMIZERS, clip_scale, global_norm, make_optimizer
 
@@ -374,6 +375,7 @@ def train(config=None, out="runs/run", resume=False, given=None, task=None, echo
 
     if task is not None:
         config["task"] = task.name
+    resolve_device(config["device"])          # no GPU for --device cuda: say so before any work
     task = load_task(config, task)
     if resume:
         model = build_model(config, config["input_size"], config["num_classes"])
@@ -545,9 +547,10 @@ def _last_record(metrics_path, split, iteration):
 # ----------------------------------------------------------------------------------------------
 
 def evaluate_checkpoint(path, split="test", task_name=None, data_dir=None, T=None,
-                        batch_size=None, task=None):
+                        batch_size=None, task=None, device="auto"):
     """Evaluate the checkpoint of a run folder (or a checkpoint file) on a split of its task, or
-    on another task with the same input size and number of classes (`task_name`).
+    on another task with the same input size and number of classes (`task_name`), on `device`
+    (cpu, cuda or auto; a run trained on either device evaluates on either).
 
     A run folder's config.json and its checkpoint must describe the same model; a task that does
     not fit the model raises TrainError. Returns dict(loss, accuracy, count, iteration, model,
@@ -572,8 +575,7 @@ def evaluate_checkpoint(path, split="test", task_name=None, data_dir=None, T=Non
         config["T"] = T
     if data_dir is not None:
         config["data_dir"] = data_dir
-    if config.get("device") == "auto":
-        config["device"] = "cpu"
+    config["device"] = resolve_device(device)
     model = build_model(config, config["input_size"], config["num_classes"])
     load_params_into(model, saved["params"], f"checkpoint {where}")
     task = load_task(config, task)

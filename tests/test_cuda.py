@@ -51,7 +51,8 @@ def test_cuda_available_gives_a_one_line_reason():
 
 
 def test_auto_resolves_to_cuda_exactly_when_a_gpu_is_usable():
-    assert device.resolve_device("auto") == ("cuda" if device.cuda_available()[0] else "cpu")
+    usable = device.cuda_available()[0] and not device.simulator_enabled()
+    assert device.resolve_device("auto") == ("cuda" if usable else "cpu")
     assert device.resolve_device("cpu") == "cpu"
 
 
@@ -96,3 +97,40 @@ def test_persistent_launch_refuses_what_does_not_fit_and_says_why():
     with pytest.raises(ValueError, match="threads"):
         K.persistent_launch(B=4, n=8, dtype=np.float32, skew=True, buffers=2, rows=1,
                             threads=2048)
+
+
+class StrictDeviceArray:
+    """A numba device array as it behaves on a real GPU, in host memory: copy_to_host and
+    copy_to_device, and no `[...] =` (TypeError on a GPU; the simulator's stand-in allows it, so
+    the simulator run cannot catch such a write)."""
+
+    def __init__(self, a):
+        self._a = np.array(a)
+        self.shape, self.dtype, self.size = self._a.shape, self._a.dtype, self._a.size
+
+    def copy_to_host(self):
+        return self._a.copy()
+
+    def copy_to_device(self, a):
+        assert a.shape == self.shape and a.dtype == self.dtype and a.flags.c_contiguous
+        self._a[...] = a
+
+    def __setitem__(self, key, value):
+        raise TypeError("a device array takes no item assignment here")
+
+
+def test_saved_state_is_copied_into_device_arrays_with_copy_to_device():
+    from nprnn.checkpoint import load_params_into
+    from nprnn.optim import make_optimizer
+    model = nprnn.make_model("antisym", 1, 4, 3, seed=0)
+    saved = {k: p * 2 for k, p in model.params.items()}
+    opt = make_optimizer("adagrad", model.params, lr=0.1)
+    state = dict(opt.state_dict(), slots={"accumulator": {k: p + 1 for k, p in saved.items()}})
+    model.params = {k: StrictDeviceArray(p) for k, p in model.params.items()}
+    opt.slots = {s: {k: StrictDeviceArray(a) for k, a in slot.items()}
+                 for s, slot in opt.slots.items()}
+    load_params_into(model, saved)
+    opt.load_state_dict(state)
+    for k, p in model.params.items():
+        assert np.array_equal(p.copy_to_host(), saved[k])
+        assert np.array_equal(opt.slots["accumulator"][k].copy_to_host(), saved[k] + 1)

@@ -72,6 +72,16 @@ def is_device_array(a):
     return hasattr(a, "copy_to_host")
 
 
+def copy_into(live, a):
+    """live[...] = a, for a host array `a` and `live` a numpy array or a device array of the same
+    shape. A numba device array takes no `[...]` assignment on a GPU (TypeError; the simulator's
+    stand-in accepts it), so device arrays are written with copy_to_device."""
+    if is_device_array(live):
+        live.copy_to_device(np.ascontiguousarray(a, dtype=live.dtype))
+    else:
+        live[...] = a
+
+
 def cdiv(a, b):
     """ceil(a / b) for positive integers."""
     return -(-a // b)

@@ -143,3 +143,32 @@ def test_optimizer_classes_train_device_parameters_like_the_cpu(opt):
         for k, a in slot.items():
             np.testing.assert_allclose(a.copy_to_host(), opt_cpu.slots[s][k], rtol=1e-12,
                                        atol=1e-12, err_msg=f"{s}/{k}")
+
+
+def test_a_cuda_run_resumes_bit_for_bit_and_evaluates(tmp_path):
+    """train on device="cuda", stop, resume, evaluate: the checkpoint's parameters and optimizer
+    state go back into device arrays (by copy_to_device: a GPU's arrays take no [...] writes)."""
+    from nprnn.datasets import ArrayTask
+    from nprnn.train import evaluate_checkpoint, train
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8, gt.T, gt.M)).astype(np.float32)
+    task = ArrayTask("toy", x, np.arange(8) % 3, x[:4], np.arange(4) % 3, num_classes=3)
+    config = dict(model="antisym", hidden=gt.N, eps=0.5, lr=0.1, batch_size=4, dtype="float64",
+                  device="cuda", eval_every=100, log_every=1, checkpoint_every=100)
+    quiet = dict(task=task, echo=lambda *a: None, progress=False)
+    whole = train(dict(config, iterations=3), out=tmp_path / "whole", **quiet)
+    train(dict(config, iterations=2), out=tmp_path / "split", **quiet)
+    split = train(out=tmp_path / "split", resume=True, given=dict(iterations=3), **quiet)
+    same = ("loss", "accuracy", "count", "iteration")
+    assert [whole["final"][k] for k in same] == [split["final"][k] for k in same]
+    on_gpu = evaluate_checkpoint(tmp_path / "split", task=task, device="cuda")
+    assert (on_gpu["loss"], on_gpu["accuracy"]) == (whole["final"]["loss"],
+                                                    whole["final"]["accuracy"])
+    on_cpu = evaluate_checkpoint(tmp_path / "split", task=task, device="cpu")
+    assert on_cpu["accuracy"] == on_gpu["accuracy"]
+    np.testing.assert_allclose(on_cpu["loss"], on_gpu["loss"], rtol=1e-10)
+
+
+def test_auto_never_picks_the_simulator():
+    from nprnn.device import resolve_device, simulator_enabled
+    assert resolve_device("auto") == ("cpu" if simulator_enabled() else "cuda")
