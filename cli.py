@@ -437,8 +437,10 @@ def bench(models, B, T, m, n, dtype, repeat, with_torch, device):
     if unknown:
         raise click.BadParameter(f"unknown model(s) {', '.join(unknown)}; choose from "
                                  f"{', '.join(nprnn.CELLS)} or 'all'", param_hint="--model")
-    if with_torch and not B_.torch_available():
-        click.echo("PyTorch is not installed: timing nprnn alone (pip install torch to compare).")
+    if with_torch and not B_.torch_available(device):
+        click.echo("PyTorch is not installed: timing nprnn alone (pip install torch to compare)."
+                   if not B_.torch_available() else "PyTorch cannot use the GPU (a CPU-only "
+                   "build?): timing nprnn alone.")
         with_torch = False
     if device == "cuda":
         from nprnn.device import DeviceUnavailable, resolve_device

@@ -74,12 +74,13 @@ def bench_nprnn(name, B, T, m, n, dtype, repeat, seed=0):
                 fwd_bwd=median_time(lambda: model.loss_and_grad(x, y), repeat))
 
 
-def torch_available():
+def torch_available(device="cpu"):
+    """Whether PyTorch is installed and, for device "cuda", built with CUDA and seeing a GPU."""
     try:
-        import torch  # noqa: F401
+        import torch
     except ImportError:
         return False
-    return True
+    return device == "cpu" or torch.cuda.is_available()
 
 
 def _torch_euler(name, torch, n, m, eps, gamma, dtype, gen, device="cpu"):

@@ -393,9 +393,9 @@ def time_model(name, B=128, n=128, m=1, T=784, K=10, dtype="float32", versions=(
                "persistent"), repeats=5, warmup=1, seed=0):
     """Time each GPU kernel version of model `name` on random data of the given shape.
 
-    Returns one dict per version: model, version, B, n, m, T, dtype, forward_ms (cell forward,
-    readout and loss), forward_backward_ms (everything `loss_and_grad` does on the GPU: the same
-    plus the readout's and the cell's backward), both the median of `repeats` runs timed with
+    Returns one dict per version: model, version, B, n, m, T, dtype, forward_ms (cell forward
+    and readout, as `model.forward`), forward_backward_ms (everything `loss_and_grad` does on the
+    GPU: the same plus the loss, the readout's and the cell's backward), both the median of `repeats` runs timed with
     CUDA events, and `note` (why a version did not run, else ""). Inputs are on the GPU before
     timing starts, so host transfers are not included. Under the CUDA simulator the times are
     meaningless (the simulator records none) and are reported as nan."""

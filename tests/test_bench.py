@@ -67,3 +67,12 @@ def test_data_benchmark_runs_at_tiny_sizes(monkeypatch, capsys):
     assert rows["cifar10*"][1:3] == ["1024", "3"]
     assert rows["cifar10-noise*"][1:3] == ["40", "96"]
     assert any(line.startswith("N(0, 1) float32 draws: nprnn.noise") for line in out)
+
+
+def test_a_pytorch_without_cuda_is_no_gpu_yardstick(monkeypatch):
+    import types
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(is_available=lambda: False))
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    assert bench.torch_available("cpu") and not bench.torch_available("cuda")
+    monkeypatch.setitem(sys.modules, "torch", None)              # not installed
+    assert not bench.torch_available("cpu") and not bench.torch_available("cuda")
