@@ -134,14 +134,24 @@ class Model:
     def loss_and_grad(self, x, y, return_logits=False):
         """Mean softmax cross-entropy over the batch and its gradient w.r.t. every parameter
         (full BPTT). Returns (loss, grads[, logits]); grads has the same keys as params."""
+        losses, grads, logits, _ = self.step_arrays(x, y)
+        if self.device == "cuda":
+            losses, logits = losses.copy_to_host(), logits.copy_to_host()
+        loss = float(losses.mean())
+        return (loss, grads, logits) if return_logits else (loss, grads)
+
+    def step_arrays(self, x, y):
+        """What `loss_and_grad` computes, left where it was computed (device arrays on cuda, so
+        that the caller need not wait for the GPU): (losses (B,), grads, logits (B, K), y (B,)
+        int64), with the mean of `losses` the loss."""
         xt = self._check_x(x)
         B = xt.shape[1]
         y = self._check_y(y, B)
         if self.device == "cuda":
             from . import gpu
+            y = gpu.to_device(y)
             losses, grads, logits = gpu.model_loss_and_grad(self, xt, y, ws=self._workspace)
-            loss = float(losses.copy_to_host().mean())
-            return (loss, grads, logits.copy_to_host()) if return_logits else (loss, grads)
+            return losses, grads, logits, y
         p = self.params
         h_T, cache = self.cell.forward(self.cell_params(), xt, None, ws=self._workspace,
                                        **self.hyper)
@@ -156,8 +166,7 @@ class Model:
         grads, _ = self.cell.backward(self.cell_params(), cache, dh_T, ws=self._workspace,
                                       **self.hyper)
         grads.update(W_out=dW_out, b_out=db_out)
-        loss = float(losses.mean())
-        return (loss, grads, logits) if return_logits else (loss, grads)
+        return losses, grads, logits, y
 
 
 def make_model(name, input_size, hidden_size, num_classes=10, eps=None, gamma=None, sigma_w=1.0,

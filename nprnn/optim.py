@@ -57,6 +57,21 @@ def global_norm(grads):
     return math.sqrt(total[0])
 
 
+def _scale_array(scale, on_device):
+    """The clipping factor as the kernels take it: a float64 array (1,) where the parameters are."""
+    if is_device_array(scale) or isinstance(scale, np.ndarray):
+        if scale.shape != (1,) or scale.dtype != np.float64 or is_device_array(scale) != on_device:
+            raise ValueError(f"scale must be a number or a float64 array of shape (1,) on the "
+                             f"parameters' device; got {scale.dtype} {scale.shape} "
+                             f"{'on the GPU' if is_device_array(scale) else 'in host memory'}")
+        return scale
+    a = np.array([float(scale)], dtype=np.float64)
+    if on_device:
+        from . import gpu
+        return gpu.to_device(a)
+    return a
+
+
 def clip_scale(norm, clip):
     """The factor s = min(1, clip / norm) that rescales the whole gradient to norm <= clip
     (Pascanu et al., 2013); clip = 0 turns clipping off (s = 1)."""
@@ -97,7 +112,9 @@ class Optimizer:
 
     def step(self, params, grads, scale=1.0):
         """Update every parameter in place from its gradient (scaled by `scale`, the clipping
-        factor). `params` and `grads` have the same keys as the state was built with."""
+        factor: a number, or a float64 array of one element on the parameters' device, as
+        `StepRecorder.scale`; NaN skips the step). `params` and `grads` have the same keys as
+        the state was built with."""
         if set(params) != set(self.slots[self.slot_names[0]]) or set(grads) != set(params):
             raise ValueError(f"params {sorted(params)} and grads {sorted(grads)} must have the "
                              f"keys the optimizer was built with: "
@@ -107,10 +124,14 @@ class Optimizer:
             if g.shape != p.shape or g.dtype != p.dtype:
                 raise ValueError(f"gradient {k!r} has shape {g.shape} and dtype {g.dtype}, but "
                                  f"the parameter has shape {p.shape} and dtype {p.dtype}")
+        on_device = is_device_array(next(iter(params.values())))
+        scale = _scale_array(scale, on_device)
+        for k, p in params.items():
+            g = grads[k]
             state = [_flat(self.slots[s][k], f"{self.name} state {s}", k)
                      for s in self.slot_names]
-            update = self._update_gpu if is_device_array(p) else self._update
-            update(_flat(p, "parameter", k), *state, _flat(g, "gradient", k), float(scale))
+            update = self._update_gpu if on_device else self._update
+            update(_flat(p, "parameter", k), *state, _flat(g, "gradient", k), scale)
         self.steps += 1
 
     def _update(self, p, *state_and_grad_and_scale):
@@ -198,3 +219,68 @@ def make_optimizer(name, params, lr, momentum=0.9, **hyper):
     if name == "adagrad":
         return Adagrad(params, lr, **hyper)
     raise ValueError(f"unknown optimizer {name!r}; choose one of: {', '.join(OPTIMIZERS)}")
+
+
+class StepRecorder:
+    """The training loop's bookkeeping, on the parameters' device: per step, ||g||^2, then
+    `kernels/optim.py`'s record_step (the clipping factor into `scale`, the step's loss, correct
+    answers and ||g|| into running totals). `read()` is the only copy to the host; the loop calls
+    it when it reports, evaluates or saves, so on the GPU no other step waits for the device.
+
+        rec = StepRecorder(model.device, clip=1.0)
+        rec.record(losses, logits, y, grads)        # device arrays on cuda
+        opt.step(model.params, grads, rec.scale)     # skipped from a non-finite step on
+        totals = rec.read()                          # steps, count, correct, loss_sum, ...
+    """
+
+    FIELDS = ("steps", "count", "correct", "loss_sum", "grad_norm_sum")
+
+    def __init__(self, device, clip=0.0, totals=None):
+        if clip < 0 or not math.isfinite(clip):
+            raise ValueError(f"clip must be a finite number >= 0 (0 turns clipping off), got "
+                             f"{clip!r}")
+        self.device, self.clip = device, float(clip)
+        self._stats = np.zeros(K_optim.STATS, dtype=np.float64)
+        self.scale = np.ones(1, dtype=np.float64)
+        self._total = np.zeros(1, dtype=np.float64)
+        if device == "cuda":
+            from . import gpu
+            self._gpu = gpu
+            self._stats, self.scale, self._total = (gpu.to_device(a) for a in
+                                                    (self._stats, self.scale, self._total))
+        self.reset(totals)
+
+    def reset(self, totals=None):
+        """Start new running totals, from `totals` (a dict of FIELDS, as read() gives) or 0."""
+        stats = np.zeros(K_optim.STATS, dtype=np.float64)
+        for k, name in enumerate(self.FIELDS):
+            stats[k] = (totals or {}).get(name, 0)
+        copy_into(self._stats, stats)
+
+    def record(self, losses, logits, y, grads):
+        """Account for one step (arrays on the device) and set `scale` for its update."""
+        if self.device == "cuda":
+            self._gpu.fill(self._total, 0.0)
+            for name, g in grads.items():
+                K_optim.sum_squares_gpu(self._total, _flat(g, "gradient", name))
+            K_optim.record_step_gpu(self._stats, self.scale, losses, logits, y, self._total,
+                                    self.clip)
+        else:
+            self._total[0] = 0.0
+            for name, g in grads.items():
+                K_optim.sum_squares_cpu(self._total, _flat(g, "gradient", name))
+            K_optim.record_step_cpu(self._stats, self.scale, losses, logits, y, self._total,
+                                    self.clip)
+
+    def read(self):
+        """The running totals: dict of FIELDS (ints for the counts), plus `first_bad` (None, or
+        the 1-based step count of the first step with a non-finite loss or gradient, which was
+        not applied, nor any after it) with its `bad_loss` and `bad_norm`."""
+        stats = self._stats.copy_to_host() if self.device == "cuda" else self._stats.copy()
+        out = {name: stats[k] for k, name in enumerate(self.FIELDS)}
+        for name in ("steps", "count", "correct"):
+            out[name] = int(out[name])
+        bad = int(stats[K_optim.FIRST_BAD])
+        out.update(first_bad=bad or None, bad_loss=float(stats[K_optim.BAD_LOSS]),
+                   bad_norm=float(stats[K_optim.BAD_NORM]))
+        return out

@@ -48,7 +48,7 @@ from .checkpoint import (FILENAME, CheckpointError, load_checkpoint, load_params
                          save_checkpoint)
 from .device import resolve_device
 from .model import make_model
-from .optim import OPTIMIZERS, clip_scale, global_norm, make_optimizer
+from .optim import OPTIMIZERS, StepRecorder, make_optimizer
 
 # Everything a run is made of. None for eps / gamma / T means "the model's / task's default";
 # the resolved values are written to config.json.
@@ -290,8 +290,11 @@ class Progress:
         eta = (self.total - it) / rate if rate > 0 else float("inf")
         eta_s = (f"{int(eta // 3600)}:{int(eta % 3600 // 60):02d}:{int(eta % 60):02d}"
                  if math.isfinite(eta) else "?")
+        # loss and accuracy are those of the interval so far, as last read (on a GPU: at the
+        # interval's end); none before the first reading
+        stats = (f"  loss {loss:.4f}  acc {acc:.3f}" if math.isfinite(loss) else "")
         return (f"[{'#' * done}{'-' * (self.width - done)}] {it}/{self.total} "
-                f"{rate:.2f} it/s  loss {loss:.4f}  acc {acc:.3f}  eta {eta_s}")
+                f"{rate:.2f} it/s{stats}  eta {eta_s}")
 
     def update(self, it, loss, acc, interval_end=False):
         if not self.enabled:
@@ -325,6 +328,23 @@ class Progress:
 
 def _new_interval():
     return dict(steps=0, count=0, correct=0, loss_sum=0.0, grad_norm_sum=0.0)
+
+
+def _host(a):
+    return a.copy_to_host() if hasattr(a, "copy_to_host") else a
+
+
+def _diverged(acc_run, it, saved_at, ckpt_path, config, out):
+    """TrainingDiverged for the first step whose loss or gradient was not finite. `acc_run` is
+    StepRecorder.read() at iteration `it`; that step and any after it were not applied."""
+    bad_it = it - acc_run["steps"] + acc_run["first_bad"]
+    loss, norm = acc_run["bad_loss"], acc_run["bad_norm"]
+    return TrainingDiverged(
+        f"the {'loss' if not math.isfinite(loss) else 'gradient'} is not finite at iteration "
+        f"{bad_it} (loss {loss}, gradient norm {norm}); training stopped before applying that "
+        f"step. The last good checkpoint (iteration {saved_at}) is kept in {ckpt_path}. Try a "
+        f"lower learning rate (now {config['lr']:g}) or gradient clipping, e.g.: python cli.py "
+        f"train --out {out} --resume --lr {config['lr'] / 2:g} --clip 1")
 
 
 def _write_json(path, obj):
@@ -425,8 +445,22 @@ def train(config=None, out="runs/run", resume=False, given=None, task=None, echo
              f"batch {prog['batch']})")
 
     saved_at = [prog["iteration"]]            # the iteration of the checkpoint on disk
+    # The interval's running loss, accuracy and gradient norm are summed where the step runs
+    # (StepRecorder). Reading them is the one wait for a GPU, done only by sync(): when this loop
+    # reports, evaluates, saves or stops, and after every step on the CPU, where it costs nothing
+    # and a divergence stops the run at once.
+    recorder = StepRecorder(model.device, config["clip"], prog["interval"])
+
+    def sync():
+        """prog["interval"] brought up to date; TrainingDiverged if a step was not finite."""
+        acc = recorder.read()
+        if acc["first_bad"] is not None:
+            raise _diverged(acc, prog["iteration"], saved_at[0], ckpt_path, config, out)
+        prog["interval"] = {k: acc[k] for k in StepRecorder.FIELDS}
+        return acc
 
     def checkpoint():
+        sync()                               # never save the parameters past a bad step
         save_checkpoint(ckpt_path, model.params, optimizer.state_dict(), config, prog)
         saved_at[0] = prog["iteration"]
 
@@ -461,34 +495,22 @@ def train(config=None, out="runs/run", resume=False, given=None, task=None, echo
             # an evaluation that a stop signal cut short is done now, before going on
             if eval_due(it) and prog["evaluated"].get(eval_split) != it:
                 run_eval(eval_split, it, stop)
-            acc_run = prog["interval"]
+            run_loss = run_acc = float("nan")
             while it < total and stop.requested is None:
                 epoch, start = divmod(it, per_epoch)
                 for x, y in task.batches("train", B, seed=config["seed"], epoch=epoch,
                                          start=start, device=model.device):
-                    loss, grads, logits = model.loss_and_grad(x, y, return_logits=True)
-                    norm = global_norm(grads)
-                    if not (math.isfinite(loss) and math.isfinite(norm)):
-                        raise TrainingDiverged(
-                            f"the {'loss' if not math.isfinite(loss) else 'gradient'} is not "
-                            f"finite at iteration {it + 1} (loss {loss}, gradient norm {norm}); "
-                            f"training stopped before applying that step. The last good "
-                            f"checkpoint (iteration {saved_at[0]}) is kept in "
-                            f"{ckpt_path}. Try a lower learning rate (now {config['lr']:g}) or "
-                            f"gradient clipping, e.g.: python cli.py train --out {out} --resume "
-                            f"--lr {config['lr'] / 2:g} --clip 1")
-                    optimizer.step(model.params, grads, clip_scale(norm, config["clip"]))
+                    losses, grads, logits, y_step = model.step_arrays(x, y)
+                    recorder.record(losses, logits, y_step, grads)
+                    optimizer.step(model.params, grads, recorder.scale)
                     it += 1
                     prog.update(iteration=it, epoch=it // per_epoch, batch=it % per_epoch)
-                    correct = int((logits.argmax(axis=1) == y).sum())
-                    acc_run["steps"] += 1
-                    acc_run["count"] += len(y)
-                    acc_run["correct"] += correct
-                    acc_run["loss_sum"] += loss * len(y)
-                    acc_run["grad_norm_sum"] += norm
-                    run_loss = acc_run["loss_sum"] / acc_run["count"]
-                    run_acc = acc_run["correct"] / acc_run["count"]
                     interval_end = it % config["log_every"] == 0 or it == total
+                    if (model.device == "cpu" or interval_end or eval_due(it)
+                            or callback is not None):
+                        acc_run = sync()
+                        run_loss = acc_run["loss_sum"] / max(acc_run["count"], 1)
+                        run_acc = acc_run["correct"] / max(acc_run["count"], 1)
                     if interval_end:
                         t = elapsed()
                         log.write(iteration=it, split="train", loss=run_loss, accuracy=run_acc,
@@ -497,9 +519,10 @@ def train(config=None, out="runs/run", resume=False, given=None, task=None, echo
                                   it_per_s=round(it / max(t, 1e-9), 4))
                     bar.update(it, run_loss, run_acc, interval_end)
                     if interval_end:
-                        acc_run.update(_new_interval())
+                        prog["interval"] = _new_interval()
+                        recorder.reset()
                     if callback is not None:
-                        callback(it, loss)
+                        callback(it, float(np.mean(_host(losses))))
                     if eval_due(it):
                         run_eval(eval_split, it, stop)
                     prog["elapsed"] = elapsed()

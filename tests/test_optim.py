@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import nprnn
-from nprnn.optim import SGD, Adagrad, clip_scale, global_norm, make_optimizer
+from nprnn.optim import SGD, Adagrad, StepRecorder, clip_scale, global_norm, make_optimizer
 
 
 def test_sgd_momentum_matches_hand_computed_steps():
@@ -187,3 +187,39 @@ def test_bad_arguments_are_named():
     strided = {"w": np.zeros(6)[::2]}
     with pytest.raises(ValueError, match="C-contiguous"):
         SGD(strided, lr=0.1).step(strided, {"w": np.zeros(3)})
+    with pytest.raises(ValueError, match="scale must be a number or a float64 array"):
+        opt.step(p, {"w": np.zeros(3)}, scale=np.ones(2))
+
+
+def test_a_nan_scale_skips_the_step():
+    for opt in (SGD({"w": np.ones(3)}, lr=0.1), Adagrad({"w": np.ones(3)}, lr=0.1)):
+        p = {"w": np.ones(3)}
+        opt.step(p, {"w": np.full(3, 2.0)}, scale=np.array([np.nan]))
+        assert np.array_equal(p["w"], np.ones(3))
+        assert all(np.array_equal(s["w"], np.full(3, opt._initial(k)))
+                   for k, s in opt.slots.items())
+
+
+def test_step_recorder_sums_what_the_loop_reports_and_sets_the_clipping_factor():
+    rec = StepRecorder("cpu", clip=1.0, totals=dict(steps=2, count=8, correct=3, loss_sum=4.0,
+                                                      grad_norm_sum=1.5))
+    losses = np.array([0.5, 1.0, 1.5], dtype=np.float32)
+    logits = np.array([[1.0, 3.0, 3.0], [2.0, 0.0, 1.0], [0.0, 0.0, 5.0]], dtype=np.float32)
+    y = np.array([2, 0, 2])                      # row 0: a tie, the first largest (1) counts
+    grads = {"a": np.array([3.0, 0.0]), "b": np.array([[4.0]])}        # ||g|| = 5
+    rec.record(losses, logits, y, grads)
+    got = rec.read()
+    assert got == dict(steps=3, count=11, correct=5, loss_sum=7.0, grad_norm_sum=6.5,
+                       first_bad=None, bad_loss=0.0, bad_norm=0.0)
+    assert rec.scale[0] == pytest.approx(0.2) and global_norm(grads) == 5.0
+    rec.reset()
+    rec.clip = 0.0
+    rec.record(losses, logits, y, grads)
+    assert rec.scale[0] == 1.0 and rec.read()["steps"] == 1
+    rec.record(losses * np.float32(np.inf), logits, y, grads)        # a bad step, then a good
+    rec.record(losses, logits, y, grads)
+    got = rec.read()
+    assert (got["steps"], got["first_bad"], got["count"]) == (3, 2, 3)
+    assert got["bad_loss"] == np.inf and got["bad_norm"] == 5.0 and np.isnan(rec.scale[0])
+    with pytest.raises(ValueError, match="clip must be a finite number >= 0"):
+        StepRecorder("cpu", clip=-1.0)

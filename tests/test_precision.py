@@ -11,6 +11,7 @@ A few kernels use float64 on purpose; FLOAT64_ON_PURPOSE names them and says why
 must still be true (the kernel does use float64), so the list cannot go stale.
 """
 import importlib
+import inspect
 import re
 from collections import Counter
 
@@ -22,7 +23,7 @@ from numba.core.registry import CPUDispatcher
 from nprnn import CELLS, make_model
 from nprnn.noise import fill_gaussian
 from nprnn.kernels import common as K_common
-from nprnn.optim import make_optimizer
+from nprnn.optim import StepRecorder, make_optimizer
 
 MODULES = ["common", "antisym", "rnn", "lstm", "gru", "readout", "optim", "noise", "layout"]
 
@@ -32,8 +33,15 @@ FLOAT64_ON_PURPOSE = {
     "sgd_momentum_cpu": "lr, momentum and the clipping scale are float64 scalars; the update of "
                         "each parameter is rounded once into its dtype",
     "adagrad_cpu": "as sgd_momentum_cpu",
+    "sum_squares_cpu": "the squared gradient norm is summed in float64: a float32 square can "
+                       "overflow",
+    "record_step_cpu": "a step's loss, correct count and gradient norm are summed into float64 "
+                       "totals, once per step",
     "antisym_matrix_cpu": "A = W - W^T - gamma I with gamma a float64 scalar: n values per call",
 }
+# arrays that are float64 whatever the model's dtype: the clipping factor, the running totals of
+# a training step (kernels/optim.py) and the float64 accumulator of sum_squares_cpu
+FLOAT64_ARRAYS = {"scale", "stats", "total", "out"}
 # float64 arithmetic in LLVM IR: scalar or vector fadd/fsub/fmul/fdiv on double
 DOUBLE_ARITHMETIC = re.compile(r"= (fadd|fsub|fmul|fdiv|frem)(?: [a-z]+)* (?:<\d+ x )?double\b")
 
@@ -50,6 +58,8 @@ def _run_everything_in_float32():
         for opt in (make_optimizer("sgd", model.params, 0.1),
                     make_optimizer("adagrad", model.params, 0.1)):
             opt.step(model.params, grads, scale=0.5)
+        losses, grads, logits, y_step = model.step_arrays(x, y)
+        StepRecorder("cpu", clip=1.0).record(losses, logits, y_step, grads)
     noise = np.zeros((3, 5, 2), np.float32)
     fill_gaussian(noise, 1, np.arange(6).reshape(3, 2))
     # the row-split products, which the kernels above call from inside compiled code
@@ -67,10 +77,12 @@ def _float32_signatures():
         for name, disp in vars(mod).items():
             if not isinstance(disp, CPUDispatcher) or disp.py_func.__module__ != mod.__name__:
                 continue
+            args = list(inspect.signature(disp.py_func).parameters)
             for sig in disp.signatures:
-                dtypes = {a.dtype for a in sig if isinstance(a, numba.types.Array)}
-                # the float32 version: float32 arrays and no float64 ones (time_major_cpu also
-                # takes float64 input, sum_squares_cpu sums into a float64 accumulator)
+                dtypes = {a.dtype for arg, a in zip(args, sig)
+                          if isinstance(a, numba.types.Array) and arg not in FLOAT64_ARRAYS}
+                # the float32 version: float32 arrays and no float64 ones but the float64 totals
+                # (time_major_cpu also has a version that converts float64 input)
                 if numba.float32 in dtypes and numba.float64 not in dtypes:
                     found.append((name, disp.py_func, sig))
     return found
@@ -86,7 +98,7 @@ def test_the_scan_finds_the_kernels(float32_kernels):
     for expected in ("euler_backward_cpu", "euler_gated_forward_cpu", "rnn_backward_cpu",
                      "lstm_backward_cpu", "peephole_lstm_backward_cpu", "gru_forward_cpu",
                      "gru_backward_cpu", "matmul_tn_rows", "sum_rows", "time_major_cpu",
-                     "gaussian_fill_cpu", "adagrad_cpu", "softmax_xent_cpu"):
+                     "gaussian_fill_cpu", "adagrad_cpu", "softmax_xent_cpu", "record_step_cpu"):
         assert expected in names, f"no float32 call of {expected}: found {sorted(names)}"
 
 

@@ -48,7 +48,8 @@ ARG_KINDS = {
                         "C")},
     **{k: "1" for k in ("b_h", "b_z", "b_out", "db_out", "b_ih", "b_hh", "w_ci", "w_cf", "w_co",
                         "dw_ci", "dw_cf", "dw_co", "losses", "a", "p", "v", "g", "G")},
-    "eps": "f", "value": "f", "gamma": "f64", "lr": "f64", "momentum": "f64", "scale": "f64",
+    "eps": "f", "value": "f", "gamma": "f64", "lr": "f64", "momentum": "f64", "clip": "f64",
+    "scale": "f64_1", "total": "f64_1", "stats": "f64_1",
     "delta": "f64", "t": "i", "t0": "i", "rows": "i", "skew": "b", "peephole": "b", "accumulate": "b",
     "y": "i64_1", "out": "f64_1", "block_sums": "f64_1", "starts": "u64_1",
 }
@@ -123,6 +124,7 @@ FLOAT64_ON_PURPOSE = {
     "sum_block_sums_kernel": "the squared gradient norm is summed in float64",
     "sgd_momentum_kernel": "lr, momentum and scale are float64 scalars, as on the CPU",
     "adagrad_kernel": "lr, delta and scale are float64 scalars, as on the CPU",
+    "record_step_kernel": "a step's totals are float64, as on the CPU",
     "antisym_matrix_kernel": "gamma is a float64 scalar; n values per call",
     "shifted_matrix_kernel": "gamma is a float64 scalar; n values per call",
 }

@@ -4,7 +4,7 @@ Every kernel works on one parameter tensor seen as a flat, contiguous 1-d array 
 kernel does not care whether the tensor was W (n, n) or b_h (n,). The updates, for each element:
 
     clipping (global norm):   s = min(1, c / ||g||)       ||g||^2 = sum over ALL tensors of g**2
-                              (s = 1 when clipping is off; the caller passes s to the kernels)
+                              (s = 1 when clipping is off)
 
     SGD with momentum:        v <- mu * v + s * g
                               p <- p - lr * v
@@ -13,21 +13,102 @@ kernel does not care whether the tensor was W (n, n) or b_h (n,). The updates, f
                               G <- G + (s * g)**2
                               p <- p - lr * s * g / (sqrt(G) + delta)
 
-State (v, G) has the parameter's dtype. The scalars (lr, momentum, delta, scale) arrive as Python
-floats, so each element's update is computed in float64 and rounded once into the parameter's
-dtype; the cost is negligible beside a training step. Both updates leave p untouched wherever g
-has always been 0, so a strictly upper-triangular W (whose gradient is 0 on and below the
-diagonal) stays so.
+State (v, G) has the parameter's dtype. The scalars (lr, momentum, delta) arrive as Python floats
+and s as a float64 array of one element, so each element's update is computed in float64 and
+rounded once into the parameter's dtype; the cost is negligible beside a training step. Both
+updates leave p untouched wherever g has always been 0, so a strictly upper-triangular W (whose
+gradient is 0 on and below the diagonal) stays so.
+
+s lives in an array, not a Python float, so that on the GPU it can be computed where the gradient
+is: `record_step` takes ||g||^2, the batch's losses and logits, and writes s, adding the loss, the
+correct answers and ||g|| to running totals that the training loop reads only when it reports.
+No step waits for the GPU. A NaN s means "skip this step": record_step writes it from the first
+step whose loss or gradient is not finite, so no such step reaches the parameters.
 
 Argument order is the project's: outputs first (updated in place), then inputs, then scalars, so
-the GPU twins below (one thread per element) take exactly the same arguments.
+the GPU twins below (one thread per element) take exactly the same arguments. The per-element
+math is written once and compiled for both twins.
 """
 import math
 
 import numpy as np
 
-from .common import njit
+from .common import njit, njit_inline
 from .gpu_common import cdiv, cuda, scratch
+
+# record_step's running totals: stats[k] for these k (float64 (STATS,)); reset by the caller
+STEPS, COUNT, CORRECT, LOSS_SUM, NORM_SUM, FIRST_BAD, BAD_LOSS, BAD_NORM = range(8)
+STATS = 8
+
+
+# ------------------------------------------------------------------------------------------
+# The math, written once for the CPU and the GPU twins
+# ------------------------------------------------------------------------------------------
+# These functions take arrays, so each is compiled twice from the same source: for the CPU
+# twins with njit (inlined, `_cpu`) and for the GPU twins as a CUDA device function (`_gpu`).
+# (The cells' unit math takes scalars and is one njit function that both call; an njit function
+# cannot take the CUDA simulator's arrays, which the GPU tests run on.)
+
+def sgd_momentum_element(p, v, g, i, lr, momentum, s):
+    """v_i = momentum v_i + s g_i ; p_i = p_i - lr v_i (in place)."""
+    v[i] = momentum * v[i] + s * g[i]
+    p[i] -= lr * v[i]
+
+
+def adagrad_element(p, G, g, i, lr, delta, s):
+    """G_i = G_i + (s g_i)**2 ; p_i = p_i - lr s g_i / (sqrt(G_i) + delta) (in place)."""
+    gi = s * g[i]
+    G[i] += gi * gi
+    p[i] -= lr * gi / (math.sqrt(G[i]) + delta)
+
+
+def record_step(stats, scale, losses, logits, y, total, clip):
+    """After one step's forward and backward pass: add it to the running totals and write the
+    clipping factor.
+
+    Updated: stats (STATS,) float64: STEPS += 1; unless the step is bad, COUNT += B,
+             CORRECT += the rows whose largest logit is the label's (the first largest, as
+             numpy's argmax), LOSS_SUM += sum of losses, NORM_SUM += ||g||. The first step whose
+             loss sum or ||g|| is not finite sets FIRST_BAD = its STEPS count, BAD_LOSS (the mean
+             loss) and BAD_NORM.
+    Written: scale (1,) float64 = min(1, clip / ||g||) (1 for clip = 0), or NaN from the first bad
+             step on (the updates then leave the parameters alone).
+    Read:    losses (B,), logits (B, K), y (B,) int, total (1,) = ||g||^2, clip >= 0.
+    """
+    B, K = logits.shape
+    f64 = stats.dtype.type               # float64 whatever the losses' dtype (also in NumPy 2's
+    loss_sum = f64(0)                    # rules, which the CUDA simulator follows)
+    correct = 0
+    for b in range(B):
+        loss_sum += f64(losses[b])
+        best = 0
+        for k in range(1, K):
+            if logits[b, k] > logits[b, best]:
+                best = k
+        if best == y[b]:
+            correct += 1
+    norm = math.sqrt(total[0])
+    stats[STEPS] += 1
+    if stats[FIRST_BAD] == 0 and not (math.isfinite(loss_sum) and math.isfinite(norm)):
+        stats[FIRST_BAD] = stats[STEPS]
+        stats[BAD_LOSS] = loss_sum / B
+        stats[BAD_NORM] = norm
+    if stats[FIRST_BAD] != 0:
+        scale[0] = math.nan
+        return
+    stats[COUNT] += B
+    stats[CORRECT] += correct
+    stats[LOSS_SUM] += loss_sum
+    stats[NORM_SUM] += norm
+    scale[0] = 1.0 if clip == 0.0 or norm <= clip else clip / norm
+
+
+sgd_momentum_element_cpu = njit_inline(sgd_momentum_element)
+adagrad_element_cpu = njit_inline(adagrad_element)
+record_step_cpu_inline = njit_inline(record_step)
+sgd_momentum_element_gpu = cuda.jit(device=True)(sgd_momentum_element)
+adagrad_element_gpu = cuda.jit(device=True)(adagrad_element)
+record_step_gpu_device = cuda.jit(device=True)(record_step)
 
 
 # ------------------------------------------------------------------------------------------
@@ -46,30 +127,40 @@ def sum_squares_cpu(out, g):
 
 @njit
 def sgd_momentum_cpu(p, v, g, lr, momentum, scale):
-    """One step of SGD with momentum, in place.
+    """One step of SGD with momentum, in place (nothing when scale[0] is NaN).
 
-    Updated (in place): p (N,) parameters, v (N,) velocity.   Read: g (N,) gradient.
-        v_i = momentum * v_i + scale * g_i
+    Updated (in place): p (N,) parameters, v (N,) velocity.
+    Read: g (N,) gradient; scale (1,) float64, the clipping factor s.
+        v_i = momentum * v_i + s * g_i
         p_i = p_i - lr * v_i
     """
+    s = scale[0]
+    if math.isnan(s):
+        return
     for i in range(p.shape[0]):
-        v[i] = momentum * v[i] + scale * g[i]
-        p[i] -= lr * v[i]
+        sgd_momentum_element_cpu(p, v, g, i, lr, momentum, s)
 
 
 @njit
 def adagrad_cpu(p, G, g, lr, delta, scale):
-    """One step of Adagrad, in place.
+    """One step of Adagrad, in place (nothing when scale[0] is NaN).
 
     Updated (in place): p (N,) parameters, G (N,) sum of squared (clipped) gradients.
-    Read: g (N,) gradient.
-        G_i = G_i + (scale * g_i)**2
-        p_i = p_i - lr * scale * g_i / (sqrt(G_i) + delta)
+    Read: g (N,) gradient; scale (1,) float64, the clipping factor s.
+        G_i = G_i + (s * g_i)**2
+        p_i = p_i - lr * s * g_i / (sqrt(G_i) + delta)
     """
+    s = scale[0]
+    if math.isnan(s):
+        return
     for i in range(p.shape[0]):
-        gi = scale * g[i]
-        G[i] += gi * gi
-        p[i] -= lr * gi / (math.sqrt(G[i]) + delta)
+        adagrad_element_cpu(p, G, g, i, lr, delta, s)
+
+
+@njit
+def record_step_cpu(stats, scale, losses, logits, y, total, clip):
+    """See record_step: the step's totals into stats, its clipping factor into scale."""
+    record_step_cpu_inline(stats, scale, losses, logits, y, total, clip)
 
 
 # ------------------------------------------------------------------------------------------
@@ -128,23 +219,29 @@ def sum_squares_gpu(out, g, *, threads=256):
 
 @cuda.jit
 def sgd_momentum_kernel(p, v, g, lr, momentum, scale):
-    """v_i = momentum v_i + scale g_i ; p_i = p_i - lr v_i (updated in place). One thread per
-    element i; 1-d grid."""
+    """sgd_momentum_element for element i = the thread's (nothing when scale[0] is NaN). One
+    thread per element; 1-d grid."""
     i = cuda.grid(1)
-    if i < p.shape[0]:
-        v[i] = momentum * v[i] + scale * g[i]
-        p[i] -= lr * v[i]
+    s = scale[0]
+    if i < p.shape[0] and not math.isnan(s):
+        sgd_momentum_element_gpu(p, v, g, i, lr, momentum, s)
 
 
 @cuda.jit
 def adagrad_kernel(p, G, g, lr, delta, scale):
-    """G_i = G_i + (scale g_i)**2 ; p_i = p_i - lr scale g_i / (sqrt(G_i) + delta) (updated in
-    place). One thread per element i; 1-d grid."""
+    """adagrad_element for element i = the thread's (nothing when scale[0] is NaN). One thread
+    per element; 1-d grid."""
     i = cuda.grid(1)
-    if i < p.shape[0]:
-        gi = scale * g[i]
-        G[i] += gi * gi
-        p[i] -= lr * gi / (math.sqrt(G[i]) + delta)
+    s = scale[0]
+    if i < p.shape[0] and not math.isnan(s):
+        adagrad_element_gpu(p, G, g, i, lr, delta, s)
+
+
+@cuda.jit
+def record_step_kernel(stats, scale, losses, logits, y, total, clip):
+    """record_step by one thread (B K comparisons: microseconds, and a fixed order)."""
+    if cuda.grid(1) == 0:
+        record_step_gpu_device(stats, scale, losses, logits, y, total, clip)
 
 
 def sgd_momentum_gpu(p, v, g, lr, momentum, scale, *, threads=256):
@@ -156,3 +253,8 @@ def sgd_momentum_gpu(p, v, g, lr, momentum, scale, *, threads=256):
 def adagrad_gpu(p, G, g, lr, delta, scale, *, threads=256):
     """Twin of adagrad_cpu (device arrays): p, G (N,) updated in place."""
     adagrad_kernel[max(1, cdiv(p.shape[0], threads)), threads](p, G, g, lr, delta, scale)
+
+
+def record_step_gpu(stats, scale, losses, logits, y, total, clip):
+    """Twin of record_step_cpu (device arrays; clip a Python float)."""
+    record_step_kernel[1, 1](stats, scale, losses, logits, y, total, clip)

@@ -101,6 +101,7 @@ def test_training_steps_stay_on_the_gpu_and_follow_the_cpu():
     cpu, dev = pair("antisym-gated", "float64")
     v_cpu = {k: np.zeros_like(p) for k, p in cpu.params.items()}
     v_dev = {k: gpu.to_device(np.zeros_like(p)) for k, p in cpu.params.items()}
+    one = gpu.to_device(np.ones(1))                          # the clipping factor
     rng = np.random.default_rng(7)
     for _ in range(3):
         x, y = rng.standard_normal((gt.B, gt.T, gt.M)), rng.integers(0, 4, gt.B)
@@ -108,10 +109,10 @@ def test_training_steps_stay_on_the_gpu_and_follow_the_cpu():
         _, g_dev = dev.loss_and_grad(x, y)
         for k in cpu.params:
             K_optim.sgd_momentum_cpu(cpu.params[k].reshape(-1), v_cpu[k].reshape(-1),
-                                     g_cpu[k].reshape(-1), 0.5, 0.9, 1.0)
+                                     g_cpu[k].reshape(-1), 0.5, 0.9, np.ones(1))
             p = dev.params[k]
             K_optim.sgd_momentum_gpu(p.reshape(p.size), v_dev[k].reshape(p.size),
-                                     g_dev[k].reshape(p.size), 0.5, 0.9, 1.0, threads=8)
+                                     g_dev[k].reshape(p.size), 0.5, 0.9, one, threads=8)
             assert gpu.is_device_array(p) and gpu.is_device_array(g_dev[k])
     for k, p in dev.host_params().items():
         gt.assert_close(p, cpu.params[k], "float64", f"{k} after 3 steps")
@@ -172,3 +173,27 @@ def test_a_cuda_run_resumes_bit_for_bit_and_evaluates(tmp_path):
 def test_auto_never_picks_the_simulator():
     from nprnn.device import resolve_device, simulator_enabled
     assert resolve_device("auto") == ("cpu" if simulator_enabled() else "cuda")
+
+
+def test_a_diverging_cuda_run_is_stopped_at_its_first_bad_step(tmp_path):
+    """On cuda the loop reads the step totals only when it reports or saves; a non-finite step
+    between two readings is still named, and neither it nor any later step is applied."""
+    from nprnn.checkpoint import load_checkpoint
+    from nprnn.datasets import ArrayTask
+    from nprnn.train import TrainingDiverged, train
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8, gt.T, gt.M)).astype(np.float32)
+    x_train = x.copy()
+    x_train[5, 1, 0] = np.nan         # device batches are not scanned: step 1 or 2 goes bad
+    task = ArrayTask("toy", x_train, np.arange(8) % 3, x[:4], np.arange(4) % 3, num_classes=3)
+    config = dict(model="antisym", hidden=gt.N, batch_size=4, device="cuda", iterations=4,
+                  eval_every=100, log_every=100, checkpoint_every=100)
+    with pytest.raises(TrainingDiverged) as e:
+        train(config, out=tmp_path, task=task, echo=lambda *a: None, progress=False)
+    bad = int(str(e.value).split("finite at iteration ")[1].split()[0])
+    order = task.order("train", seed=0, epoch=0)
+    assert bad == 1 + list(order).index(5) // 4
+    assert "last good checkpoint (iteration 0)" in str(e.value)
+    ckpt = load_checkpoint(tmp_path)
+    assert ckpt["progress"]["iteration"] == 0
+    assert all(np.isfinite(v).all() for v in ckpt["params"].values())

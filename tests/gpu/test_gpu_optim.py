@@ -1,6 +1,7 @@
 """GPU twins of nprnn/kernels/optim.py against their CPU twins: the squared gradient norm (a
 two-pass reduction over several blocks, N = 37 elements over blocks of 4 threads) and the SGD
-with momentum and Adagrad updates (N = 37 over blocks of 8: a ragged last block)."""
+with momentum and Adagrad updates (N = 37 over blocks of 8: a ragged last block), and the
+per-step bookkeeping (record_step)."""
 import numpy as np
 import pytest
 
@@ -30,12 +31,30 @@ def test_update_matches_cpu(rule, dtype):
     p, g = rand(rng, (SIZE,), dtype), rand(rng, (SIZE,), dtype)
     state = np.abs(rand(rng, (SIZE,), dtype)) if rule == "adagrad" else rand(rng, (SIZE,), dtype)
     p_gpu, state_gpu = dev(p), dev(state)
-    for _ in range(2):                          # two steps: the state carries over
+    for s in (0.5, 1.0, np.nan):                # the state carries over; NaN: no update
+        scale = np.array([s])
         if rule == "sgd":
-            K.sgd_momentum_cpu(p, state, g, 0.1, 0.9, 0.5)
-            K.sgd_momentum_gpu(p_gpu, state_gpu, dev(g), 0.1, 0.9, 0.5, threads=8)
+            K.sgd_momentum_cpu(p, state, g, 0.1, 0.9, scale)
+            K.sgd_momentum_gpu(p_gpu, state_gpu, dev(g), 0.1, 0.9, dev(scale), threads=8)
         else:
-            K.adagrad_cpu(p, state, g, 0.1, 1e-7, 0.5)
-            K.adagrad_gpu(p_gpu, state_gpu, dev(g), 0.1, 1e-7, 0.5, threads=8)
+            K.adagrad_cpu(p, state, g, 0.1, 1e-7, scale)
+            K.adagrad_gpu(p_gpu, state_gpu, dev(g), 0.1, 1e-7, dev(scale), threads=8)
     assert_close(p_gpu, p, dtype, "parameters")
     assert_close(state_gpu, state, dtype, "optimizer state")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_record_step_matches_cpu(dtype):
+    rng = np.random.default_rng(6)
+    stats, stats_gpu = np.zeros(K.STATS), dev(np.zeros(K.STATS))
+    scale, scale_gpu = np.zeros(1), dev(np.zeros(1))
+    y = np.array([0, 2, 1, 2, 0], dtype=np.int64)
+    for total, clip in ((4.0, 0.0), (16.0, 2.0), (np.inf, 1.0), (1.0, 1.0)):   # 3rd: bad
+        losses, logits = rand(rng, (5,), dtype) ** 2, rand(rng, (5, 3), dtype)
+        K.record_step_cpu(stats, scale, losses, logits, y, np.array([total]), clip)
+        K.record_step_gpu(stats_gpu, scale_gpu, dev(losses), dev(logits), dev(y),
+                          dev(np.array([total])), clip)
+        np.testing.assert_allclose(stats_gpu.copy_to_host(), stats, rtol=1e-12,
+                                   err_msg=f"running totals after ||g||^2 = {total}")
+        np.testing.assert_array_equal(scale_gpu.copy_to_host(), scale)
+    assert stats[K.FIRST_BAD] == 3 and np.isnan(scale[0])
