@@ -12,8 +12,33 @@ import math
 
 import numpy as np
 
-from .common import njit
+from .common import njit, njit_inline
 from .gpu_common import cdiv, cuda
+
+
+def softmax_xent_row(losses, dlogits, logits, y, b):
+    """Row b: losses[b] = -log p[b, y_b], dlogits[b] = (p[b] - onehot(y_b)) / B (written, =),
+    with the row's maximum subtracted before exp and the sum of exps taken in float64.
+
+    Written once for both twins: it takes arrays, so it is compiled twice from this source, with
+    njit for the CPU twin and as a CUDA device function for the GPU twin (an njit function cannot
+    take the CUDA simulator's arrays)."""
+    B, K = logits.shape
+    mx = logits[b, 0]
+    for k in range(1, K):
+        mx = max(mx, logits[b, k])
+    s = 0.0
+    for k in range(K):
+        s += math.exp(logits[b, k] - mx)
+    log_s = math.log(s)
+    losses[b] = log_s - (logits[b, y[b]] - mx)
+    for k in range(K):
+        dlogits[b, k] = math.exp(logits[b, k] - mx - log_s) / B
+    dlogits[b, y[b]] -= 1.0 / B
+
+
+softmax_xent_row_cpu = njit_inline(softmax_xent_row)
+softmax_xent_row_gpu = cuda.jit(device=True)(softmax_xent_row)
 
 
 @njit
@@ -30,19 +55,8 @@ def softmax_xent_cpu(losses, dlogits, logits, y):
     Written (=): losses (B,) = -log p[b, y_b]; dlogits (B, K) = (p - onehot(y)) / B.
     Read: logits (B, K), y (B,) integer labels in [0, K).
     """
-    B, K = logits.shape
-    for b in range(B):
-        mx = logits[b, 0]
-        for k in range(1, K):
-            mx = max(mx, logits[b, k])
-        s = 0.0
-        for k in range(K):
-            s += math.exp(logits[b, k] - mx)
-        log_s = math.log(s)
-        losses[b] = log_s - (logits[b, y[b]] - mx)
-        for k in range(K):
-            dlogits[b, k] = math.exp(logits[b, k] - mx - log_s) / B
-        dlogits[b, y[b]] -= 1.0 / B
+    for b in range(logits.shape[0]):
+        softmax_xent_row_cpu(losses, dlogits, logits, y, b)
 
 
 @njit
@@ -76,22 +90,11 @@ def readout_forward_kernel(logits, h, W_out, b_out):
 
 @cuda.jit
 def softmax_xent_kernel(losses, dlogits, logits, y):
-    """Row b of softmax_xent_cpu: losses[b] = -log p[b, y_b], dlogits[b] = (p[b] - onehot) / B
-    (written, =), with the row's maximum subtracted before exp. One thread per row b."""
+    """softmax_xent_row for row b: losses[b] = -log p[b, y_b], dlogits[b] = (p[b] - onehot) / B
+    (written, =). One thread per row b."""
     b = cuda.grid(1)
-    B, K = logits.shape
-    if b < B:
-        mx = logits[b, 0]
-        for k in range(1, K):
-            mx = max(mx, logits[b, k])
-        s = logits.dtype.type(0)
-        for k in range(K):
-            s += math.exp(logits[b, k] - mx)
-        log_s = math.log(s)
-        losses[b] = log_s - (logits[b, y[b]] - mx)
-        for k in range(K):
-            dlogits[b, k] = math.exp(logits[b, k] - mx - log_s) / B
-        dlogits[b, y[b]] -= 1.0 / B
+    if b < logits.shape[0]:
+        softmax_xent_row_gpu(losses, dlogits, logits, y, b)
 
 
 @cuda.jit
