@@ -55,8 +55,8 @@ from .optim import OPTIMIZERS, StepRecorder, make_optimizer
 DEFAULTS = dict(
     model="antisym", task="mnist", hidden=128, eps=None, gamma=None, sigma_w=1.0, init="paper",
     optimizer="sgd", lr=0.1, momentum=0.9, batch_size=128, iterations=50_000, clip=0.0, seed=0,
-    perm_seed=0, eval_every=1000, log_every=100, checkpoint_every=500, eval_batch_size=256, dtype="float32",
-    device="cpu", data_dir=None, valid_size=0, T=None,
+    perm_seed=0, eval_every=1000, log_every=100, checkpoint_every=500, eval_batch_size=256,
+    dtype="float32", device="cpu", data_dir=None, valid_size=0, T=None,
 )
 
 # What `--resume` may change: how long to run, how often to report, where the data is, and the two
@@ -356,10 +356,12 @@ def _write_json(path, obj):
 def format_config(config, model):
     """The resolved configuration as aligned 'key  value' lines, and the parameter count."""
     keys = ["model", "task", "seq_len", "hidden", "eps", "gamma", "sigma_w", "init", "optimizer",
-            "lr", "momentum", "clip", "batch_size", "iterations", "seed", "dtype", "device",
-            "eval_every", "eval_split", "log_every", "checkpoint_every", "data_dir", "valid_size"]
+            "lr", "momentum", "clip", "batch_size", "iterations", "seed", "perm_seed", "dtype",
+            "device", "eval_every", "eval_split", "log_every", "checkpoint_every", "data_dir",
+            "valid_size"]
     lines = [f"  {k:<17} {config.get(k)}" for k in keys
-             if not (k == "momentum" and config["optimizer"] != "sgd")]
+             if not (k == "momentum" and config["optimizer"] != "sgd")
+             and not (k == "perm_seed" and config["task"] != "pmnist")]
     lines.append(f"  {'parameters':<17} {model.num_params():,}")
     return "\n".join(lines)
 

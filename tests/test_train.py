@@ -325,6 +325,7 @@ def test_the_permutation_seed_reaches_the_task_and_is_not_the_training_seed(tmp_
     r = runner.invoke(cli.cli, ["train", *args, "--iterations", "10", "--seed", "3",
                                 "--perm-seed", "5", "--out", out])
     assert r.exit_code == 0, r.output
+    assert "perm_seed         5" in r.output
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert (config["seed"], config["perm_seed"]) == (3, 5)
     r = runner.invoke(cli.cli, ["eval", out])
