@@ -30,7 +30,7 @@ from .kernels import gru as K_gru
 from .kernels import lstm as K_lstm
 from .kernels import readout as K_readout
 from .kernels import rnn as K_rnn
-from .kernels.gpu_common import SHARED_BYTES_MAX, cuda, fill, is_device_array
+from .kernels.gpu_common import SHARED_BYTES_MAX, cuda, fill, is_device_array, to_host
 from .kernels.layout import copy_leading_steps_gpu, time_major_gpu
 
 VERSIONS = ("auto", "step", "persistent")
@@ -87,13 +87,6 @@ def time_major(x, dtype, ws=None):
     out = _buffer(ws, "x_time_major", (T, B, m), dtype)
     time_major_gpu(out, x)
     return out
-
-
-def to_host(tree):
-    """NumPy copies of a device array, or of every array in a dict."""
-    if isinstance(tree, dict):
-        return {k: to_host(v) for k, v in tree.items()}
-    return tree.copy_to_host() if is_device_array(tree) else np.array(tree)
 
 
 class Workspace(cells.Workspace):
@@ -395,8 +388,8 @@ def time_model(name, B=128, n=128, m=1, T=784, K=10, dtype="float32", versions=(
 
     Returns one dict per version: model, version, B, n, m, T, dtype, forward_ms (cell forward
     and readout, as `model.forward`), forward_backward_ms (everything `loss_and_grad` does on the
-    GPU: the same plus the loss, the readout's and the cell's backward), both the median of `repeats` runs timed with
-    CUDA events, and `note` (why a version did not run, else ""). Inputs are on the GPU before
+    GPU: the same plus the loss, the readout's and the cell's backward), both the median of
+    `repeats` runs timed with CUDA events, and `note` (why a version did not run, else ""). Inputs are on the GPU before
     timing starts, so host transfers are not included. Under the CUDA simulator the times are
     meaningless (the simulator records none) and are reported as nan."""
     from .device import resolve_device, simulator_enabled

@@ -20,7 +20,7 @@ import math
 import numpy as np
 
 from .kernels import optim as K_optim
-from .kernels.gpu_common import copy_into, is_device_array
+from .kernels.gpu_common import copy_into, is_device_array, to_host
 
 OPTIMIZERS = ("sgd", "adagrad")
 
@@ -42,19 +42,23 @@ def _positive(label, value):
     return value
 
 
+def _add_squares(total, grads):
+    """total[0] += ||g||^2 over every tensor of grads; total is a float64 (1,) array on the
+    gradients' device."""
+    add = K_optim.sum_squares_gpu if is_device_array(total) else K_optim.sum_squares_cpu
+    for name, g in grads.items():
+        add(total, _flat(g, "gradient", name))
+
+
 def global_norm(grads):
     """||g|| = sqrt(sum over all tensors and elements of g**2), accumulated in float64 so that a
     float32 gradient cannot overflow the sum. inf or nan when a gradient holds inf or nan."""
+    total = np.zeros(1, dtype=np.float64)
     if any(is_device_array(g) for g in grads.values()):
         from . import gpu
-        total = gpu.to_device(np.zeros(1, dtype=np.float64))
-        for name, g in grads.items():
-            K_optim.sum_squares_gpu(total, _flat(g, "gradient", name))
-        return math.sqrt(total.copy_to_host()[0])
-    total = np.zeros(1, dtype=np.float64)
-    for name, g in grads.items():
-        K_optim.sum_squares_cpu(total, _flat(g, "gradient", name))
-    return math.sqrt(total[0])
+        total = gpu.to_device(total)
+    _add_squares(total, grads)
+    return math.sqrt(to_host(total)[0])
 
 
 def _scale_array(scale, on_device):
@@ -261,22 +265,18 @@ class StepRecorder:
         """Account for one step (arrays on the device) and set `scale` for its update."""
         if self.device == "cuda":
             self._gpu.fill(self._total, 0.0)
-            for name, g in grads.items():
-                K_optim.sum_squares_gpu(self._total, _flat(g, "gradient", name))
-            K_optim.record_step_gpu(self._stats, self.scale, losses, logits, y, self._total,
-                                    self.clip)
+            record = K_optim.record_step_gpu
         else:
             self._total[0] = 0.0
-            for name, g in grads.items():
-                K_optim.sum_squares_cpu(self._total, _flat(g, "gradient", name))
-            K_optim.record_step_cpu(self._stats, self.scale, losses, logits, y, self._total,
-                                    self.clip)
+            record = K_optim.record_step_cpu
+        _add_squares(self._total, grads)
+        record(self._stats, self.scale, losses, logits, y, self._total, self.clip)
 
     def read(self):
         """The running totals: dict of FIELDS (ints for the counts), plus `first_bad` (None, or
         the 1-based step count of the first step with a non-finite loss or gradient, which was
         not applied, nor any after it) with its `bad_loss` and `bad_norm`."""
-        stats = self._stats.copy_to_host() if self.device == "cuda" else self._stats.copy()
+        stats = to_host(self._stats)
         out = {name: stats[k] for k, name in enumerate(self.FIELDS)}
         for name in ("steps", "count", "correct"):
             out[name] = int(out[name])

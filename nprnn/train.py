@@ -47,6 +47,7 @@ import numpy as np
 from .checkpoint import (FILENAME, CheckpointError, load_checkpoint, load_params_into,
                          save_checkpoint)
 from .device import resolve_device
+from .kernels.gpu_common import to_host
 from .model import make_model
 from .optim import OPTIMIZERS, StepRecorder, make_optimizer
 
@@ -330,10 +331,6 @@ def _new_interval():
     return dict(steps=0, count=0, correct=0, loss_sum=0.0, grad_norm_sum=0.0)
 
 
-def _host(a):
-    return a.copy_to_host() if hasattr(a, "copy_to_host") else a
-
-
 def _diverged(acc_run, it, saved_at, ckpt_path, config, out):
     """TrainingDiverged for the first step whose loss or gradient was not finite. `acc_run` is
     StepRecorder.read() at iteration `it`; that step and any after it were not applied."""
@@ -524,7 +521,7 @@ def train(config=None, out="runs/run", resume=False, given=None, task=None, echo
                         prog["interval"] = _new_interval()
                         recorder.reset()
                     if callback is not None:
-                        callback(it, float(np.mean(_host(losses))))
+                        callback(it, float(np.mean(to_host(losses))))
                     if eval_due(it):
                         run_eval(eval_split, it, stop)
                     prog["elapsed"] = elapsed()

@@ -72,6 +72,13 @@ def is_device_array(a):
     return hasattr(a, "copy_to_host")
 
 
+def to_host(tree):
+    """NumPy copies of a device array, or of every array in a dict (host arrays are copied too)."""
+    if isinstance(tree, dict):
+        return {k: to_host(v) for k, v in tree.items()}
+    return tree.copy_to_host() if is_device_array(tree) else np.array(tree)
+
+
 def copy_into(live, a):
     """live[...] = a, for a host array `a` and `live` a numpy array or a device array of the same
     shape. A numba device array takes no `[...]` assignment on a GPU (TypeError; the simulator's
