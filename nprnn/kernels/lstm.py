@@ -93,16 +93,10 @@ def lstm_unit_backward(dh, dc, i, f, g, o, c_prev, c, w_ci, w_cf, w_co, peephole
     return da_i, da_f, da_g, da_o, dc_prev
 
 
-@njit_parallel
-def lstm_forward_cpu(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh):
-    """Forward pass of the standard LSTM over a whole sequence.
-
-    Written (=):  hs[1:], cs[1:] (T+1, B, n): h_t and c_t;
-                  gates (T, B, 4n): i, f, g, o of each step, in blocks of n.
-    Read:         hs[0], cs[0] (B, n) = h_0, c_0; x (T, B, m); W_ih (4n, m); W_hh (4n, n);
-                  b_ih, b_hh (4n,).
-    Work split:   one thread per slice of batch rows, each running all T steps.
-    """
+@njit_inline
+def _forward(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, w_ci, w_cf, w_co, peephole):
+    """The forward pass of both LSTMs (see the two kernels below); inlined into each, where
+    `peephole` is a literal and its branches fold away."""
     T, B, m = x.shape
     n = W_hh.shape[1]
     # 1. input projections of all steps at once; gates[t] holds W_ih x_t until step t overwrites it
@@ -118,14 +112,13 @@ def lstm_forward_cpu(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh):
             for b in range(b0, b1):
                 r = b - b0
                 for j in range(n):
-                    # a_t = W_ih x_t + b_ih + W_hh h_{t-1} + b_hh, gate k at column k n + j;
-                    # no peepholes: bias[j] stands in for the w's, which are not read
+                    # a_t = W_ih x_t + b_ih + W_hh h_{t-1} + b_hh, gate k at column k n + j
                     i, f, g, o, cell, h = lstm_unit(
                         gates[t, b, j] + Wh[r, j] + bias[j],
                         gates[t, b, n + j] + Wh[r, n + j] + bias[n + j],
                         gates[t, b, 2 * n + j] + Wh[r, 2 * n + j] + bias[2 * n + j],
                         gates[t, b, 3 * n + j] + Wh[r, 3 * n + j] + bias[3 * n + j],
-                        cs[t, b, j], bias[j], bias[j], bias[j], False)
+                        cs[t, b, j], w_ci[j], w_cf[j], w_co[j], peephole)
                     gates[t, b, j] = i
                     gates[t, b, n + j] = f
                     gates[t, b, 2 * n + j] = g
@@ -134,18 +127,11 @@ def lstm_forward_cpu(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh):
                     hs[t + 1, b, j] = h
 
 
-@njit_parallel
-def lstm_backward_cpu(dW_ih, dW_hh, db_ih, db_hh, dh0, da, dh_T, hs, cs, gates, x, W_hh):
-    """BPTT of the standard LSTM over the whole sequence.
-
-    Written (=):  dW_ih (4n, m); dW_hh (4n, n); db_ih, db_hh (4n,); dh0 (B, n) = dL/dh_0;
-                  da (T, B, 4n) = dL/da_t, the pre-activation gradients (scratch, kept for the
-                  products at the end). dL/dc_0 is not returned: c_0 is not an input of the model.
-    Read:         dh_T (B, n) = dL/dh_T (c_T reaches the loss only through h_T);
-                  hs, cs, gates from the forward pass; x (T, B, m); W_hh (4n, n).
-    Work split:   one thread per slice of batch rows for the reverse time loop; the weight
-                  gradients as products over all T*B rows, split by rows.
-    """
+@njit_inline
+def _backward(dW_ih, dW_hh, db_ih, db_hh, dh0, da, dh_T, hs, cs, gates, x, W_hh, w_ci, w_cf,
+              w_co, peephole):
+    """BPTT of both LSTMs but the peephole gradients (see the two kernels below); inlined into
+    each, where `peephole` is a literal and its branches fold away."""
     T, B, m = x.shape
     n = W_hh.shape[1]
     dh0[:, :] = dh_T              # the running dL/dh_t lives in dh0's buffer; it ends as dL/dh_0
@@ -159,14 +145,12 @@ def lstm_backward_cpu(dW_ih, dW_hh, db_ih, db_hh, dh0, da, dh_T, hs, cs, gates, 
             for b in range(b0, b1):
                 r = b - b0
                 for j in range(n):
-                    # forward was: (i, f, g, o, c_t, h_t) = lstm_unit(a_t, c_{t-1})
-                    # so:          da_t and dc_{t-1} by lstm_unit_backward (no peepholes:
-                    #              c_prev stands in for the w's, which are not read)
-                    c_prev = cs[t, b, j]
+                    # forward was: (i, f, g, o, c_t, h_t) = lstm_unit(a_t, c_{t-1}[, w_c*])
+                    # so:          da_t and dc_{t-1} by lstm_unit_backward
                     da_i, da_f, da_g, da_o, dc_prev = lstm_unit_backward(
                         dh[r, j], dc[r, j], gates[t, b, j], gates[t, b, n + j],
-                        gates[t, b, 2 * n + j], gates[t, b, 3 * n + j], c_prev, cs[t + 1, b, j],
-                        c_prev, c_prev, c_prev, False)
+                        gates[t, b, 2 * n + j], gates[t, b, 3 * n + j], cs[t, b, j],
+                        cs[t + 1, b, j], w_ci[j], w_cf[j], w_co[j], peephole)
                     da[t, b, j] = flush_subnormal(da_i)
                     da[t, b, n + j] = flush_subnormal(da_f)
                     da[t, b, 2 * n + j] = flush_subnormal(da_g)
@@ -185,6 +169,37 @@ def lstm_backward_cpu(dW_ih, dW_hh, db_ih, db_hh, dh0, da, dh_T, hs, cs, gates, 
 
 
 @njit_parallel
+def lstm_forward_cpu(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh):
+    """Forward pass of the standard LSTM over a whole sequence.
+
+    Written (=):  hs[1:], cs[1:] (T+1, B, n): h_t and c_t;
+                  gates (T, B, 4n): i, f, g, o of each step, in blocks of n.
+    Read:         hs[0], cs[0] (B, n) = h_0, c_0; x (T, B, m); W_ih (4n, m); W_hh (4n, n);
+                  b_ih, b_hh (4n,).
+    Work split:   one thread per slice of batch rows, each running all T steps.
+    """
+    # no peepholes: b_ih stands in for w_ci, w_cf, w_co, which are not read
+    _forward(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, b_ih, b_ih, b_ih, False)
+
+
+@njit_parallel
+def lstm_backward_cpu(dW_ih, dW_hh, db_ih, db_hh, dh0, da, dh_T, hs, cs, gates, x, W_hh):
+    """BPTT of the standard LSTM over the whole sequence.
+
+    Written (=):  dW_ih (4n, m); dW_hh (4n, n); db_ih, db_hh (4n,); dh0 (B, n) = dL/dh_0;
+                  da (T, B, 4n) = dL/da_t, the pre-activation gradients (scratch, kept for the
+                  products at the end). dL/dc_0 is not returned: c_0 is not an input of the model.
+    Read:         dh_T (B, n) = dL/dh_T (c_T reaches the loss only through h_T);
+                  hs, cs, gates from the forward pass; x (T, B, m); W_hh (4n, n).
+    Work split:   one thread per slice of batch rows for the reverse time loop; the weight
+                  gradients as products over all T*B rows, split by rows.
+    """
+    # no peepholes: db_ih stands in for w_ci, w_cf, w_co, which are not read
+    _backward(dW_ih, dW_hh, db_ih, db_hh, dh0, da, dh_T, hs, cs, gates, x, W_hh, db_ih, db_ih,
+              db_ih, False)
+
+
+@njit_parallel
 def peephole_lstm_forward_cpu(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, w_ci, w_cf, w_co):
     """Forward pass of the peephole LSTM over a whole sequence.
 
@@ -194,31 +209,7 @@ def peephole_lstm_forward_cpu(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, w_ci, w_
                   b_ih, b_hh (4n,); w_ci, w_cf, w_co (n,).
     Work split:   one thread per slice of batch rows, each running all T steps.
     """
-    T, B, m = x.shape
-    n = W_hh.shape[1]
-    matmul_nt_rows(gates.reshape(T * B, 4 * n), x.reshape(T * B, m), W_ih)   # W_ih x_t for now
-    bias = b_ih + b_hh
-    S = num_slices(B)
-    for c in prange(S):
-        b0, b1 = row_slice(c, S, B)
-        Wh = np.empty((b1 - b0, 4 * n), dtype=hs.dtype)
-        for t in range(T):
-            np.dot(hs[t, b0:b1], W_hh.T, Wh)
-            for b in range(b0, b1):
-                r = b - b0
-                for j in range(n):
-                    i, f, g, o, cell, h = lstm_unit(
-                        gates[t, b, j] + Wh[r, j] + bias[j],
-                        gates[t, b, n + j] + Wh[r, n + j] + bias[n + j],
-                        gates[t, b, 2 * n + j] + Wh[r, 2 * n + j] + bias[2 * n + j],
-                        gates[t, b, 3 * n + j] + Wh[r, 3 * n + j] + bias[3 * n + j],
-                        cs[t, b, j], w_ci[j], w_cf[j], w_co[j], True)
-                    gates[t, b, j] = i
-                    gates[t, b, n + j] = f
-                    gates[t, b, 2 * n + j] = g
-                    gates[t, b, 3 * n + j] = o
-                    cs[t + 1, b, j] = cell
-                    hs[t + 1, b, j] = h
+    _forward(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, w_ci, w_cf, w_co, True)
 
 
 @njit_parallel
@@ -231,39 +222,11 @@ def peephole_lstm_backward_cpu(dW_ih, dW_hh, db_ih, db_hh, dw_ci, dw_cf, dw_co, 
                   (scratch, kept for the products at the end). dL/dc_0 is not returned.
     Read:         dh_T (B, n) = dL/dh_T; hs, cs, gates from the forward pass; x (T, B, m);
                   W_hh (4n, n); w_ci, w_cf, w_co (n,).
-    Work split:   as `lstm_backward_cpu`; the peephole gradients one thread per unit j.
+    Work split:   as `lstm_backward_cpu`; the peephole gradients over slices of the T*B rows.
     """
-    T, B, m = x.shape
-    n = W_hh.shape[1]
-    dh0[:, :] = dh_T
-    S = num_slices(B)
-    for c in prange(S):
-        b0, b1 = row_slice(c, S, B)
-        mode = flush_denormals(dh0)      # float32: subnormals to zero (common.py)
-        dh = dh0[b0:b1]
-        dc = np.zeros((b1 - b0, n), dtype=dh0.dtype)     # the running dL/dc_t; dL/dc_T = 0
-        for t in range(T - 1, -1, -1):
-            for b in range(b0, b1):
-                r = b - b0
-                for j in range(n):
-                    # forward was: (i, f, g, o, c_t, h_t) = lstm_unit(a_t, c_{t-1}, w_c*)
-                    # so:          da_t and dc_{t-1} by lstm_unit_backward (with peepholes)
-                    da_i, da_f, da_g, da_o, dc_prev = lstm_unit_backward(
-                        dh[r, j], dc[r, j], gates[t, b, j], gates[t, b, n + j],
-                        gates[t, b, 2 * n + j], gates[t, b, 3 * n + j], cs[t, b, j],
-                        cs[t + 1, b, j], w_ci[j], w_cf[j], w_co[j], True)
-                    da[t, b, j] = flush_subnormal(da_i)
-                    da[t, b, n + j] = flush_subnormal(da_f)
-                    da[t, b, 2 * n + j] = flush_subnormal(da_g)
-                    da[t, b, 3 * n + j] = flush_subnormal(da_o)
-                    dc[r, j] = flush_subnormal(dc_prev)
-            np.dot(da[t, b0:b1], W_hh, dh)                # dh_{t-1} = da_t W_hh
-        restore_fp_mode(mode)
-    da2 = da.reshape(T * B, 4 * n)
-    matmul_tn_rows(dW_hh, da2, hs[:T].reshape(T * B, n))    # dW_hh = sum_t da_t^T h_{t-1}
-    matmul_tn_rows(dW_ih, da2, x.reshape(T * B, m))         # dW_ih = sum_t da_t^T x_t
-    sum_rows(db_ih, da2)
-    db_hh[:] = db_ih
+    _backward(dW_ih, dW_hh, db_ih, db_hh, dh0, da, dh_T, hs, cs, gates, x, W_hh, w_ci, w_cf,
+              w_co, True)
+    T, B, n = da.shape[0], da.shape[1], cs.shape[2]
     # the peepholes: dw_ci = sum_{t,b} da_i c_{t-1};  dw_cf = sum da_f c_{t-1};
     # dw_co = sum da_o c_t; over slices of the T*B rows in memory order (a loop over units outside
     # would read da with a stride of 4n), the slices' partial sums added in a fixed order
