@@ -5,10 +5,12 @@ device arrays, and CUDA-event timings of every kernel version.
     loss, grads = model.loss_and_grad(x, y)       # x, y NumPy; grads stay on the GPU
 
 What stays on the GPU: the parameters (`model.params` holds numba device arrays), the gradients,
-every activation BPTT needs (kept in a per-model `Workspace`, allocated once and reused, so a
-training step calls cudaMalloc only for the gradients it returns), and the optimizer state, which
-kernels/optim.py's GPU twins update in place. Per step the batch goes in and the loss comes out
-(B numbers), plus the logits when asked for.
+every activation BPTT needs, and the optimizer state, which kernels/optim.py's GPU twins update
+in place. Activations live in a per-model `Workspace`, allocated once and reused; the gradients
+of a training step (`model.step_arrays`) in a second one: a fresh device array costs a
+cudaMalloc, and numba frees dead ones in batches with cudaFree, which waits for the whole GPU.
+Per step the batch and its labels go in; the loss stays on the GPU until the training loop reads
+its running totals.
 
 Kernel versions (nprnn/kernels/antisym.py explains them):
     "step"        one thread per (b, i), one launch per time step
@@ -129,8 +131,16 @@ class GPUCell:
     def forward(self, p, x, h0=None, version="auto", ws=None, **hyper):
         raise NotImplementedError
 
-    def backward(self, p, cache, dh_T, ws=None, **hyper):
+    def backward(self, p, cache, dh_T, ws=None, out=None, **hyper):
+        """(grads, dh_0); `out` is a Workspace to hold them (fresh arrays when None)."""
         raise NotImplementedError
+
+
+def _gradients(out, p, B, n, dtype):
+    """Arrays for the gradients of the parameters p and for dh_0 (B, n): buffers of the
+    workspace `out`, or fresh device arrays when it is None."""
+    g = {k: _buffer(out, f"d{k}", v.shape, v.dtype) for k, v in p.items()}
+    return g, _buffer(out, "dh0", (B, n), dtype)
 
 
 def _initial_states(ws, x, n, h0):
@@ -185,15 +195,14 @@ class EulerGPU(GPUCell):
             run(hs, th, x, A, p["V_h"], p["b_h"], eps, **opts)
         return hs[T], cache
 
-    def backward(self, p, cache, dh_T, ws=None, eps=DEFAULT_EPS, gamma=DEFAULT_GAMMA):
+    def backward(self, p, cache, dh_T, ws=None, out=None, eps=DEFAULT_EPS, gamma=DEFAULT_GAMMA):
         x, A, hs, th = cache["x"], cache["A"], cache["hs"], cache["th"]
         T, B, _ = x.shape
         n = A.shape[0]
         dh_T = to_device(dh_T, x.dtype)
-        g = {k: cuda.device_array(v.shape, dtype=v.dtype) for k, v in p.items()}
+        g, dh0 = _gradients(out, p, B, n, x.dtype)
         # the antisymmetric models turn dA into dW; the others' dW is dA itself
         dA = _buffer(ws, "dA", A.shape, A.dtype) if self.cell.antisymmetric else g["W"]
-        dh0 = cuda.device_array((B, n), dtype=x.dtype)
         da = _buffer(ws, "da", (T, B, n), x.dtype)
         v = self.pick(cache["version"], n, x.dtype, backward=True)
         opts = _launch(v, True, skew=self.cell.antisymmetric)
@@ -255,14 +264,13 @@ class StackedGPU(GPUCell):
                                    p["bias_hh"], *self._peepholes(p), **_launch(v, False))
         return hs[T], cache
 
-    def backward(self, p, cache, dh_T, ws=None, **hyper):
+    def backward(self, p, cache, dh_T, ws=None, out=None, **hyper):
         self.cell._no_hyper(hyper)
         x, hs = cache["x"], cache["hs"]
         T, B, _ = x.shape
         n = p["weight_hh"].shape[1]
         dh_T = to_device(dh_T, x.dtype)
-        g = {k: cuda.device_array(v.shape, dtype=v.dtype) for k, v in p.items()}
-        dh0 = cuda.device_array((B, n), dtype=x.dtype)
+        g, dh0 = _gradients(out, p, B, n, x.dtype)
         dW = (g["weight_ih"], g["weight_hh"], g["bias_ih"], g["bias_hh"])
         W_hh = p["weight_hh"]
         if self.prefix == "rnn":
@@ -336,9 +344,10 @@ def model_logits(model, xt, version=None, ws=None):
     return logits
 
 
-def model_loss_and_grad(model, xt, y, version=None, ws=None):
+def model_loss_and_grad(model, xt, y, version=None, ws=None, out=None):
     """(losses (B,), grads, logits (B, K)), all on the device, for time-major x (T, B, m) and
-    labels y (B,). The mean of `losses` is the loss; grads has the keys of model.params."""
+    labels y (B,). The mean of `losses` is the loss; grads has the keys of model.params and
+    lives in the Workspace `out` (fresh arrays when None)."""
     x = to_device(xt, model.dtype)
     y = to_device(y, np.int64)
     p = model.params
@@ -352,11 +361,11 @@ def model_loss_and_grad(model, xt, y, version=None, ws=None):
     losses = _buffer(ws, "losses", (B,), model.dtype)
     dlogits = _buffer(ws, "dlogits", (B, K), model.dtype)
     K_readout.softmax_xent_gpu(losses, dlogits, logits, y, threads=block[0])
-    dW_out = cuda.device_array(p["W_out"].shape, dtype=model.dtype)
-    db_out = cuda.device_array(p["b_out"].shape, dtype=model.dtype)
+    dW_out = _buffer(out, "dW_out", p["W_out"].shape, model.dtype)
+    db_out = _buffer(out, "db_out", p["b_out"].shape, model.dtype)
     dh_T = _buffer(ws, "dh_T", h_T.shape, model.dtype)
     K_readout.readout_backward_gpu(dW_out, db_out, dh_T, dlogits, h_T, p["W_out"], block=block)
-    grads, _ = runner.backward(model.cell_params(), cache, dh_T, ws, **model.hyper)
+    grads, _ = runner.backward(model.cell_params(), cache, dh_T, ws, out, **model.hyper)
     grads.update(W_out=dW_out, b_out=db_out)
     return losses, grads, logits
 
@@ -389,9 +398,11 @@ def time_model(name, B=128, n=128, m=1, T=784, K=10, dtype="float32", versions=(
     Returns one dict per version: model, version, B, n, m, T, dtype, forward_ms (cell forward
     and readout, as `model.forward`), forward_backward_ms (everything `loss_and_grad` does on the
     GPU: the same plus the loss, the readout's and the cell's backward), both the median of
-    `repeats` runs timed with CUDA events, and `note` (why a version did not run, else ""). Inputs are on the GPU before
-    timing starts, so host transfers are not included. Under the CUDA simulator the times are
-    meaningless (the simulator records none) and are reported as nan."""
+    `repeats` runs timed with CUDA events, and `note` (why a version did not run, else "").
+    Inputs are on the GPU before timing starts, so host transfers are not included, and the
+    activations and gradients live in workspaces, as in training, so no allocation is timed.
+    Under the CUDA simulator the times are meaningless (the simulator records none) and are
+    reported as nan."""
     from .device import resolve_device, simulator_enabled
     from .model import make_model
     resolve_device("cuda")
@@ -399,7 +410,7 @@ def time_model(name, B=128, n=128, m=1, T=784, K=10, dtype="float32", versions=(
     rng = np.random.default_rng(seed)
     x = cuda.to_device(rng.standard_normal((T, B, m)).astype(dtype))
     y = cuda.to_device(rng.integers(0, K, size=B).astype(np.int64))
-    ws = Workspace()
+    ws, out = Workspace(), Workspace()
     runner = gpu_cell(name)
     rows = []
     for version in versions:
@@ -411,7 +422,7 @@ def time_model(name, B=128, n=128, m=1, T=784, K=10, dtype="float32", versions=(
                                f"shared memory at n={n}, {dtype}; 'auto' runs 'step' there")
         if not row["note"]:
             fwd = lambda: model_logits(model, x, version, ws)                   # noqa: E731
-            both = lambda: model_loss_and_grad(model, x, y, version, ws)         # noqa: E731
+            both = lambda: model_loss_and_grad(model, x, y, version, ws, out)    # noqa: E731
             row["forward_ms"] = _elapsed_ms(fwd, repeats, warmup)
             row["forward_backward_ms"] = _elapsed_ms(both, repeats, warmup)
             if simulator_enabled():

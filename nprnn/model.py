@@ -37,6 +37,7 @@ class Model:
             gpu.gpu_cell(cell.name)            # ValueError for a cell without GPU kernels
             params = {k: gpu.to_device(v) for k, v in params.items()}
             self._workspace = gpu.Workspace()
+            self._step_grads = gpu.Workspace()  # the gradients of step_arrays (see there)
         self.params = params
         self.config = dict(model=cell.name, input_size=input_size, hidden_size=hidden_size,
                            num_classes=num_classes, dtype=self.dtype.name, sigma_w=sigma_w,
@@ -134,7 +135,7 @@ class Model:
     def loss_and_grad(self, x, y, return_logits=False):
         """Mean softmax cross-entropy over the batch and its gradient w.r.t. every parameter
         (full BPTT). Returns (loss, grads[, logits]); grads has the same keys as params."""
-        losses, grads, logits, _ = self.step_arrays(x, y)
+        losses, grads, logits, _ = self._step(x, y, reuse_grads=False)
         if self.device == "cuda":
             losses, logits = losses.copy_to_host(), logits.copy_to_host()
         loss = float(losses.mean())
@@ -143,14 +144,21 @@ class Model:
     def step_arrays(self, x, y):
         """What `loss_and_grad` computes, left where it was computed (device arrays on cuda, so
         that the caller need not wait for the GPU): (losses (B,), grads, logits (B, K), y (B,)
-        int64), with the mean of `losses` the loss."""
+        int64), with the mean of `losses` the loss. On cuda all of it but y lives in the model's
+        buffers and is overwritten by the next call, the gradients included, so that a training
+        step allocates no gradients on the GPU; `loss_and_grad` returns gradients of its own."""
+        return self._step(x, y, reuse_grads=True)
+
+    def _step(self, x, y, reuse_grads):
         xt = self._check_x(x)
         B = xt.shape[1]
         y = self._check_y(y, B)
         if self.device == "cuda":
             from . import gpu
             y = gpu.to_device(y)
-            losses, grads, logits = gpu.model_loss_and_grad(self, xt, y, ws=self._workspace)
+            out = self._step_grads if reuse_grads else None
+            losses, grads, logits = gpu.model_loss_and_grad(self, xt, y, ws=self._workspace,
+                                                            out=out)
             return losses, grads, logits, y
         p = self.params
         h_T, cache = self.cell.forward(self.cell_params(), xt, None, ws=self._workspace,

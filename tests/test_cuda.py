@@ -99,6 +99,22 @@ def test_persistent_launch_refuses_what_does_not_fit_and_says_why():
                             threads=2048)
 
 
+def test_persistent_kernels_launch_within_their_bound():
+    """The persistent kernels are compiled for at most PERSISTENT_THREADS threads per block (see
+    gpu_common); a larger block would not launch on a GPU, so no launcher may ask for one."""
+    from nprnn.kernels.gpu_common import PERSISTENT_THREADS, persistent_threads, state_launch
+    assert persistent_threads(100) == 128
+    assert persistent_threads(6144) == PERSISTENT_THREADS
+    assert state_launch(B=3, n=4096, dtype=np.float32, values_per_row=2 * 4096, rows=1,
+                        threads=None)[1] == PERSISTENT_THREADS
+    assert persistent_threads(64, threads=PERSISTENT_THREADS) == PERSISTENT_THREADS
+    for bad in (0, PERSISTENT_THREADS + 32):
+        with pytest.raises(ValueError, match=f"threads per block.*got threads={bad}"):
+            persistent_threads(64, threads=bad)
+    with pytest.raises(ValueError, match="rows=0"):
+        state_launch(B=3, n=64, dtype=np.float32, values_per_row=128, rows=0, threads=None)
+
+
 class StrictDeviceArray:
     """A numba device array as it behaves on a real GPU, in host memory: copy_to_host and
     copy_to_device, and no `[...] =` (TypeError on a GPU; the simulator's stand-in allows it, so

@@ -14,9 +14,19 @@ One numba-cuda detail: while compiling a kernel, numba-cuda compiles the functio
 and asks the *current GPU* for its compute capability to do so, which fails without a GPU. The
 `ptx_target` fixture answers that question with the target's compute capability (9, 0), the
 same one the kernel itself is compiled for; with a real GPU present nothing is replaced.
+
+PTX is not yet machine code: `ptxas` (from the nvidia-cuda-nvcc wheel that numba-cuda[cu12]
+brings) assembles it for sm_90 and reports each kernel's registers, spills and static shared
+memory. A block whose threads need more than the 65,536 registers an SM gives it does not launch
+("too many resources requested for launch"), and the simulator cannot show that either, so every
+kernel's registers are checked against the most threads per block it may be launched with.
 """
+import functools
 import importlib
+import os
 import re
+import shutil
+import subprocess
 import types
 
 import numba
@@ -30,6 +40,7 @@ pytest.importorskip("numba_cuda", reason="compiling to PTX needs numba-cuda: "
 from numba import cuda  # noqa: E402
 
 from nprnn.device import cuda_available, simulator_enabled
+from nprnn.kernels.gpu_common import MAX_THREADS_PER_BLOCK
 
 CC = (9, 0)
 MODULES = ["nprnn.kernels.gpu_common", "nprnn.kernels.antisym", "nprnn.kernels.readout",
@@ -132,10 +143,19 @@ F64_ARITHMETIC = re.compile(r"^\s*(?:@!?%p\d+\s+)?((?:add|sub|mul|div|fma|rcp|sq
                             r"(?:\.[a-z0-9]+)*\.f64)\b", re.M)
 
 
+@functools.lru_cache(maxsize=None)
+def compile_to_ptx(name, dtype):
+    """The PTX of kernel `name` for CC, with the launch bound it declares (if any)."""
+    kernel = next(k for _, n, k in KERNELS if n == name)
+    ptx, _ = cuda.compile_ptx(kernel.py_func, arg_types(name, kernel.py_func, dtype), cc=CC,
+                              launch_bounds=kernel.targetoptions.get("launch_bounds"))
+    return ptx
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("module, name, kernel", KERNELS, ids=[k[1] for k in KERNELS])
 def test_kernel_compiles_to_ptx_for_sm90(ptx_target, module, name, kernel, dtype):
-    ptx, _ = cuda.compile_ptx(kernel.py_func, arg_types(name, kernel.py_func, dtype), cc=CC)
+    ptx = compile_to_ptx(name, dtype)
     assert f".target sm_{CC[0]}{CC[1]}" in ptx
     assert ".entry" in ptx, f"{module}.{name}: no kernel entry point in the PTX"
     if dtype == "float32":
@@ -145,3 +165,62 @@ def test_kernel_compiles_to_ptx_for_sm90(ptx_target, module, name, kernel, dtype
         else:
             assert not f64, (f"{module}.{name} does float64 arithmetic in float32 ({f64}): a "
                              f"float literal or an int mixed with float32?")
+
+
+def find_ptxas():
+    """The ptxas of the nvidia-cuda-nvcc wheel, else one on PATH, else None."""
+    try:
+        import nvidia.cuda_nvcc
+        path = os.path.join(list(nvidia.cuda_nvcc.__path__)[0], "bin", "ptxas")
+        if os.access(path, os.X_OK):
+            return path
+    except ImportError:
+        pass
+    return shutil.which("ptxas")
+
+
+REGISTERS_PER_BLOCK = 65536     # sm_90 (and every GPU since Kepler)
+REGISTER_UNIT = 256             # a warp's registers are allocated in units of 256
+
+
+def block_registers(regs_per_thread, threads):
+    """Registers a block of `threads` threads takes on an SM."""
+    per_warp = -(-regs_per_thread * 32 // REGISTER_UNIT) * REGISTER_UNIT
+    return per_warp * -(-threads // 32)
+
+
+def test_block_registers():
+    assert block_registers(64, 1024) == REGISTERS_PER_BLOCK
+    assert block_registers(72, 1024) > REGISTERS_PER_BLOCK     # 73,728: does not launch
+    assert block_registers(72, 512) <= REGISTERS_PER_BLOCK
+    assert block_registers(1, 1) == REGISTER_UNIT
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("module, name, kernel", KERNELS, ids=[k[1] for k in KERNELS])
+def test_kernel_fits_its_largest_block_on_sm90(ptx_target, tmp_path, module, name, kernel, dtype):
+    """Assembled for sm_90, the kernel's registers for its largest block (its launch bound, else
+    1,024 threads) fit in an SM's 65,536, it spills nothing to local memory, and it has no static
+    shared memory (the launchers budget SHARED_BYTES_MAX for the dynamic shared memory alone)."""
+    ptxas = find_ptxas()
+    if ptxas is None:
+        pytest.skip("ptxas not found: pip install nvidia-cuda-nvcc-cu12 (numba-cuda[cu12] "
+                    "brings it)")
+    ptx = compile_to_ptx(name, dtype)
+    bound = re.search(r"\.maxntid\s+(\d+)\s*,\s*(\d+)\s*,\s*(\d+)", ptx)
+    threads = (int(bound[1]) * int(bound[2]) * int(bound[3]) if bound
+               else MAX_THREADS_PER_BLOCK)
+    (tmp_path / "k.ptx").write_text(ptx)
+    run = subprocess.run([ptxas, f"-arch=sm_{CC[0]}{CC[1]}", "-v", "-o", str(tmp_path / "k.cubin"),
+                          str(tmp_path / "k.ptx")], capture_output=True, text=True)
+    assert run.returncode == 0, f"ptxas rejects {name} ({dtype}):\n{run.stderr}"
+    report = run.stderr
+    regs = int(re.search(r"Used (\d+) registers", report)[1])
+    spills = [int(v) for v in re.findall(r"(\d+) bytes spill (?:stores|loads)", report)]
+    smem = re.search(r"(\d+) bytes smem", report)
+    where = f"{module}.{name} ({dtype}): {report.strip()}"
+    assert block_registers(regs, threads) <= REGISTERS_PER_BLOCK, (
+        f"{regs} registers per thread do not fit a block of {threads} threads: give the kernel a "
+        f"launch bound (gpu_common.persistent_kernel) and launch it within it. {where}")
+    assert not any(spills), f"spills registers to local memory: {where}"
+    assert smem is None or int(smem[1]) == 0, f"static shared memory: {where}"

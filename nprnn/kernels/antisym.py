@@ -33,8 +33,8 @@ from numba import prange
 from .common import (dsigmoid_from_y, dtanh_from_y, flush_denormals, matmul_nt_rows,
                      matmul_tn_rows, njit, njit_parallel, num_slices, restore_fp_mode, row_slice,
                      sigmoid, sum_rows, tanh)
-from .gpu_common import (MAX_THREADS_PER_BLOCK, SHARED_BYTES_MAX, TILE, WARP, cdiv, column_sums_gpu,
-                         cuda, load_block_rows, matmul_tn_gpu, round_up, scratch)
+from .gpu_common import (SHARED_BYTES_MAX, TILE, cdiv, column_sums_gpu, cuda, load_block_rows,
+                         matmul_tn_gpu, persistent_kernel, persistent_threads, scratch)
 
 
 # ------------------------------------------------------------------------------------------
@@ -561,11 +561,9 @@ def persistent_fits(n, dtype, skew, backward=True, rows=1):
 
 def persistent_launch(B, n, dtype, skew, buffers, rows, threads):
     """(grid, threads, shared bytes) of a persistent kernel, or ValueError if it cannot fit."""
-    if threads is None:
-        threads = min(MAX_THREADS_PER_BLOCK, round_up(n, WARP))
-    if not 1 <= threads <= MAX_THREADS_PER_BLOCK or rows < 1:
-        raise ValueError(f"need 1 <= threads <= {MAX_THREADS_PER_BLOCK} and rows >= 1, got "
-                         f"threads={threads}, rows={rows}")
+    threads = persistent_threads(n, threads)
+    if rows < 1:
+        raise ValueError(f"a block owns at least one batch row, got rows={rows}")
     shared = persistent_shared_bytes(n, rows, np.dtype(dtype).itemsize, skew, buffers)
     if shared > SHARED_BYTES_MAX:
         raise ValueError(f"the persistent kernel needs {shared} bytes of shared memory at "
@@ -575,7 +573,7 @@ def persistent_launch(B, n, dtype, skew, buffers, rows, threads):
     return cdiv(B, rows), threads, shared
 
 
-@cuda.jit
+@persistent_kernel
 def euler_forward_persistent_kernel(hs, th, x, A, V_h, b_h, eps, skew, rows):
     """All T steps of (12) in one launch:
         a = A h_{t-1} + V_h x_t + b_h ;  th_t = tanh(a) ;  h_t = h_{t-1} + eps th_t
@@ -616,7 +614,7 @@ def euler_forward_persistent_kernel(hs, th, x, A, V_h, b_h, eps, skew, rows):
         cuda.syncthreads()
 
 
-@cuda.jit
+@persistent_kernel
 def euler_gated_forward_persistent_kernel(hs, th, z, x, A, V_h, b_h, V_z, b_z, eps, skew, rows):
     """All T steps of (13) in one launch: with s = A h_{t-1} (shared by gate and candidate),
         z_t = sigmoid(s + V_z x_t + b_z) ; th_t = tanh(s + V_h x_t + b_h)
@@ -660,7 +658,7 @@ def euler_gated_forward_persistent_kernel(hs, th, z, x, A, V_h, b_h, V_z, b_z, e
         cuda.syncthreads()
 
 
-@cuda.jit
+@persistent_kernel
 def euler_backward_persistent_kernel(dh0, da, dh_T, th, A, eps, skew, rows):
     """BPTT through all T steps of (12) in one launch.
 
@@ -707,7 +705,7 @@ def euler_backward_persistent_kernel(dh0, da, dh_T, th, A, eps, skew, rows):
                 dh0[b, i] = dh[r * n + i]
 
 
-@cuda.jit
+@persistent_kernel
 def euler_gated_backward_persistent_kernel(dh0, da, dzp, ds, dh_T, th, z, A, eps, skew, rows):
     """BPTT through all T steps of (13) in one launch.
 

@@ -30,6 +30,8 @@ the target's compute capability (see `ptx_target` there); on a GPU nothing speci
 """
 import numpy as np
 
+from ..device import simulator_enabled
+
 try:
     from numba import cuda
     CUDA_IMPORT_ERROR = None
@@ -62,6 +64,13 @@ except ImportError as exc:                 # numba-cuda (or its CUDA bindings) i
 SHARED_BYTES_MAX = 48 * 1024
 MAX_THREADS_PER_BLOCK = 1024
 WARP = 32
+# A block may use 65,536 registers. The persistent kernels carry a whole pass's loop and, left
+# to themselves, use up to 80 registers per thread (ptxas for sm_90, float64 gated BPTT), so a
+# block of 1,024 threads (64 each) would not launch: "too many resources requested for launch", a
+# failure the simulator never shows. They are compiled for at most PERSISTENT_THREADS threads per
+# block and launched with at most that many (beyond it a block's threads loop over the units);
+# see `persistent_kernel`. tests/test_ptx.py checks every kernel's registers with ptxas.
+PERSISTENT_THREADS = 512
 TILE = 16                       # matmul_tn_gpu: (TILE x TILE) threads per block
 TARGET_BLOCKS = 512             # matmul_tn_gpu: enough blocks to fill ~132 SMs a few times over
 
@@ -87,6 +96,28 @@ def copy_into(live, a):
         live.copy_to_device(np.ascontiguousarray(a, dtype=live.dtype))
     else:
         live[...] = a
+
+
+def persistent_kernel(func):
+    """@cuda.jit for a persistent kernel, with launch bounds: at most PERSISTENT_THREADS threads
+    per block, and one block per SM is enough. The second half matters: told only the first,
+    ptxas aims for several blocks per SM and squeezes the gated BPTT into 64 registers with
+    spills, though a persistent launch has about one block (B / rows) per SM; told both, it
+    uses up to 128 and spills nothing. The simulator takes no launch bounds."""
+    if CUDA_IMPORT_ERROR is not None or simulator_enabled():
+        return cuda.jit(func)
+    return cuda.jit(launch_bounds=(PERSISTENT_THREADS, 1))(func)
+
+
+def persistent_threads(n, threads=None):
+    """Threads per block of a persistent kernel over n units: `threads` if given, else one per
+    unit rounded up to a warp; at most PERSISTENT_THREADS (ValueError beyond it)."""
+    if threads is None:
+        return min(PERSISTENT_THREADS, round_up(n, WARP))
+    if not 1 <= threads <= PERSISTENT_THREADS:
+        raise ValueError(f"a persistent kernel runs 1 to {PERSISTENT_THREADS} threads per block "
+                         f"(its launch bound), got threads={threads}")
+    return threads
 
 
 def cdiv(a, b):
@@ -298,11 +329,9 @@ def state_launch(B, n, dtype, values_per_row, rows, threads):
     """(grid, threads, shared bytes) of a baseline's persistent kernel: block k owns batch rows
     [k rows, (k+1) rows) and keeps `values_per_row` state values per row in shared memory
     (the matrix stays in global memory). ValueError if that does not fit."""
-    if threads is None:
-        threads = min(MAX_THREADS_PER_BLOCK, round_up(n, WARP))
-    if not 1 <= threads <= MAX_THREADS_PER_BLOCK or rows < 1:
-        raise ValueError(f"need 1 <= threads <= {MAX_THREADS_PER_BLOCK} and rows >= 1, got "
-                         f"threads={threads}, rows={rows}")
+    threads = persistent_threads(n, threads)
+    if rows < 1:
+        raise ValueError(f"a block owns at least one batch row, got rows={rows}")
     shared = values_per_row * rows * np.dtype(dtype).itemsize
     if shared > SHARED_BYTES_MAX:
         raise ValueError(f"{rows} rows of {values_per_row} state values need {shared} bytes of "

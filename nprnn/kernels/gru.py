@@ -31,8 +31,9 @@ from numba import prange
 from .common import (dsigmoid_from_y, dtanh_from_y, flush_denormals, flush_subnormal,
                      matmul_nt_rows, matmul_tn_rows, njit_inline, njit_parallel, num_slices,
                      restore_fp_mode, row_slice, sigmoid, sum_rows, tanh)
-from .gpu_common import (TILE, cdiv, cuda, load_block_rows, rows_times_matrix_gpu, scratch,
-                         stacked_param_grads_gpu, state_launch, transpose_gpu)
+from .gpu_common import (TILE, cdiv, cuda, load_block_rows, persistent_kernel,
+                         rows_times_matrix_gpu, scratch, stacked_param_grads_gpu, state_launch,
+                         transpose_gpu)
 
 
 # ------------------------------------------------------------------------------------------
@@ -225,7 +226,7 @@ def gru_backward_unit_kernel(dgi, dgh, dh, hs, gates, hn, t):
         dh[b, j] = carry
 
 
-@cuda.jit
+@persistent_kernel
 def gru_forward_persistent_kernel(hs, gates, hn, x, W_ih, WT, b_ih, b_hh, rows):
     """All T steps in one launch, see gru_unit.
 
@@ -270,7 +271,7 @@ def gru_forward_persistent_kernel(hs, gates, hn, x, W_ih, WT, b_ih, b_hh, rows):
         cuda.syncthreads()
 
 
-@cuda.jit
+@persistent_kernel
 def gru_backward_persistent_kernel(dh0, dgi, dgh, dh_T, hs, gates, hn, W_hh, rows):
     """BPTT through all T steps in one launch (gru_unit_backward, then
     dh_{t-1} = d z + dgh_t W_hh in row form).

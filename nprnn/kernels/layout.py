@@ -43,34 +43,36 @@ def time_major_cpu(out, x):
 # GPU twins
 # ------------------------------------------------------------------------------------------
 
+# One thread per element of the array written, over a 1-d grid: a grid's second and third
+# dimensions stop at 65,535 blocks on a GPU (not in the simulator), which T or B could exceed.
+
 @cuda.jit
 def time_major_kernel(out, x):
     """out[t, b, j] = x[b, t, j] (written, =; converted to out's dtype): x (B, T, m), out
-    (T, B, m). One thread per element; 2-d grid (b m + j, t), so that consecutive threads write
-    consecutive elements of out."""
-    i, t = cuda.grid(2)
+    (T, B, m). One thread per element of out, in out's memory order (coalesced writes)."""
+    i = cuda.grid(1)
     T, B, m = out.shape
-    if t < T and i < B * m:
-        out[t, i // m, i % m] = x[i // m, t, i % m]
+    if i < T * B * m:
+        t, r = i // (B * m), i % (B * m)
+        out[t, r // m, r % m] = x[r // m, t, r % m]
 
 
 def time_major_gpu(out, x, *, threads=256):
     """out (T, B, m) = x (B, T, m) with its first two axes swapped (written, =), on the device."""
-    T, B, m = out.shape
-    time_major_kernel[(cdiv(B * m, threads), T), (threads, 1)](out, x)
+    time_major_kernel[max(1, cdiv(out.size, threads)), threads](out, x)
 
 
 @cuda.jit
 def copy_leading_steps_kernel(x, head):
     """x[b, t, j] = head[b, t, j] for t < t0 (written, =): head (B, t0, m) into x (B, T, m).
-    One thread per element of head; 2-d grid (t m + j, b)."""
-    i, b = cuda.grid(2)
+    One thread per element of head, in its memory order."""
+    i = cuda.grid(1)
     B, t0, m = head.shape
-    if b < B and i < t0 * m:
-        x[b, i // m, i % m] = head[b, i // m, i % m]
+    if i < B * t0 * m:
+        b, r = i // (t0 * m), i % (t0 * m)
+        x[b, r // m, r % m] = head[b, r // m, r % m]
 
 
 def copy_leading_steps_gpu(x, head, *, threads=256):
     """x[:, :t0] = head (written, =) for device arrays head (B, t0, m), x (B, T, m)."""
-    B, t0, m = head.shape
-    copy_leading_steps_kernel[(cdiv(max(t0 * m, 1), threads), B), (threads, 1)](x, head)
+    copy_leading_steps_kernel[max(1, cdiv(head.size, threads)), threads](x, head)

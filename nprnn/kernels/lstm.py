@@ -37,7 +37,8 @@ from numba import prange
 from .common import (BLOCK_ROWS, dsigmoid_from_y, dtanh_from_y, flush_denormals,
                      flush_subnormal, matmul_nt_rows, matmul_tn_rows, njit_inline, njit_parallel,
                      num_slices, restore_fp_mode, row_slice, sigmoid, sum_rows, tanh)
-from .gpu_common import (TILE, cdiv, cuda, fill, load_block_rows, rows_times_matrix_gpu, scratch,
+from .gpu_common import (TARGET_BLOCKS, TILE, WARP, cdiv, cuda, fill, load_block_rows,
+                         persistent_kernel, rows_times_matrix_gpu, scratch,
                          stacked_param_grads_gpu, state_launch, transpose_gpu)
 
 
@@ -324,7 +325,7 @@ def lstm_backward_unit_kernel(da, dc, dh, cs, gates, w_ci, w_cf, w_co, peephole,
         dc[b, j] = dc_prev
 
 
-@cuda.jit
+@persistent_kernel
 def lstm_forward_persistent_kernel(hs, cs, gates, x, W_ih, WT, b_ih, b_hh, w_ci, w_cf, w_co,
                                    peephole, rows):
     """All T steps of the (peephole) LSTM in one launch, see lstm_unit.
@@ -375,7 +376,7 @@ def lstm_forward_persistent_kernel(hs, cs, gates, x, W_ih, WT, b_ih, b_hh, w_ci,
         cuda.syncthreads()
 
 
-@cuda.jit
+@persistent_kernel
 def lstm_backward_persistent_kernel(dh0, da, dh_T, cs, gates, W_hh, w_ci, w_cf, w_co, peephole,
                                     rows):
     """BPTT through all T steps of the (peephole) LSTM in one launch (lstm_unit_backward, then
@@ -437,21 +438,62 @@ def lstm_backward_persistent_kernel(dh0, da, dh_T, cs, gates, W_hh, w_ci, w_cf, 
 
 
 @cuda.jit
-def peephole_grads_kernel(dw_ci, dw_cf, dw_co, da, cs):
-    """dw_ci = sum_{t,b} da_i c_{t-1} ; dw_cf = sum da_f c_{t-1} ; dw_co = sum da_o c_t
-    (written, =). da (T, B, 4n), cs (T+1, B, n). One thread per unit j; 1-d grid."""
-    j = cuda.grid(1)
+def peephole_partial_kernel(partial, da, cs):
+    """The peephole gradients over slice s of the T*B rows r = t B + b (written, =):
+
+        partial[s, 0, j] = sum_r da_i c_{t-1} ; partial[s, 1, j] = sum_r da_f c_{t-1} ;
+        partial[s, 2, j] = sum_r da_o c_t
+
+    partial (S, 3, n); da (T, B, 4n); cs (T+1, B, n). Slice s is rows [s k, min(T B, (s+1) k))
+    with k = ceil(T B / S), as in `peephole_lstm_backward_cpu`. One thread per unit j, grid
+    (ceil(n / blockDim.x), S): n threads alone, each summing all T*B rows, would leave a GPU
+    nearly idle for milliseconds. Neighbouring threads read neighbouring units: coalesced."""
+    j, s = cuda.grid(1), cuda.blockIdx.y
+    S = partial.shape[0]
     T, B, n = da.shape[0], da.shape[1], cs.shape[2]
     if j < n:
-        s_i = s_f = s_o = dw_ci.dtype.type(0)
-        for t in range(T):
-            for b in range(B):
-                s_i += da[t, b, j] * cs[t, b, j]
-                s_f += da[t, b, n + j] * cs[t, b, j]
-                s_o += da[t, b, 3 * n + j] * cs[t + 1, b, j]
+        R = T * B
+        k = (R + S - 1) // S
+        s_i = s_f = s_o = partial.dtype.type(0)
+        for r in range(s * k, min(R, (s + 1) * k)):
+            t, b = r // B, r % B
+            s_i += da[t, b, j] * cs[t, b, j]
+            s_f += da[t, b, n + j] * cs[t, b, j]
+            s_o += da[t, b, 3 * n + j] * cs[t + 1, b, j]
+        partial[s, 0, j] = s_i
+        partial[s, 1, j] = s_f
+        partial[s, 2, j] = s_o
+
+
+@cuda.jit
+def peephole_sums_kernel(dw_ci, dw_cf, dw_co, partial):
+    """dw_ci[j] = sum_s partial[s, 0, j], dw_cf from partial[:, 1], dw_co from partial[:, 2]
+    (written, =), the slices added in order. One thread per unit j; 1-d grid."""
+    j = cuda.grid(1)
+    if j < dw_ci.shape[0]:
+        s_i = s_f = s_o = partial.dtype.type(0)
+        for s in range(partial.shape[0]):
+            s_i += partial[s, 0, j]
+            s_f += partial[s, 1, j]
+            s_o += partial[s, 2, j]
         dw_ci[j] = s_i
         dw_cf[j] = s_f
         dw_co[j] = s_o
+
+
+def peephole_grads_gpu(dw_ci, dw_cf, dw_co, da, cs, *, threads=128, splits=None):
+    """dw_ci = sum_{t,b} da_i c_{t-1} ; dw_cf = sum da_f c_{t-1} ; dw_co = sum da_o c_t
+    (written, =): the peephole part of BPTT's parameter gradients, as a sum over slices of the
+    T*B rows (peephole_partial_kernel) and then over the slices (peephole_sums_kernel).
+    `splits` (S) defaults to enough slices for about TARGET_BLOCKS blocks, each at least a warp
+    of rows long."""
+    T, B, n = da.shape[0], da.shape[1], cs.shape[2]
+    blocks = cdiv(n, threads)
+    if splits is None:
+        splits = max(1, min(cdiv(TARGET_BLOCKS, blocks), cdiv(T * B, WARP)))
+    partial = scratch("peephole_grads", (splits, 3, n), dw_ci.dtype)
+    peephole_partial_kernel[(blocks, splits), threads](partial, da, cs)
+    peephole_sums_kernel[blocks, threads](dw_ci, dw_cf, dw_co, partial)
 
 
 def _forward_steps(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, w_ci, w_cf, w_co, peephole,
@@ -535,10 +577,10 @@ def peephole_lstm_backward_gpu(dW_ih, dW_hh, db_ih, db_hh, dw_ci, dw_cf, dw_co, 
                                hs, cs, gates, x, W_hh, w_ci, w_cf, w_co, *, block=(128, 1),
                                tile=TILE):
     """Version 1 twin of peephole_lstm_backward_cpu; the peephole gradients by
-    peephole_grads_kernel. Written (=): dW_ih, dW_hh, db_ih, db_hh, dw_c*, dh0, da."""
+    peephole_grads_gpu. Written (=): dW_ih, dW_hh, db_ih, db_hh, dw_c*, dh0, da."""
     _backward_steps(dh0, da, dh_T, cs, gates, W_hh, w_ci, w_cf, w_co, True, block)
     stacked_param_grads_gpu(dW_ih, dW_hh, db_ih, db_hh, da, da, hs, x, tile=tile)
-    _peephole_grads(dw_ci, dw_cf, dw_co, da, cs, block)
+    peephole_grads_gpu(dw_ci, dw_cf, dw_co, da, cs, threads=block[0])
 
 
 def lstm_backward_gpu_persistent(dW_ih, dW_hh, db_ih, db_hh, dh0, da, dh_T, hs, cs, gates, x,
@@ -556,9 +598,6 @@ def peephole_lstm_backward_gpu_persistent(dW_ih, dW_hh, db_ih, db_hh, dw_ci, dw_
     """Version 2 twin of peephole_lstm_backward_cpu."""
     _backward_persistent(dh0, da, dh_T, cs, gates, W_hh, w_ci, w_cf, w_co, True, rows, threads)
     stacked_param_grads_gpu(dW_ih, dW_hh, db_ih, db_hh, da, da, hs, x, tile=tile)
-    _peephole_grads(dw_ci, dw_cf, dw_co, da, cs, (128, 1))
+    peephole_grads_gpu(dw_ci, dw_cf, dw_co, da, cs)
 
 
-def _peephole_grads(dw_ci, dw_cf, dw_co, da, cs, block):
-    n = cs.shape[2]
-    peephole_grads_kernel[cdiv(n, block[0]), block[0]](dw_ci, dw_cf, dw_co, da, cs)

@@ -25,8 +25,9 @@ from numba import prange
 from .common import (dtanh_from_y, flush_denormals, flush_subnormal, matmul_nt_rows,
                      matmul_tn_rows, njit_parallel, num_slices, restore_fp_mode, row_slice,
                      sum_rows, tanh)
-from .gpu_common import (TILE, cdiv, cuda, load_block_rows, rows_times_matrix_gpu, scratch,
-                         stacked_param_grads_gpu, state_launch, transpose_gpu)
+from .gpu_common import (TILE, cdiv, cuda, load_block_rows, persistent_kernel,
+                         rows_times_matrix_gpu, scratch, stacked_param_grads_gpu, state_launch,
+                         transpose_gpu)
 
 
 @njit_parallel
@@ -158,7 +159,7 @@ def rnn_backward_gpu(dW_ih, dW_hh, db_ih, db_hh, dh0, da, dh_T, hs, x, W_hh, *, 
     stacked_param_grads_gpu(dW_ih, dW_hh, db_ih, db_hh, da, da, hs, x, tile=tile)
 
 
-@cuda.jit
+@persistent_kernel
 def rnn_forward_persistent_kernel(hs, x, W_ih, WT, b_ih, b_hh, rows):
     """All T steps of h_t = tanh(W_ih x_t + b_ih + W_hh h_{t-1} + b_hh) in one launch.
 
@@ -191,7 +192,7 @@ def rnn_forward_persistent_kernel(hs, x, W_ih, WT, b_ih, b_hh, rows):
         cuda.syncthreads()
 
 
-@cuda.jit
+@persistent_kernel
 def rnn_backward_persistent_kernel(dh0, da, dh_T, hs, W_hh, rows):
     """BPTT through all T steps in one launch.
 

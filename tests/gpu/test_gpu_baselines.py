@@ -114,3 +114,18 @@ def test_baseline_forward_and_backward_match_cpu(cell, dtype, version):
                                                       **options(version, True))
     for k, want in bw.items():
         assert_close(bw_gpu[k], want, dtype, k)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("splits", [1, 4])
+def test_peephole_gradients_over_slices_of_rows(dtype, splits):
+    """The peephole gradients summed over S slices of the T*B rows (the cell tests are too small
+    for more than one slice; with S = 4 and 9 rows the last slice is empty) equal the CPU sums."""
+    rng = np.random.default_rng(1)
+    da, cs = rand(rng, (T, B, 4 * N), dtype), rand(rng, (T + 1, B, N), dtype)
+    want = [np.einsum("tbj,tbj->j", da[:, :, g * N:(g + 1) * N].astype(np.float64),
+                      cs[c:T + c].astype(np.float64)) for g, c in ((0, 0), (1, 0), (3, 1))]
+    got = [empty_like(np.empty(N, dtype)) for _ in range(3)]
+    lstm.peephole_grads_gpu(*got, dev(da), dev(cs), threads=THREADS, splits=splits)
+    for name, g, w in zip(("dw_ci", "dw_cf", "dw_co"), got, want):
+        assert_close(g, w.astype(dtype), dtype, name)

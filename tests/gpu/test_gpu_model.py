@@ -72,6 +72,25 @@ def test_float32_model_on_cuda_matches_cpu(name):
         gt.assert_close(g_d[k], g_c[k], "float32", f"grad {k}")
 
 
+@pytest.mark.parametrize("name", ["antisym", "peephole-lstm"])
+def test_training_steps_reuse_their_gradient_buffers(name):
+    """step_arrays (the training loop's call) writes its gradients into the same device arrays
+    every step, so that a step allocates none; loss_and_grad's gradients are the caller's own
+    and survive later steps."""
+    cpu, dev = pair(name, "float64")
+    (x1, y1), (x2, y2) = data(0), data(1)
+    _, kept = dev.loss_and_grad(x1, y1)
+    first = dev.step_arrays(x1, y1)[1]
+    second = dev.step_arrays(x2, y2)[1]
+    _, want1 = cpu.loss_and_grad(x1, y1)
+    _, want2 = cpu.loss_and_grad(x2, y2)
+    for k in want1:
+        assert second[k] is first[k], f"grad {k}: a new device array every step"
+        assert kept[k] is not second[k], f"grad {k}: loss_and_grad handed out a step buffer"
+        gt.assert_close(second[k], want2[k], "float64", f"grad {k} of the second step")
+        gt.assert_close(kept[k], want1[k], "float64", f"grad {k} kept from loss_and_grad")
+
+
 def test_unknown_kernel_version_is_refused():
     _, dev = pair("antisym", "float64")
     dev.gpu_version = "fastest"
