@@ -234,7 +234,8 @@ register(EulerCell("feedback", "RNN with feedback, h + eps tanh(W h + V x + b) (
 def _stacked(rng, m, n, dtype, input_var, recurrent_var, bias_mean):
     """weight_ih, weight_hh, bias_ih, bias_hh for k = len(input_var) gate blocks of n rows each,
     stacked in the cell's gate order. Block k: weight_ih rows N(0, input_var[k]), weight_hh rows
-    N(0, recurrent_var[k]), bias_ih = bias_mean[k] and bias_hh = 0, so b_ih + b_hh = bias_mean[k]."""
+    N(0, recurrent_var[k]), bias_ih = bias_mean[k] and bias_hh = 0, so that
+    b_ih + b_hh = bias_mean[k]."""
     k = len(input_var)
     return dict(
         weight_ih=np.concatenate([gaussian(rng, (n, m), v, dtype) for v in input_var]),

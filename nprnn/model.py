@@ -72,8 +72,9 @@ class Model:
             raise ValueError(f"x must have shape (B, T, m) with B, T >= 1 and "
                              f"m = input_size = {self.input_size}; got shape {x.shape}")
         if not np.issubdtype(x.dtype, np.floating):
-            raise TypeError(f"x must hold floating-point values (float32 or float64), got dtype "
-                            f"{x.dtype}; scale integer pixels first, e.g. x.astype('float32') / 255")
+            raise TypeError(f"x must hold floating-point values (float32 or float64), got "
+                            f"dtype {x.dtype}; scale integer pixels first, e.g. "
+                            f"x.astype('float32') / 255")
         if x.dtype not in (np.float32, np.float64):
             x = x.astype(self.dtype)
         # time-major and contiguous, what the kernels read, in a buffer kept from call to call

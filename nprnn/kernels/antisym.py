@@ -148,7 +148,8 @@ def euler_gated_forward_cpu(hs, th, z, x, A, V_h, b_h, V_z, b_z, eps):
             np.dot(hs[t, b0:b1], A.T, Ah)
             for b in range(b0, b1):
                 for i in range(n):
-                    zt = sigmoid(Ah[b - b0, i] + z[t, b, i] + b_z[i])   # z_t = sigma(A h + V_z x + b_z)
+                    # z_t = sigma(A h + V_z x + b_z)
+                    zt = sigmoid(Ah[b - b0, i] + z[t, b, i] + b_z[i])
                     y = tanh(Ah[b - b0, i] + th[t, b, i] + b_h[i])      # tanh(A h + V_h x + b_h)
                     z[t, b, i] = zt
                     th[t, b, i] = y
@@ -178,7 +179,8 @@ def euler_gated_backward_cpu(dA, dV_h, db_h, dV_z, db_z, dh0, da, dzp, ds,
         for t in range(T - 1, -1, -1):
             for b in range(b0, b1):
                 for i in range(n):
-                    # forward was: h_t = h_{t-1} + eps * z_t * y_t,  y_t = tanh(a_t), z_t = sigma(zp_t)
+                    # forward was: h_t = h_{t-1} + eps * z_t * y_t,
+                    #              y_t = tanh(a_t), z_t = sigma(zp_t)
                     # so:          dh_{t-1} += dh_t
                     #              da_t  = dh_t * eps * z_t * (1 - y_t**2)
                     #              dzp_t = dh_t * eps * y_t * z_t * (1 - z_t)

@@ -267,8 +267,9 @@ def peephole_lstm_backward_cpu(dW_ih, dW_hh, db_ih, db_hh, dw_ci, dw_cf, dw_co, 
 # LSTM share every GPU kernel through `peephole`; without peepholes w_ci, w_cf, w_co are not read
 # (the standard LSTM's host functions pass a bias vector in their place). c_t of a unit is touched
 # only by the thread that owns it. Both versions call the CPU twins' `lstm_unit` and
-# `lstm_unit_backward` (above), here with `peephole` a kernel argument. The CPU twins flush float32 subnormal gradients to zero (a CPU speed measure); GPUs
-# handle subnormals at full speed, so the GPU twins keep them (a difference below 1.2e-38).
+# `lstm_unit_backward` (above), here with `peephole` a kernel argument. The CPU twins flush
+# float32 subnormal gradients to zero (a CPU speed measure); GPUs handle subnormals at full
+# speed, so the GPU twins keep them (a difference below 1.2e-38).
 
 @cuda.jit
 def lstm_forward_step_kernel(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, w_ci, w_cf, w_co,
