@@ -4,6 +4,8 @@
     python cli.py bench --model antisym   forward / forward+backward timings (see README)
     python cli.py --help                  everything else
 """
+import warnings
+
 import click
 
 import nprnn
@@ -12,10 +14,16 @@ import nprnn
 # Seeds are 63-bit: they become int64 keys of the noise streams (nprnn/noise.py).
 SEED = click.IntRange(min=0, max=2**63 - 1)
 
+# On a GPU numba warns, once per grid size, of any launch with fewer than 128 blocks. Ours are
+# small by design where the work is (a step's totals on one thread, the optimizer over 10k
+# parameters, the loss of B rows), and the warnings would break into the progress bar.
+SMALL_GRID_WARNING = r"Grid size \d+ will likely result in GPU under-utilization"
+
 
 @click.group(context_settings=dict(help_option_names=["-h", "--help"]))
 def cli():
     """AntisymmetricRNN and its baselines in NumPy + Numba (Chang et al., ICLR 2019)."""
+    warnings.filterwarnings("ignore", message=SMALL_GRID_WARNING)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -75,6 +75,8 @@ def head_then_noise(head, T, keys):
     `nprnn.datasets.head_then_noise`, so that a noise-padded batch never crosses the bus whole."""
     from . import noise
     B, t0, m = head.shape
+    if not t0 <= T:         # checked before the copy: a kernel writing past x checks nothing
+        raise ValueError(f"the head's {t0} steps do not fit in T = {T} steps")
     x = cuda.device_array((B, T, m), dtype=np.float32)
     if t0:
         copy_leading_steps_gpu(x, cuda.to_device(np.ascontiguousarray(head, dtype=np.float32)))

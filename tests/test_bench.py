@@ -1,6 +1,7 @@
 """`cli.py bench`: the table it prints and its errors (timings themselves are never asserted)."""
 import os
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -76,3 +77,16 @@ def test_a_pytorch_without_cuda_is_no_gpu_yardstick(monkeypatch):
     assert bench.torch_available("cpu") and not bench.torch_available("cuda")
     monkeypatch.setitem(sys.modules, "torch", None)              # not installed
     assert not bench.torch_available("cpu") and not bench.torch_available("cuda")
+
+
+def test_the_command_line_silences_numbas_small_grid_warnings_only():
+    """numba warns of every launch under 128 blocks on a real GPU (the simulator never does, so
+    the warning is raised by hand here); the command line keeps those out of its output."""
+    from numba.core.errors import NumbaPerformanceWarning
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert CliRunner().invoke(cli.cli, ["params"]).exit_code == 0
+        warnings.warn(NumbaPerformanceWarning("Grid size 1 will likely result in GPU "
+                                              "under-utilization due to low occupancy."))
+        warnings.warn(NumbaPerformanceWarning("something else"))
+    assert [str(w.message) for w in caught] == ["something else"]

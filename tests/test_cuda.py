@@ -115,6 +115,17 @@ def test_persistent_kernels_launch_within_their_bound():
         state_launch(B=3, n=64, dtype=np.float32, values_per_row=128, rows=0, threads=None)
 
 
+def test_step_grids_stay_within_a_gpus_grid():
+    """A grid's second dimension stops at 65,535 blocks on a GPU (not in the simulator): a
+    launch with more batch rows than that many blocks hold is refused, saying how many fit."""
+    from nprnn.kernels.gpu_common import MAX_GRID_Y, step_grid
+    assert step_grid(B=5, n=130, block=(64, 2)) == ((3, 3), (64, 2))
+    assert step_grid(B=MAX_GRID_Y, n=128, block=(128, 1))[0] == (1, MAX_GRID_Y)
+    with pytest.raises(ValueError, match=f"B={MAX_GRID_Y + 1} .* at most {MAX_GRID_Y} rows"):
+        step_grid(B=MAX_GRID_Y + 1, n=128, block=(128, 1))
+    assert step_grid(B=MAX_GRID_Y + 1, n=128, block=(64, 2))[0] == (2, MAX_GRID_Y // 2 + 1)
+
+
 class StrictDeviceArray:
     """A numba device array as it behaves on a real GPU, in host memory: copy_to_host and
     copy_to_device, and no `[...] =` (TypeError on a GPU; the simulator's stand-in allows it, so

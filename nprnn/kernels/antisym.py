@@ -34,7 +34,7 @@ from .common import (dsigmoid_from_y, dtanh_from_y, flush_denormals, matmul_nt_r
                      matmul_tn_rows, njit, njit_parallel, num_slices, restore_fp_mode, row_slice,
                      sigmoid, sum_rows, tanh)
 from .gpu_common import (SHARED_BYTES_MAX, TILE, cdiv, column_sums_gpu, cuda, load_block_rows,
-                         matmul_tn_gpu, persistent_kernel, persistent_threads, scratch)
+                         matmul_tn_gpu, persistent_kernel, persistent_threads, scratch, step_grid)
 
 
 # ------------------------------------------------------------------------------------------
@@ -375,11 +375,6 @@ def euler_gated_backward_step_kernel(dh_prev, da, dzp, ds, dh, th, z, A, eps, t)
         dzp[t, b, i] = dzp_i
         ds[t, b, i] = da_i + dzp_i
         dh_prev[b, i] = acc
-
-
-def step_grid(B, n, block):
-    """(grid, block) for the one-thread-per-(b, i) step kernels; block = (units, rows)."""
-    return (cdiv(n, block[0]), cdiv(B, block[1])), block
 
 
 def euler_forward_gpu(hs, th, x, A, V_h, b_h, eps, *, block=(128, 1)):

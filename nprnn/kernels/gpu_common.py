@@ -71,6 +71,7 @@ WARP = 32
 # block and launched with at most that many (beyond it a block's threads loop over the units);
 # see `persistent_kernel`. tests/test_ptx.py checks every kernel's registers with ptxas.
 PERSISTENT_THREADS = 512
+MAX_GRID_Y = 65535              # blocks in a grid's second dimension (the first: 2**31 - 1)
 TILE = 16                       # matmul_tn_gpu: (TILE x TILE) threads per block
 TARGET_BLOCKS = 512             # matmul_tn_gpu: enough blocks to fill ~132 SMs a few times over
 
@@ -118,6 +119,18 @@ def persistent_threads(n, threads=None):
         raise ValueError(f"a persistent kernel runs 1 to {PERSISTENT_THREADS} threads per block "
                          f"(its launch bound), got threads={threads}")
     return threads
+
+
+def step_grid(B, n, block):
+    """(grid, block) of a kernel with one thread per (batch row b, unit i): block = (units,
+    rows), grid (ceil(n / units), ceil(B / rows)). A GPU refuses a grid whose second dimension
+    is over MAX_GRID_Y blocks (the simulator does not), so that is a ValueError here."""
+    grid = (cdiv(n, block[0]), cdiv(B, block[1]))
+    if grid[1] > MAX_GRID_Y:
+        raise ValueError(f"B={B} batch rows in blocks of {block[1]} rows need {grid[1]} blocks "
+                         f"in the grid's second dimension, and a GPU allows {MAX_GRID_Y}: pass "
+                         f"at most {MAX_GRID_Y * block[1]} rows per call")
+    return grid, block
 
 
 def cdiv(a, b):
@@ -286,9 +299,8 @@ def rows_times_matrix_kernel(dh, D, W, t, accumulate):
 
 def rows_times_matrix_gpu(dh, D, W, t, accumulate, *, block=(128, 1)):
     """dh (+)= D[t] W, see rows_times_matrix_kernel."""
-    B, n = dh.shape
-    rows_times_matrix_kernel[(cdiv(n, block[0]), cdiv(B, block[1])), block](dh, D, W, t,
-                                                                            accumulate)
+    grid, block = step_grid(*dh.shape, block)
+    rows_times_matrix_kernel[grid, block](dh, D, W, t, accumulate)
 
 
 @cuda.jit(device=True)

@@ -33,7 +33,7 @@ from .common import (dsigmoid_from_y, dtanh_from_y, flush_denormals, flush_subno
                      restore_fp_mode, row_slice, sigmoid, sum_rows, tanh)
 from .gpu_common import (TILE, cdiv, cuda, load_block_rows, persistent_kernel,
                          rows_times_matrix_gpu, scratch, stacked_param_grads_gpu, state_launch,
-                         transpose_gpu)
+                         step_grid, transpose_gpu)
 
 
 # ------------------------------------------------------------------------------------------
@@ -330,7 +330,7 @@ def gru_forward_gpu(hs, gates, hn, x, W_ih, W_hh, b_ih, b_hh, *, block=(128, 1))
     Written (=): hs[1:], gates, hn. Read: hs[0], x, W_ih, W_hh, b_ih, b_hh."""
     T, B, _ = x.shape
     n = W_hh.shape[1]
-    grid = (cdiv(n, block[0]), cdiv(B, block[1]))
+    grid, block = step_grid(B, n, block)
     for t in range(T):
         gru_forward_step_kernel[grid, block](hs, gates, hn, x, W_ih, W_hh, b_ih, b_hh, t)
 
@@ -342,7 +342,7 @@ def gru_backward_gpu(dW_ih, dW_hh, db_ih, db_hh, dh0, dgi, dgh, dh_T, hs, gates,
     Written (=): dW_ih, dW_hh, db_ih, db_hh, dh0, dgi, dgh."""
     T, B, _ = x.shape
     n = W_hh.shape[1]
-    grid = (cdiv(n, block[0]), cdiv(B, block[1]))
+    grid, block = step_grid(B, n, block)
     dh0.copy_to_device(dh_T)              # the running dL/dh_t lives in dh0; it ends as dL/dh_0
     for t in range(T - 1, -1, -1):
         gru_backward_unit_kernel[grid, block](dgi, dgh, dh0, hs, gates, hn, t)

@@ -39,7 +39,7 @@ from .common import (BLOCK_ROWS, dsigmoid_from_y, dtanh_from_y, flush_denormals,
                      num_slices, restore_fp_mode, row_slice, sigmoid, sum_rows, tanh)
 from .gpu_common import (TARGET_BLOCKS, TILE, WARP, cdiv, cuda, fill, load_block_rows,
                          persistent_kernel, rows_times_matrix_gpu, scratch,
-                         stacked_param_grads_gpu, state_launch, transpose_gpu)
+                         stacked_param_grads_gpu, state_launch, step_grid, transpose_gpu)
 
 
 # ------------------------------------------------------------------------------------------
@@ -501,7 +501,7 @@ def _forward_steps(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, w_ci, w_cf, w_co, p
                    block):
     T, B, _ = x.shape
     n = W_hh.shape[1]
-    grid = (cdiv(n, block[0]), cdiv(B, block[1]))
+    grid, block = step_grid(B, n, block)
     for t in range(T):
         lstm_forward_step_kernel[grid, block](hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh,
                                               w_ci, w_cf, w_co, peephole, t)
@@ -520,7 +520,7 @@ def _forward_persistent(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, w_ci, w_cf, w_
 
 def _backward_steps(dh0, da, dh_T, cs, gates, W_hh, w_ci, w_cf, w_co, peephole, block):
     T, B, n = cs.shape[0] - 1, cs.shape[1], cs.shape[2]
-    grid = (cdiv(n, block[0]), cdiv(B, block[1]))
+    grid, block = step_grid(B, n, block)
     dc = scratch("lstm_dc", (B, n), dh0.dtype)     # the running dL/dc_t; dL/dc_T = 0
     fill(dc, 0)
     dh0.copy_to_device(dh_T)              # the running dL/dh_t lives in dh0; it ends as dL/dh_0

@@ -46,7 +46,7 @@ import numba
 import numpy as np
 
 from .common import njit, njit_inline, njit_parallel
-from .gpu_common import cdiv, cuda
+from .gpu_common import cdiv, cuda, step_grid
 
 # SplitMix64
 GAMMA = np.uint64(0x9E3779B97F4A7C15)
@@ -211,7 +211,9 @@ def gaussian_fill_kernel(x, t0, starts):
 
 
 def gaussian_fill_gpu(x, t0, starts, *, threads=256):
-    """The launch of gaussian_fill_kernel: one thread per pair of values, (threads, 1) blocks."""
+    """The launch of gaussian_fill_kernel: one thread per (row, pair of values), (threads, 1)
+    blocks."""
     B, T, m = x.shape
     pairs = cdiv(max((T - t0) * m, 1), 2)
-    gaussian_fill_kernel[(cdiv(pairs, threads), B), (threads, 1)](x, t0, starts)
+    grid, block = step_grid(B, pairs, (threads, 1))
+    gaussian_fill_kernel[grid, block](x, t0, starts)

@@ -27,7 +27,7 @@ from .common import (dtanh_from_y, flush_denormals, flush_subnormal, matmul_nt_r
                      sum_rows, tanh)
 from .gpu_common import (TILE, cdiv, cuda, load_block_rows, persistent_kernel,
                          rows_times_matrix_gpu, scratch, stacked_param_grads_gpu, state_launch,
-                         transpose_gpu)
+                         step_grid, transpose_gpu)
 
 
 @njit_parallel
@@ -139,7 +139,7 @@ def rnn_forward_gpu(hs, x, W_ih, W_hh, b_ih, b_hh, *, block=(128, 1)):
     Written (=): hs[1:]. Read: hs[0] = h_0, x, W_ih, W_hh, b_ih, b_hh."""
     T, B, _ = x.shape
     n = W_hh.shape[0]
-    grid = (cdiv(n, block[0]), cdiv(B, block[1]))
+    grid, block = step_grid(B, n, block)
     for t in range(T):
         rnn_forward_step_kernel[grid, block](hs, x, W_ih, W_hh, b_ih, b_hh, t)
 
@@ -151,7 +151,7 @@ def rnn_backward_gpu(dW_ih, dW_hh, db_ih, db_hh, dh0, da, dh_T, hs, x, W_hh, *, 
     Written (=): dW_ih, dW_hh, db_ih, db_hh, dh0, da. Read: dh_T, hs, x, W_hh."""
     T, B, _ = x.shape
     n = W_hh.shape[0]
-    grid = (cdiv(n, block[0]), cdiv(B, block[1]))
+    grid, block = step_grid(B, n, block)
     dh0.copy_to_device(dh_T)              # the running dL/dh_t lives in dh0; it ends as dL/dh_0
     for t in range(T - 1, -1, -1):
         rnn_backward_unit_kernel[grid, block](da, dh0, hs, t)

@@ -78,3 +78,10 @@ def test_data_benchmark_on_cuda(monkeypatch, capsys):
     row = next(line.split() for line in out if line.startswith("cifar10-noise*"))
     assert row[1:3] == ["33", "96"] and row[-1] == "-"
     assert "nprnn.noise on the GPU" in out[-2]
+
+
+def test_a_head_longer_than_the_sequence_is_refused_before_any_copy():
+    """On a GPU an oversized head would be written past x unchecked (kernels do no bounds
+    checks), so head_then_noise refuses it first."""
+    with pytest.raises(ValueError, match="head's 5 steps do not fit in T = 4"):
+        gpu.head_then_noise(np.zeros((2, 5, 3), np.float32), 4, np.zeros((2, 2), np.int64))
