@@ -9,10 +9,10 @@ import warnings
 import click
 
 import nprnn
-
+from nprnn.datasets import MAX_SEED
 
 # Seeds are 63-bit: they become int64 keys of the noise streams (nprnn/noise.py).
-SEED = click.IntRange(min=0, max=2**63 - 1)
+SEED = click.IntRange(min=0, max=MAX_SEED)
 
 # On a GPU numba warns, once per grid size, of any launch with fewer than 128 blocks. Ours are
 # small by design where the work is (a step's totals on one thread, the optimizer over 10k

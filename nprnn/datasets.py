@@ -82,14 +82,14 @@ def _check_split(split):
         raise ValueError(f"unknown split {split!r}; the splits are {', '.join(SPLITS)}")
 
 
-_MAX_INT64 = 2**63 - 1
+MAX_SEED = 2**63 - 1          # seeds and positions become int64 keys of the noise streams
 
 
 def _check_nonneg_int(name, value):
     """value as an int, checked to be in 0 .. 2**63 - 1 (seeds and positions become int64 keys of
     the noise streams)."""
     if (isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer))
-            or not 0 <= value <= _MAX_INT64):
+            or not 0 <= value <= MAX_SEED):
         raise ValueError(f"{name} must be an integer in 0 .. 2**63 - 1, got {value!r}")
     return int(value)
 

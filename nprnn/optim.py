@@ -81,9 +81,7 @@ def clip_scale(norm, clip):
     (Pascanu et al., 2013); clip = 0 turns clipping off (s = 1)."""
     if clip < 0:
         raise ValueError(f"clip must be >= 0 (0 turns clipping off), got {clip!r}")
-    if clip == 0 or norm <= clip:
-        return 1.0
-    return clip / norm
+    return K_optim.clip_factor(float(norm), float(clip))
 
 
 def _full_like(p, value):

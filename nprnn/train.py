@@ -46,6 +46,7 @@ import numpy as np
 
 from .checkpoint import (FILENAME, CheckpointError, load_checkpoint, load_params_into,
                          save_checkpoint)
+from .datasets import MAX_SEED
 from .device import resolve_device
 from .kernels.gpu_common import to_host
 from .model import make_model
@@ -65,7 +66,6 @@ DEFAULTS = dict(
 CHANGEABLE_ON_RESUME = ("iterations", "eval_every", "log_every", "checkpoint_every",
                         "eval_batch_size", "data_dir", "device", "lr", "clip")
 
-MAX_SEED = 2**63 - 1
 METRICS = "metrics.jsonl"
 CONFIG = "config.json"
 

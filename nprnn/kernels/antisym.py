@@ -34,7 +34,7 @@ from .common import (dsigmoid_from_y, dtanh_from_y, flush_denormals, matmul_nt_r
                      matmul_tn_rows, njit, njit_parallel, num_slices, restore_fp_mode, row_slice,
                      sigmoid, sum_rows, tanh)
 from .gpu_common import (SHARED_BYTES_MAX, TILE, cdiv, column_sums_gpu, cuda, load_block_rows,
-                         matmul_tn_gpu, persistent_kernel, persistent_threads, scratch, step_grid)
+                         matmul_tn_gpu, persistent_grid, persistent_kernel, scratch, step_grid)
 
 
 # ------------------------------------------------------------------------------------------
@@ -558,16 +558,12 @@ def persistent_fits(n, dtype, skew, backward=True, rows=1):
 
 def persistent_launch(B, n, dtype, skew, buffers, rows, threads):
     """(grid, threads, shared bytes) of a persistent kernel, or ValueError if it cannot fit."""
-    threads = persistent_threads(n, threads)
-    if rows < 1:
-        raise ValueError(f"a block owns at least one batch row, got rows={rows}")
     shared = persistent_shared_bytes(n, rows, np.dtype(dtype).itemsize, skew, buffers)
-    if shared > SHARED_BYTES_MAX:
-        raise ValueError(f"the persistent kernel needs {shared} bytes of shared memory at "
-                         f"n={n}, rows={rows}, {np.dtype(dtype).name}, "
-                         f"{'skew' if skew else 'dense'} matrix; at most {SHARED_BYTES_MAX} are "
-                         f"available: use the step kernels (version 1)")
-    return cdiv(B, rows), threads, shared
+    return persistent_grid(B, n, rows, threads, shared,
+                           f"the persistent kernel needs {shared} bytes of shared memory at "
+                           f"n={n}, rows={rows}, {np.dtype(dtype).name}, "
+                           f"{'skew' if skew else 'dense'} matrix; at most {SHARED_BYTES_MAX} are "
+                           f"available: use the step kernels (version 1)")
 
 
 @persistent_kernel

@@ -121,6 +121,19 @@ def persistent_threads(n, threads=None):
     return threads
 
 
+def persistent_grid(B, n, rows, threads, shared, too_big):
+    """(grid, threads, shared bytes) of a persistent kernel over n units whose blocks own `rows`
+    batch rows each and use `shared` bytes of shared memory: ValueError for threads beyond the
+    launch bound, rows < 1, or shared memory beyond SHARED_BYTES_MAX (then with the message
+    `too_big`, which says what to do instead)."""
+    threads = persistent_threads(n, threads)
+    if rows < 1:
+        raise ValueError(f"a block owns at least one batch row, got rows={rows}")
+    if shared > SHARED_BYTES_MAX:
+        raise ValueError(too_big)
+    return cdiv(B, rows), threads, shared
+
+
 def step_grid(B, n, block):
     """(grid, block) of a kernel with one thread per (batch row b, unit i): block = (units,
     rows), grid (ceil(n / units), ceil(B / rows)). A GPU refuses a grid whose second dimension
@@ -131,6 +144,12 @@ def step_grid(B, n, block):
                          f"in the grid's second dimension, and a GPU allows {MAX_GRID_Y}: pass "
                          f"at most {MAX_GRID_Y * block[1]} rows per call")
     return grid, block
+
+
+def splits_for(blocks, N, min_rows):
+    """How many slices to split a sum over N rows into, when each slice runs `blocks` blocks:
+    enough for about TARGET_BLOCKS blocks in all, each slice at least min_rows long."""
+    return max(1, min(cdiv(TARGET_BLOCKS, blocks), cdiv(N, min_rows)))
 
 
 def cdiv(a, b):
@@ -249,7 +268,7 @@ def matmul_tn_gpu(C, A, B, tile=TILE, splits=None, purpose="matmul_tn"):
     Q = B.shape[1]
     tiles = cdiv(P, tile) * cdiv(Q, tile)
     if splits is None:
-        splits = max(1, min(cdiv(TARGET_BLOCKS, tiles), cdiv(N, tile)))
+        splits = splits_for(tiles, N, tile)
     partial = scratch(purpose, (splits, P, Q), C.dtype)
     shared = 2 * tile * tile * C.dtype.itemsize
     matmul_tn_partial_kernel[(cdiv(Q, tile), cdiv(P, tile), splits), (tile, tile), 0, shared](
@@ -341,11 +360,7 @@ def state_launch(B, n, dtype, values_per_row, rows, threads):
     """(grid, threads, shared bytes) of a baseline's persistent kernel: block k owns batch rows
     [k rows, (k+1) rows) and keeps `values_per_row` state values per row in shared memory
     (the matrix stays in global memory). ValueError if that does not fit."""
-    threads = persistent_threads(n, threads)
-    if rows < 1:
-        raise ValueError(f"a block owns at least one batch row, got rows={rows}")
     shared = values_per_row * rows * np.dtype(dtype).itemsize
-    if shared > SHARED_BYTES_MAX:
-        raise ValueError(f"{rows} rows of {values_per_row} state values need {shared} bytes of "
-                         f"shared memory; at most {SHARED_BYTES_MAX}: use fewer rows per block")
-    return cdiv(B, rows), threads, shared
+    return persistent_grid(B, n, rows, threads, shared,
+                           f"{rows} rows of {values_per_row} state values need {shared} bytes of "
+                           f"shared memory; at most {SHARED_BYTES_MAX}: use fewer rows per block")

@@ -37,9 +37,9 @@ from numba import prange
 from .common import (BLOCK_ROWS, dsigmoid_from_y, dtanh_from_y, flush_denormals,
                      flush_subnormal, matmul_nt_rows, matmul_tn_rows, njit_inline, njit_parallel,
                      num_slices, restore_fp_mode, row_slice, sigmoid, sum_rows, tanh)
-from .gpu_common import (TARGET_BLOCKS, TILE, WARP, cdiv, cuda, fill, load_block_rows,
-                         persistent_kernel, rows_times_matrix_gpu, scratch,
-                         stacked_param_grads_gpu, state_launch, step_grid, transpose_gpu)
+from .gpu_common import (TILE, WARP, cdiv, cuda, fill, load_block_rows, persistent_kernel,
+                         rows_times_matrix_gpu, scratch, splits_for, stacked_param_grads_gpu,
+                         state_launch, step_grid, transpose_gpu)
 
 
 # ------------------------------------------------------------------------------------------
@@ -491,7 +491,7 @@ def peephole_grads_gpu(dw_ci, dw_cf, dw_co, da, cs, *, threads=128, splits=None)
     T, B, n = da.shape[0], da.shape[1], cs.shape[2]
     blocks = cdiv(n, threads)
     if splits is None:
-        splits = max(1, min(cdiv(TARGET_BLOCKS, blocks), cdiv(T * B, WARP)))
+        splits = splits_for(blocks, T * B, WARP)
     partial = scratch("peephole_grads", (splits, 3, n), dw_ci.dtype)
     peephole_partial_kernel[(blocks, splits), threads](partial, da, cs)
     peephole_sums_kernel[blocks, threads](dw_ci, dw_cf, dw_co, partial)

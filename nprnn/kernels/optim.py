@@ -49,6 +49,13 @@ STATS = 8
 # (The cells' unit math takes scalars and is one njit function that both call; an njit function
 # cannot take the CUDA simulator's arrays, which the GPU tests run on.)
 
+@njit
+def clip_factor(norm, clip):
+    """s = min(1, clip / norm), and 1 when clip = 0 (clipping off). A scalar function: the CPU
+    twins, the GPU twins (as a device function) and `nprnn.optim.clip_scale` all call it."""
+    return 1.0 if clip == 0.0 or norm <= clip else clip / norm
+
+
 def sgd_momentum_element(p, v, g, i, lr, momentum, s):
     """v_i = momentum v_i + s g_i ; p_i = p_i - lr v_i (in place)."""
     v[i] = momentum * v[i] + s * g[i]
@@ -100,7 +107,7 @@ def record_step(stats, scale, losses, logits, y, total, clip):
     stats[CORRECT] += correct
     stats[LOSS_SUM] += loss_sum
     stats[NORM_SUM] += norm
-    scale[0] = 1.0 if clip == 0.0 or norm <= clip else clip / norm
+    scale[0] = clip_factor(norm, clip)
 
 
 sgd_momentum_element_cpu = njit_inline(sgd_momentum_element)
