@@ -9,6 +9,7 @@ import warnings
 import click
 
 import nprnn
+from nprnn.cells import INIT_SCHEMES
 from nprnn.datasets import MAX_SEED
 
 # Seeds are 63-bit: they become int64 keys of the noise streams (nprnn/noise.py).
@@ -315,7 +316,7 @@ def plot_runs(runs, out, name):
 @click.option("--sigma-w", default=1.0, show_default=True, type=click.FloatRange(min=0),
               help="Recurrent init W ~ N(0, sigma_w^2 / n) (grid: 0, 1, 2, 4, 8, 16).")
 @click.option("--init", default="paper", show_default=True,
-              type=click.Choice(["paper", "critical"]),
+              type=click.Choice(INIT_SCHEMES),
               help="Initialisation: Appendix C, or critical (LSTMs only).")
 @click.option("--optimizer", default="sgd", show_default=True,
               type=click.Choice(["sgd", "adagrad"]), help="SGD with momentum, or Adagrad.")

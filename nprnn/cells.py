@@ -10,7 +10,7 @@ A cell is a recurrence h_t = f(h_{t-1}, x_t) over a whole sequence. Each entry o
     backward(p, cache, dh_T) -> (grads, dh_0), grads with the same keys as p
     reference_forward/backward   the float64 oracle in `nprnn/reference.py`, same contract but
                             batch-major x (B, T, m)
-    grad_mask(name)         None, or a 0/1 array that the gradient of `name` already respects
+    grad_mask(name, n)      None, or a 0/1 array that the gradient of `name` already respects
                             (the strict upper triangle of an antisymmetric W)
 
 Tests iterate over `CELLS`, so a cell added here cannot arrive without its gradient checks.
@@ -28,7 +28,7 @@ from .kernels import rnn as K_rnn
 # {0, 1, 2, 4, 8, 16}. The defaults below are points of that grid.
 DEFAULT_EPS = 0.01
 DEFAULT_GAMMA = 0.01
-INIT_SCHEMES = ("paper", "critical")
+INIT_SCHEMES = ("paper", "critical")      # every scheme; each cell lists its own in init_schemes
 
 
 def gaussian(rng, shape, var, dtype):
@@ -55,6 +55,12 @@ class Cell:
 
     def grad_mask(self, name, n):
         return None
+
+    def check_init(self, scheme):
+        """ValueError unless this cell has the initialisation `scheme`."""
+        if scheme not in self.init_schemes:
+            raise ValueError(f"init {scheme!r} is not available for model {self.name!r}; "
+                             f"choose one of: {', '.join(self.init_schemes)}")
 
     def init(self, rng, m, n, dtype, sigma_w=1.0, scheme="paper"):
         raise NotImplementedError
@@ -139,11 +145,14 @@ class EulerCell(Cell):
         return None
 
     def init(self, rng, m, n, dtype, sigma_w=1.0, scheme="paper"):
+        self.check_init(scheme)
         # Appendix C: input-to-hidden N(0, 1/m), hidden-to-hidden N(0, sigma_w^2 / n), biases 0.
         p = dict(W=gaussian(rng, (n, n), sigma_w ** 2 / n, dtype),
                  V_h=gaussian(rng, (n, m), 1.0 / m, dtype),
                  b_h=np.zeros(n, dtype))
         if self.antisymmetric:
+            # only the strict upper triangle is a parameter (n(n-1)/2 of them, the paper's count),
+            # so each off-diagonal entry of W - W^T is one N(0, sigma_w^2 / n) draw
             p["W"] = np.triu(p["W"], k=1)
         if self.gated:
             p["V_z"] = gaussian(rng, (n, m), 1.0 / m, dtype)
@@ -151,14 +160,17 @@ class EulerCell(Cell):
         return p
 
     def matrix(self, W, gamma):
-        """The recurrent matrix A that the kernels use."""
+        """The recurrent matrix A that the kernels use: W - W^T - gamma I (antisym,
+        antisym-gated), W - gamma I (ablation), W (feedback). `gpu.py` has the same on the GPU."""
         if self.antisymmetric:
             A = np.empty_like(W)
             K_euler.antisym_matrix_cpu(A, W, gamma)
             return A
-        if self.gated:                         # ablation: A = W - gamma I
-            return W - gamma * np.eye(W.shape[0], dtype=W.dtype)
-        return W                               # feedback: A = W
+        if self.gated:
+            A = np.empty_like(W)
+            K_euler.shifted_matrix_cpu(A, W, gamma)
+            return A
+        return W
 
     def dW(self, dA):
         if self.antisymmetric:
@@ -263,9 +275,7 @@ class StackedGateCell(Cell):
                     bias_hh=(k * n,))
 
     def init(self, rng, m, n, dtype, sigma_w=1.0, scheme="paper"):
-        if scheme not in self.init_schemes:
-            raise ValueError(f"init {scheme!r} is not available for model {self.name!r}; "
-                             f"choose one of: {', '.join(self.init_schemes)}")
+        self.check_init(scheme)
         if scheme == "critical":
             return self.critical_init(rng, m, n, dtype)
         k = len(self.gates)

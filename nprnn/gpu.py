@@ -32,7 +32,7 @@ from .kernels import gru as K_gru
 from .kernels import lstm as K_lstm
 from .kernels import readout as K_readout
 from .kernels import rnn as K_rnn
-from .kernels.gpu_common import SHARED_BYTES_MAX, cuda, fill, is_device_array, to_host
+from .kernels.gpu_common import SHARED_BYTES_MAX, cuda, fill, is_device_array
 from .kernels.layout import copy_leading_steps_gpu, time_major_gpu
 
 VERSIONS = ("auto", "step", "persistent")
@@ -226,15 +226,15 @@ class EulerGPU(GPUCell):
 
 class StackedGPU(GPUCell):
     """rnn, lstm, peephole-lstm, gru: the kernels of nprnn/kernels/rnn.py, lstm.py, gru.py.
-    Their persistent kernels keep only the rows' state in shared memory (`state_values` vectors
-    of n per row in BPTT, 2 in the forward pass) and read W_hh from global memory."""
+    Their persistent kernels keep only the rows' state in shared memory (the module's
+    FORWARD_VALUES and BACKWARD_VALUES vectors of n per row) and read W_hh from global memory."""
 
-    def __init__(self, cell, module, prefix, state_values):
+    def __init__(self, cell, module, prefix):
         super().__init__(cell)
-        self.module, self.prefix, self.state_values = module, prefix, state_values
+        self.module, self.prefix = module, prefix
 
     def persistent_fits(self, n, dtype, backward):
-        values = self.state_values if backward else 2
+        values = self.module.BACKWARD_VALUES if backward else self.module.FORWARD_VALUES
         return values * n * LAUNCH["rows"] * np.dtype(dtype).itemsize <= SHARED_BYTES_MAX
 
     def _kernel(self, direction, version):
@@ -315,10 +315,10 @@ def _register_all():
     from .cells import CELLS
     for name in ("antisym", "antisym-gated", "ablation", "feedback"):
         register(EulerGPU(CELLS[name]))
-    register(StackedGPU(CELLS["rnn"], K_rnn, "rnn", state_values=3))
-    register(StackedGPU(CELLS["lstm"], K_lstm, "lstm", state_values=10))
-    register(StackedGPU(CELLS["peephole-lstm"], K_lstm, "peephole_lstm", state_values=10))
-    register(StackedGPU(CELLS["gru"], K_gru, "gru", state_values=7))
+    register(StackedGPU(CELLS["rnn"], K_rnn, "rnn"))
+    register(StackedGPU(CELLS["lstm"], K_lstm, "lstm"))
+    register(StackedGPU(CELLS["peephole-lstm"], K_lstm, "peephole_lstm"))
+    register(StackedGPU(CELLS["gru"], K_gru, "gru"))
 
 
 _register_all()

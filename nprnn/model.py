@@ -13,7 +13,7 @@ import numpy as np
 from .cells import CELLS, DEFAULT_EPS, DEFAULT_GAMMA, Workspace, gaussian
 from .device import DEVICES, resolve_device
 from .kernels import layout as K_layout
-from .kernels.gpu_common import is_device_array
+from .kernels.gpu_common import is_device_array, to_host
 from .kernels import readout as K_readout
 
 DTYPES = ("float32", "float64")
@@ -56,10 +56,7 @@ class Model:
 
     def host_params(self):
         """The parameters as NumPy arrays (copies, on either device)."""
-        if self.device == "cuda":
-            from . import gpu
-            return gpu.to_host(self.params)
-        return {k: v.copy() for k, v in self.params.items()}
+        return to_host(self.params)
 
     # -- validation ----------------------------------------------------------------------------
     def _check_x(self, x):
@@ -195,9 +192,7 @@ def make_model(name, input_size, hidden_size, num_classes=10, eps=None, gamma=No
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     if device not in DEVICES:
         raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
-    if init not in cell.init_schemes:
-        raise ValueError(f"init {init!r} is not available for model {name!r}; "
-                         f"choose one of: {', '.join(cell.init_schemes)}")
+    cell.check_init(init)
     if not np.isfinite(sigma_w) or sigma_w < 0:
         raise ValueError(f"sigma_w must be a finite number >= 0, got {sigma_w!r}")
     hyper = {}

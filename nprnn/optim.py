@@ -235,7 +235,7 @@ class StepRecorder:
         totals = rec.read()                          # steps, count, correct, loss_sum, ...
     """
 
-    FIELDS = ("steps", "count", "correct", "loss_sum", "grad_norm_sum")
+    FIELDS = K_optim.STAT_NAMES[:K_optim.FIRST_BAD]     # the running totals
 
     def __init__(self, device, clip=0.0, totals=None):
         if clip < 0 or not math.isfinite(clip):

@@ -22,7 +22,7 @@ def _h0(x, n, h0):
 
 
 # ---------------------------------------------------------------------------------------------
-# The Euler ("feedback") family: antisym (12), antisym-gated (13), ablation, feedback (section 4).
+# The Euler ("feedback") family: antisym (12), antisym-gated (13), ablation (5.4), feedback (4).
 # All four are h_t = h_{t-1} + eps * [z_t o] tanh(A h_{t-1} + V_h x_t + b_h) with a different
 # recurrent matrix A built from the parameter W; only the gated ones have z_t.
 # ---------------------------------------------------------------------------------------------
@@ -74,8 +74,10 @@ def euler_backward(cache, dh_T):
     for t in reversed(range(T)):
         x_t, h_prev, th, z = x[:, t, :], hs[t], ths[t], zs[t]
         # forward was: h = h_prev + eps * z * th
+        # so:          dh_prev = dh (+ the terms below) ;  dth = dh * eps * z
         dth = dh * eps * z
         # forward was: th = tanh(a),  a = A h_prev + V_h x_t + b_h
+        # so:          da = dth * (1 - th**2) ;  dh_prev += da A ;  dA += da^T h_prev ; ...
         da = dth * (1.0 - th ** 2)
         dh_prev = dh + da @ A
         dA += da.T @ h_prev
@@ -125,7 +127,8 @@ def ablation_backward(p, cache, dh_T, eps, gamma):
 
 
 def feedback_forward(p, x, eps, gamma=0.0, h0=None):
-    """Section 4's RNN with feedback: h_t = h_{t-1} + eps tanh(W h_{t-1} + V_h x_t + b_h)."""
+    """Section 4's RNN with feedback, h_t = h_{t-1} + eps tanh(W h_{t-1}), with the input terms
+    of (12) added: h_t = h_{t-1} + eps tanh(W h_{t-1} + V_h x_t + b_h)."""
     return euler_forward(x, p["W"], p["V_h"], p["b_h"], eps, h0=h0)
 
 

@@ -38,6 +38,7 @@ FLOAT64_ON_PURPOSE = {
     "record_step_cpu": "a step's loss, correct count and gradient norm are summed into float64 "
                        "totals, once per step",
     "antisym_matrix_cpu": "A = W - W^T - gamma I with gamma a float64 scalar: n values per call",
+    "shifted_matrix_cpu": "as antisym_matrix_cpu",
 }
 # arrays that are float64 whatever the model's dtype: the clipping factor, the running totals of
 # a training step (kernels/optim.py) and the float64 accumulator of sum_squares_cpu

@@ -9,9 +9,10 @@ All four models of this family are one forward-Euler step of an ODE h' = f(h, x)
     ablation (section 5.4): (13) with W - W^T replaced by an unstructured W
     feedback (section 4):   (12) with W - W^T - gamma I replaced by an unstructured W
 
-so the kernels take the recurrent matrix A (n, n) ready-made; `cells.py` builds A from the
-parameter W (A = W - W^T - gamma I for the antisymmetric models, see `antisym_matrix`) and turns
-dA back into dW (`antisym_dW`). The kernels do not know which model they serve.
+so the kernels take the recurrent matrix A (n, n) ready-made and do not know which model they
+serve. A is built from the parameter W by `antisym_matrix_cpu` below (A = W - W^T - gamma I, the
+antisymmetric models) or `shifted_matrix_cpu` (A = W - gamma I, ablation), and dA is turned back
+into dW by `antisym_dW_cpu`; `cells.EulerCell` calls them (feedback uses W itself).
 
 Shapes: B batch, T time, m input size, n hidden size. Kernels are time-major: x is (T, B, m) so
 that the rows of one step are contiguous, and hs is (T+1, B, n) with hs[0] = h_0 given by the
@@ -52,6 +53,16 @@ def antisym_matrix_cpu(A, W, gamma):
 
 
 @njit
+def shifted_matrix_cpu(A, W, gamma):
+    """A = W - gamma I, the ablation model's matrix (section 5.4). A (n, n) written; W (n, n)."""
+    n = W.shape[0]
+    for i in range(n):
+        for j in range(n):
+            A[i, j] = W[i, j]
+        A[i, i] -= gamma
+
+
+@njit
 def antisym_dW_cpu(dW, dA):
     """Undo A = W - W^T - gamma I: dW_ij = dA_ij - dA_ji for i < j, and 0 on and below the
     diagonal, so that W stays strictly upper triangular under any optimizer. dW written."""
@@ -69,7 +80,7 @@ def antisym_dW_cpu(dW, dA):
 def euler_forward_cpu(hs, th, x, A, V_h, b_h, eps):
     """Forward pass of (12) over a whole sequence.
 
-    Written (=):  hs[1:] (T+1, B, n) hidden states; th (T, B, n) = tanh(a_t), kept for BPTT.
+    Written (=):  hs[1:] of (T+1, B, n) hidden states; th (T, B, n) = tanh(a_t), kept for BPTT.
     Read:         hs[0] (B, n) = h_0; x (T, B, m); A (n, n); V_h (n, m); b_h (n,).
     Work split:   one thread per slice of batch rows, each running all T steps.
     """
@@ -115,8 +126,9 @@ def euler_backward_cpu(dA, dV_h, db_h, dh0, da, dh_T, hs, th, x, A, eps):
                 for i in range(n):
                     # forward was: h_t = h_{t-1} + eps * tanh(a_t)
                     # so:          dh_{t-1} += dh_t ;  da_t = dh_t * eps * (1 - tanh(a_t)**2)
+                    # (dh holds dh_t and becomes dh_{t-1} in place: the "+= dh_t" is free)
                     da[t, b, i] = dh[b - b0, i] * eps * dtanh_from_y(th[t, b, i])
-            # forward was: a_t = h_{t-1} A^T + V_h x_t + b_h   (row form)
+            # forward was: a_t = h_{t-1} A^T + x_t V_h^T + b_h   (row form: rows are batch rows)
             # so:          dh_{t-1} += da_t A
             np.dot(da[t, b0:b1], A, dA_h)
             dh += dA_h
@@ -132,7 +144,7 @@ def euler_backward_cpu(dA, dV_h, db_h, dh0, da, dh_T, hs, th, x, A, eps):
 def euler_gated_forward_cpu(hs, th, z, x, A, V_h, b_h, V_z, b_z, eps):
     """Forward pass of (13) over a whole sequence. The gate and the candidate share A h_{t-1}.
 
-    Written (=):  hs[1:] (T+1, B, n); th (T, B, n) = tanh(a_t); z (T, B, n) = z_t.
+    Written (=):  hs[1:] of (T+1, B, n); th (T, B, n) = tanh(a_t); z (T, B, n) = z_t.
     Read:         hs[0] = h_0; x (T, B, m); A (n, n); V_h, V_z (n, m); b_h, b_z (n,).
     Work split:   one thread per slice of batch rows, each running all T steps.
     """
@@ -181,7 +193,7 @@ def euler_gated_backward_cpu(dA, dV_h, db_h, dV_z, db_z, dh0, da, dzp, ds,
                 for i in range(n):
                     # forward was: h_t = h_{t-1} + eps * z_t * y_t,
                     #              y_t = tanh(a_t), z_t = sigma(zp_t)
-                    # so:          dh_{t-1} += dh_t
+                    # so:          dh_{t-1} += dh_t   (free: dh becomes dh_{t-1} in place)
                     #              da_t  = dh_t * eps * z_t * (1 - y_t**2)
                     #              dzp_t = dh_t * eps * y_t * z_t * (1 - z_t)
                     g = dh[b - b0, i] * eps
@@ -205,7 +217,7 @@ def euler_gated_backward_cpu(dA, dV_h, db_h, dV_z, db_z, dh0, da, dzp, ds,
 # GPU twins
 # ------------------------------------------------------------------------------------------
 # Two versions of every pass, side by side (as llm.c's dev/cuda keeps its kernel versions), both
-# checked against the CPU twins above by tests/gpu/test_gpu_kernels.py:
+# checked against the CPU twins above by tests/gpu/test_gpu_euler.py:
 #
 #   version 1, "step"        one thread per (b, i) and one launch per time step. Obvious, and at
 #                            n = 128 the T launches cost more than the arithmetic they run.
@@ -260,8 +272,7 @@ def antisym_matrix_gpu(A, W, gamma, *, block=(16, 16)):
 
 
 def shifted_matrix_gpu(A, W, gamma, *, block=(16, 16)):
-    """A = W - gamma I (written, =), the ablation model's matrix (section 5.4); the CPU path
-    forms it with NumPy in cells.py."""
+    """Twin of shifted_matrix_cpu (device arrays): A = W - gamma I (written, =)."""
     n = W.shape[0]
     shifted_matrix_kernel[(cdiv(n, block[0]), cdiv(n, block[1])), block](A, W, gamma)
 
@@ -332,8 +343,9 @@ def euler_backward_step_kernel(dh_prev, da, dh, th, A, eps, t):
     Written (=): da[t] (B, n), dh_prev (B, n). Read: dh (B, n) = dL/dh_t, th[t], A.
     One thread per (b, i); 2-d grid over (i, b). dh_{t-1}[b, i] needs da_t[b, j] for every j,
     which other threads (maybe other blocks) own, and a launch has no barrier across blocks:
-    so each thread recomputes the n values da_t[b, :] it needs (n multiplies, cheap next to
-    the n multiply-adds of A^T da_t).
+    so each thread recomputes the n values da_t[b, :] it needs. That is about three times the
+    work of the n multiply-adds of A^T da_t alone: the price of having no barrier, which the
+    persistent version 2 does not pay.
     """
     i, b = cuda.grid(2)
     B, n = dh.shape
@@ -473,12 +485,12 @@ def euler_param_grads_gpu(dA, dV_h, db_h, ds, da, hs, x, *, tile=TILE):
 #   diagonals, P[diag_start(k) + i] = S[i, i + k] for k = 1 .. n-1, and thread i visits
 #   j = (i + k) mod n for k = 1 .. n-1: above the diagonal S[i, j] = P[diag_start(k) + i], below
 #   it S[i, j] = -S[j, i] = -P[diag_start(n - k) + j]. For a given k consecutive threads read
-#   consecutive addresses in either case. n = 128 in float32 needs 8128 * 4 = 32.5 KB.
+#   consecutive addresses in either case. n = 128 in float32 needs 8128 * 4 bytes = 31.75 KiB.
 #
 # A block also keeps its rows' state vectors in shared memory (`buffers` vectors of n per row).
-# Everything must fit in SHARED_BYTES_MAX (48 KB); `persistent_fits` says whether it does, and
-# nprnn/gpu.py falls back to version 1 when it does not (dense n = 128 in float32 is 64 KB,
-# skew n = 128 in float64 is 65 KB: both run version 1).
+# Everything must fit in SHARED_BYTES_MAX (48 KiB); `persistent_fits` says whether it does, and
+# nprnn/gpu.py falls back to version 1 when it does not (dense n = 128 in float32 is 64 KiB,
+# skew n = 128 in float64 is 63.5 KiB: both run version 1).
 
 @cuda.jit(device=True)
 def diag_start(k, n):
@@ -571,7 +583,7 @@ def euler_forward_persistent_kernel(hs, th, x, A, V_h, b_h, eps, skew, rows):
     """All T steps of (12) in one launch:
         a = A h_{t-1} + V_h x_t + b_h ;  th_t = tanh(a) ;  h_t = h_{t-1} + eps th_t
 
-    Written (=): hs[1:] (T+1, B, n), th (T, B, n). Read: hs[0] = h_0, x (T, B, m), A (n, n),
+    Written (=): hs[1:] of (T+1, B, n), th (T, B, n). Read: hs[0] = h_0, x (T, B, m), A (n, n),
     V_h (n, m), b_h (n,). skew: A = S - gamma I with S antisymmetric (antisym).
     Work split: block k owns batch rows b = k*rows .. k*rows + rows - 1; thread `tid` computes
     units i = tid, tid + blockDim, ... of each of them. Shared memory: the matrix, then two

@@ -78,25 +78,24 @@ def _tanh_by_precision(a):
     return lambda a: math.tanh(a)
 
 
-def sigmoid(a):
-    """sigma(a) = 1 / (1 + exp(-a)); float32 goes through tanh: sigma(a) = (1 + tanh(a/2)) / 2."""
+def _sigmoid64(a):
+    """1 / (1 + exp(-a)), written so that neither branch overflows."""
     if a >= 0:
         return 1.0 / (1.0 + math.exp(-a))
     e = math.exp(a)
     return e / (1.0 + e)
 
 
+def sigmoid(a):
+    """sigma(a) = 1 / (1 + exp(-a)); float32 goes through tanh: sigma(a) = (1 + tanh(a/2)) / 2."""
+    return _sigmoid64(a)
+
+
 @overload(sigmoid)
 def _sigmoid_by_precision(a):
     if isinstance(a, types.Float) and a.bitwidth == 32:
         return lambda a: _HALF32 + _HALF32 * tanh_rational32(_HALF32 * a)
-
-    def sigmoid64(a):                   # written so that neither branch overflows
-        if a >= 0:
-            return 1.0 / (1.0 + math.exp(-a))
-        e = math.exp(a)
-        return e / (1.0 + e)
-    return sigmoid64
+    return _sigmoid64
 
 
 _TINY32 = np.finfo(np.float32).tiny        # the smallest normal float32, 1.18e-38
@@ -115,6 +114,7 @@ def flush_subnormal(g):
 @overload(flush_subnormal)
 def _flush_by_precision(g):
     if isinstance(g, types.Float) and g.bitwidth == 32:
+        # g * 0 rather than 0.0: the result keeps g's sign and stays float32
         return lambda g: g if abs(g) >= _TINY32 else g * np.float32(0.0)
     return lambda g: g
 
@@ -259,7 +259,10 @@ def row_slice(c, num_slices, rows):
 # that every sum is taken in the same order on any machine: results do not depend on the core
 # count (a resumed run is bit-identical to an uninterrupted one on another machine, too).
 SLICE_ROWS = 64
-BLOCK_ROWS = 4096     # rows of one partial product in matmul_tn_rows / sum_rows
+# Rows of one partial product in matmul_tn_rows, matmul_nt_rows, sum_rows and the peephole sums:
+# large enough that each product runs at BLAS speed, small enough that T*B = 100,352 rows make
+# ~25 slices to share among threads. Fixed for the reason above.
+BLOCK_ROWS = 4096
 
 
 @njit

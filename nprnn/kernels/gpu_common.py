@@ -16,7 +16,7 @@ partial[s]; a second kernel sums the S slices. No atomics, so every run gives th
 A bias gradient is the same product with a column of ones: db = DA^T 1_N.
 
 Why not accumulate dA inside the persistent BPTT kernel, block by block? Each block would need a
-private n x n accumulator (64 KB at n = 128 in float32) beside the recurrent matrix it already
+private n x n accumulator (64 KiB at n = 128 in float32) beside the recurrent matrix it already
 keeps in shared memory, and a reduction over blocks at the end; the stored-states product costs
 one extra read of DA and H (which BPTT keeps anyway) and is a textbook, well-tiled kernel.
 
@@ -60,7 +60,7 @@ except ImportError as exc:                 # numba-cuda (or its CUDA bindings) i
     cuda = _NoCuda()
 
 # Shared memory a block may use without opting in to more (all GPUs since Kepler). H100 allows
-# up to 227 KB per block after cudaFuncSetAttribute; numba-cuda 0.30 has no call for that.
+# up to 227 KiB per block after cudaFuncSetAttribute; numba-cuda 0.30 has no call for that.
 SHARED_BYTES_MAX = 48 * 1024
 MAX_THREADS_PER_BLOCK = 1024
 WARP = 32
@@ -73,7 +73,7 @@ WARP = 32
 PERSISTENT_THREADS = 512
 MAX_GRID_Y = 65535              # blocks in a grid's second dimension (the first: 2**31 - 1)
 TILE = 16                       # matmul_tn_gpu: (TILE x TILE) threads per block
-TARGET_BLOCKS = 512             # matmul_tn_gpu: enough blocks to fill ~132 SMs a few times over
+TARGET_BLOCKS = 512             # matmul_tn_gpu, peephole_grads_gpu: ~132 SMs filled a few times
 
 
 def is_device_array(a):
@@ -188,11 +188,6 @@ def ones(N, dtype):
         a = cuda.to_device(np.ones((N, 1), dtype=dtype))
         _SCRATCH[key] = a
     return a
-
-
-def clear_scratch():
-    """Release every cached scratch buffer (the next call allocates afresh)."""
-    _SCRATCH.clear()
 
 
 @cuda.jit
@@ -326,8 +321,9 @@ def rows_times_matrix_gpu(dh, D, W, t, accumulate, *, block=(128, 1)):
 def load_block_rows(buf, src, b0, rows):
     """Copy this block's batch rows of src (B, n) into the flat shared array buf (rows * n):
     buf[r * n + i] = src[b0 + r, i] for the rows that exist (b0 + r < B), the block's threads
-    sharing the units i. The persistent kernels start their passes with it (h_0, or dL/dh_T);
-    the caller synchronises the block before reading buf."""
+    sharing the units i (thread tid copies units tid, tid + blockDim.x, ...). The persistent
+    kernels start their passes with it (h_0, or dL/dh_T). A thread may read back its own units at
+    once; before any thread reads another's units the caller synchronises the block."""
     B, n = src.shape
     tid, nthreads = cuda.threadIdx.x, cuda.blockDim.x
     for r in range(rows):

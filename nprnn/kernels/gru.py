@@ -31,7 +31,7 @@ from numba import prange
 from .common import (dsigmoid_from_y, dtanh_from_y, flush_denormals, flush_subnormal,
                      matmul_nt_rows, matmul_tn_rows, njit_inline, njit_parallel, num_slices,
                      restore_fp_mode, row_slice, sigmoid, sum_rows, tanh)
-from .gpu_common import (TILE, cdiv, cuda, load_block_rows, persistent_kernel,
+from .gpu_common import (TILE, cuda, load_block_rows, persistent_kernel,
                          rows_times_matrix_gpu, scratch, stacked_param_grads_gpu, state_launch,
                          step_grid, transpose_gpu)
 
@@ -76,7 +76,7 @@ def gru_unit_backward(d, r, z, n_t, hn, h_prev):
 def gru_forward_cpu(hs, gates, hn, x, W_ih, W_hh, b_ih, b_hh):
     """Forward pass over a whole sequence.
 
-    Written (=):  hs[1:] (T+1, B, n): h_t; gates (T, B, 3n): r, z, n_t of each step, in blocks
+    Written (=):  hs[1:] of (T+1, B, n): h_t; gates (T, B, 3n): r, z, n_t of each step, in blocks
                   of n; hn (T, B, n): W_hn h_{t-1} + b_hn of each step.
     Read:         hs[0] (B, n) = h_0; x (T, B, m); W_ih (3n, m); W_hh (3n, n); b_ih, b_hh (3n,).
     Work split:   one thread per slice of batch rows, each running all T steps.
@@ -147,8 +147,8 @@ def gru_backward_cpu(dW_ih, dW_hh, db_ih, db_hh, dh0, dgi, dgh, dh_T, hs, gates,
                     dgh[t, b, n + j] = da_z
                     dgh[t, b, 2 * n + j] = flush_subnormal(dgh_n)
                     dh[k, j] = flush_subnormal(carry)
-            # forward was: (a_r, a_z, hn_t) read W_hh h_{t-1} + b_hh
-            # so:          dh_{t-1} += dgh_t W_hh   (row form)
+            # forward was: gh_t = h_{t-1} W_hh^T + b_hh (row form), feeding r, z and hn_t
+            # so:          dh_{t-1} += dgh_t W_hh
             np.dot(dgh[t, b0:b1], W_hh, dWh)
             dh += dWh
         restore_fp_mode(mode)
@@ -169,7 +169,11 @@ def gru_backward_cpu(dW_ih, dW_hh, db_ih, db_hh, dh0, dgi, dgh, dh_T, hs, gates,
 #                            dh_{t-1} += dgh_t W_hh)
 #   version 2, "persistent"  one launch per pass; block k owns batch rows [k R, (k+1) R) and keeps
 #                            their h_{t-1} (forward) or dL/dh and dgh_t (BPTT) in shared memory.
-# W_hh (3n, n) is 192 KB at n = 128 in float32, more than a block's shared memory, so the
+# Shared memory per batch row, in vectors of n values: the forward pass keeps h_{t-1} and h_t
+# (read one, write the other); BPTT keeps dL/dh and two copies of (da_r, da_z, dgh_n).
+FORWARD_VALUES = 2
+BACKWARD_VALUES = 7
+# W_hh (3n, n) is 192 KiB at n = 128 in float32, more than a block's shared memory, so the
 # persistent kernels read it from global memory every step (all blocks read the same matrix; it
 # stays in the L2 cache): the forward pass reads W_hh^T (made once per call) so that consecutive
 # threads read consecutive addresses, and BPTT reads W_hh itself. The unit's math is gru_unit and
@@ -230,7 +234,7 @@ def gru_backward_unit_kernel(dgi, dgh, dh, hs, gates, hn, t):
 def gru_forward_persistent_kernel(hs, gates, hn, x, W_ih, WT, b_ih, b_hh, rows):
     """All T steps in one launch, see gru_unit.
 
-    Written (=): hs[1:] (T+1, B, n), gates (T, B, 3n), hn (T, B, n). Read: hs[0], x (T, B, m),
+    Written (=): hs[1:] of (T+1, B, n), gates (T, B, 3n), hn (T, B, n). Read: hs[0], x (T, B, m),
     W_ih (3n, m), WT = W_hh^T (n, 3n), b_ih, b_hh (3n,). Work split: block k owns batch rows
     k*rows .. k*rows + rows - 1; thread `tid` computes units j = tid, tid + blockDim, ... (all
     three gates) of each. Shared memory: two (rows, n) copies of h, one barrier per step.
@@ -356,7 +360,7 @@ def gru_forward_gpu_persistent(hs, gates, hn, x, W_ih, W_hh, b_ih, b_hh, *, rows
     gru_forward_persistent_kernel. Written (=): hs[1:], gates, hn."""
     T, B, _ = x.shape
     n = W_hh.shape[1]
-    grid, threads, shared = state_launch(B, n, hs.dtype, 2 * n, rows, threads)
+    grid, threads, shared = state_launch(B, n, hs.dtype, FORWARD_VALUES * n, rows, threads)
     WT = scratch("gru_WT", (n, 3 * n), W_hh.dtype)
     transpose_gpu(WT, W_hh)
     gru_forward_persistent_kernel[grid, threads, 0, shared](hs, gates, hn, x, W_ih, WT, b_ih,
@@ -369,7 +373,7 @@ def gru_backward_gpu_persistent(dW_ih, dW_hh, db_ih, db_hh, dh0, dgi, dgh, dh_T,
     the weight gradients. Written (=): dW_ih, dW_hh, db_ih, db_hh, dh0, dgi, dgh."""
     T, B, _ = x.shape
     n = W_hh.shape[1]
-    grid, threads, shared = state_launch(B, n, dh0.dtype, 7 * n, rows, threads)
+    grid, threads, shared = state_launch(B, n, dh0.dtype, BACKWARD_VALUES * n, rows, threads)
     gru_backward_persistent_kernel[grid, threads, 0, shared](dh0, dgi, dgh, dh_T, hs, gates, hn,
                                                              W_hh, rows)
     stacked_param_grads_gpu(dW_ih, dW_hh, db_ih, db_hh, dgi, dgh, hs, x, tile=tile)

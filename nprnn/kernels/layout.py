@@ -11,7 +11,6 @@ twins.
 import math
 
 import numba
-import numpy as np
 
 from .common import njit_parallel
 from .gpu_common import cdiv, cuda

@@ -173,7 +173,7 @@ def _backward(dW_ih, dW_hh, db_ih, db_hh, dh0, da, dh_T, hs, cs, gates, x, W_hh,
 def lstm_forward_cpu(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh):
     """Forward pass of the standard LSTM over a whole sequence.
 
-    Written (=):  hs[1:], cs[1:] (T+1, B, n): h_t and c_t;
+    Written (=):  hs[1:], cs[1:] of (T+1, B, n): h_t and c_t;
                   gates (T, B, 4n): i, f, g, o of each step, in blocks of n.
     Read:         hs[0], cs[0] (B, n) = h_0, c_0; x (T, B, m); W_ih (4n, m); W_hh (4n, n);
                   b_ih, b_hh (4n,).
@@ -204,7 +204,7 @@ def lstm_backward_cpu(dW_ih, dW_hh, db_ih, db_hh, dh0, da, dh_T, hs, cs, gates, 
 def peephole_lstm_forward_cpu(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, w_ci, w_cf, w_co):
     """Forward pass of the peephole LSTM over a whole sequence.
 
-    Written (=):  hs[1:], cs[1:] (T+1, B, n): h_t and c_t;
+    Written (=):  hs[1:], cs[1:] of (T+1, B, n): h_t and c_t;
                   gates (T, B, 4n): i, f, g, o of each step, in blocks of n.
     Read:         hs[0], cs[0] (B, n) = h_0, c_0; x (T, B, m); W_ih (4n, m); W_hh (4n, n);
                   b_ih, b_hh (4n,); w_ci, w_cf, w_co (n,).
@@ -260,7 +260,11 @@ def peephole_lstm_backward_cpu(dW_ih, dW_hh, db_ih, db_hh, dw_ci, dw_cf, dw_co, 
 #   version 2, "persistent"  one launch per pass; block k owns batch rows [k R, (k+1) R) and keeps
 #                            their h_{t-1} (forward) or dL/dh, dL/dc and da_t (BPTT) in shared
 #                            memory.
-# W_hh (4n, n) is 256 KB at n = 128 in float32, far more than a block's shared memory, so the
+# Shared memory per batch row, in vectors of n values: the forward pass keeps h_{t-1} and h_t
+# (read one, write the other); BPTT keeps dL/dh, dL/dc and two copies of (da_i, da_f, da_g, da_o).
+FORWARD_VALUES = 2
+BACKWARD_VALUES = 10
+# W_hh (4n, n) is 256 KiB at n = 128 in float32, far more than a block's shared memory, so the
 # persistent kernels read it from global memory every step (all blocks read the same matrix; it
 # stays in the L2 cache): the forward pass reads W_hh^T (made once per call) so that consecutive
 # threads read consecutive addresses, and BPTT reads W_hh itself. The standard and the peephole
@@ -331,7 +335,7 @@ def lstm_forward_persistent_kernel(hs, cs, gates, x, W_ih, WT, b_ih, b_hh, w_ci,
                                    peephole, rows):
     """All T steps of the (peephole) LSTM in one launch, see lstm_unit.
 
-    Written (=): hs[1:], cs[1:] (T+1, B, n), gates (T, B, 4n). Read: hs[0], cs[0], x (T, B, m),
+    Written (=): hs[1:], cs[1:] of (T+1, B, n), gates (T, B, 4n). Read: hs[0], cs[0], x (T, B, m),
     W_ih (4n, m), WT = W_hh^T (n, 4n), b_ih, b_hh (4n,), w_c* (n,). Work split: block k owns
     batch rows k*rows .. k*rows + rows - 1; thread `tid` computes units j = tid, tid + blockDim,
     ... (all four gates) of each. Shared memory: two (rows, n) copies of h, one barrier per step.
@@ -446,7 +450,8 @@ def peephole_partial_kernel(partial, da, cs):
         partial[s, 2, j] = sum_r da_o c_t
 
     partial (S, 3, n); da (T, B, 4n); cs (T+1, B, n). Slice s is rows [s k, min(T B, (s+1) k))
-    with k = ceil(T B / S), as in `peephole_lstm_backward_cpu`. One thread per unit j, grid
+    with k = ceil(T B / S) (the CPU twin slices the rows its own way, so the two sums are added
+    in different orders and agree to rounding). One thread per unit j, grid
     (ceil(n / blockDim.x), S): n threads alone, each summing all T*B rows, would leave a GPU
     nearly idle for milliseconds. Neighbouring threads read neighbouring units: coalesced."""
     j, s = cuda.grid(1), cuda.blockIdx.y
@@ -511,7 +516,7 @@ def _forward_persistent(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, w_ci, w_cf, w_
                         rows, threads):
     T, B, _ = x.shape
     n = W_hh.shape[1]
-    grid, threads, shared = state_launch(B, n, hs.dtype, 2 * n, rows, threads)
+    grid, threads, shared = state_launch(B, n, hs.dtype, FORWARD_VALUES * n, rows, threads)
     WT = scratch("lstm_WT", (n, 4 * n), W_hh.dtype)
     transpose_gpu(WT, W_hh)
     lstm_forward_persistent_kernel[grid, threads, 0, shared](
@@ -533,7 +538,7 @@ def _backward_steps(dh0, da, dh_T, cs, gates, W_hh, w_ci, w_cf, w_co, peephole, 
 def _backward_persistent(dh0, da, dh_T, cs, gates, W_hh, w_ci, w_cf, w_co, peephole, rows,
                          threads):
     B, n = dh0.shape
-    grid, threads, shared = state_launch(B, n, dh0.dtype, 10 * n, rows, threads)
+    grid, threads, shared = state_launch(B, n, dh0.dtype, BACKWARD_VALUES * n, rows, threads)
     lstm_backward_persistent_kernel[grid, threads, 0, shared](
         dh0, da, dh_T, cs, gates, W_hh, w_ci, w_cf, w_co, peephole, rows)
 

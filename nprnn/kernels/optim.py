@@ -37,8 +37,10 @@ from .common import njit, njit_inline
 from .gpu_common import cdiv, cuda, scratch
 
 # record_step's running totals: stats[k] for these k (float64 (STATS,)); reset by the caller
-STEPS, COUNT, CORRECT, LOSS_SUM, NORM_SUM, FIRST_BAD, BAD_LOSS, BAD_NORM = range(8)
-STATS = 8
+STAT_NAMES = ("steps", "count", "correct", "loss_sum", "grad_norm_sum", "first_bad", "bad_loss",
+              "bad_norm")
+STEPS, COUNT, CORRECT, LOSS_SUM, NORM_SUM, FIRST_BAD, BAD_LOSS, BAD_NORM = range(len(STAT_NAMES))
+STATS = len(STAT_NAMES)
 
 
 # ------------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from numba import prange
 from .common import (dtanh_from_y, flush_denormals, flush_subnormal, matmul_nt_rows,
                      matmul_tn_rows, njit_parallel, num_slices, restore_fp_mode, row_slice,
                      sum_rows, tanh)
-from .gpu_common import (TILE, cdiv, cuda, load_block_rows, persistent_kernel,
+from .gpu_common import (TILE, cuda, load_block_rows, persistent_kernel,
                          rows_times_matrix_gpu, scratch, stacked_param_grads_gpu, state_launch,
                          step_grid, transpose_gpu)
 
@@ -34,7 +34,7 @@ from .gpu_common import (TILE, cdiv, cuda, load_block_rows, persistent_kernel,
 def rnn_forward_cpu(hs, x, W_ih, W_hh, b_ih, b_hh):
     """Forward pass over a whole sequence.
 
-    Written (=):  hs[1:] (T+1, B, n), h_1 .. h_T (h_t = tanh(a_t) is all BPTT needs).
+    Written (=):  hs[1:] of (T+1, B, n), h_1 .. h_T (h_t = tanh(a_t) is all BPTT needs).
     Read:         hs[0] (B, n) = h_0; x (T, B, m); W_ih (n, m); W_hh (n, n); b_ih, b_hh (n,).
     Work split:   one thread per slice of batch rows, each running all T steps.
     """
@@ -99,7 +99,11 @@ def rnn_backward_cpu(dW_ih, dW_hh, db_ih, db_hh, dh0, da, dh_T, hs, x, W_hh):
 #                            the elementwise part and dh_{t-1} = da_t W_hh)
 #   version 2, "persistent"  one launch per pass; block k owns batch rows [k R, (k+1) R) and keeps
 #                            their h_{t-1} (forward) or dL/dh and da_t (BPTT) in shared memory.
-# W_hh (n, n) is 64 KB at n = 128 in float32, more than a block's 48 KB of shared memory, so the
+# Shared memory per batch row, in vectors of n values: the forward pass keeps h_{t-1} and h_t
+# (read one, write the other); BPTT keeps dL/dh and two copies of da_t.
+FORWARD_VALUES = 2
+BACKWARD_VALUES = 3
+# W_hh (n, n) is 64 KiB at n = 128 in float32, more than a block's 48 KiB of shared memory, so the
 # persistent kernels read it from global memory every step: all blocks read the same matrix, and
 # it stays in the L2 cache. The forward pass reads W_hh^T (made once per call) so that for each
 # k consecutive threads read consecutive addresses; BPTT reads W_hh itself, which already has
@@ -163,7 +167,7 @@ def rnn_backward_gpu(dW_ih, dW_hh, db_ih, db_hh, dh0, da, dh_T, hs, x, W_hh, *, 
 def rnn_forward_persistent_kernel(hs, x, W_ih, WT, b_ih, b_hh, rows):
     """All T steps of h_t = tanh(W_ih x_t + b_ih + W_hh h_{t-1} + b_hh) in one launch.
 
-    Written (=): hs[1:] (T+1, B, n). Read: hs[0], x (T, B, m), W_ih (n, m), WT = W_hh^T (n, n),
+    Written (=): hs[1:] of (T+1, B, n). Read: hs[0], x (T, B, m), W_ih (n, m), WT = W_hh^T (n, n),
     b_ih, b_hh (n,). Work split: block k owns batch rows k*rows .. k*rows + rows - 1; thread
     `tid` computes units j = tid, tid + blockDim, ... of each. Shared memory: two (rows, n)
     copies of the rows' state, h_{t-1} read while h_t is written; one barrier per step.
@@ -240,7 +244,7 @@ def rnn_forward_gpu_persistent(hs, x, W_ih, W_hh, b_ih, b_hh, *, rows=1, threads
     rnn_forward_persistent_kernel. Written (=): hs[1:]."""
     T, B, _ = x.shape
     n = W_hh.shape[0]
-    grid, threads, shared = state_launch(B, n, hs.dtype, 2 * n, rows, threads)
+    grid, threads, shared = state_launch(B, n, hs.dtype, FORWARD_VALUES * n, rows, threads)
     WT = scratch("rnn_WT", (n, n), W_hh.dtype)
     transpose_gpu(WT, W_hh)
     rnn_forward_persistent_kernel[grid, threads, 0, shared](hs, x, W_ih, WT, b_ih, b_hh, rows)
@@ -252,6 +256,6 @@ def rnn_backward_gpu_persistent(dW_ih, dW_hh, db_ih, db_hh, dh0, da, dh_T, hs, x
     the weight gradients. Written (=): dW_ih, dW_hh, db_ih, db_hh, dh0, da."""
     T, B, _ = x.shape
     n = W_hh.shape[0]
-    grid, threads, shared = state_launch(B, n, dh0.dtype, 3 * n, rows, threads)
+    grid, threads, shared = state_launch(B, n, dh0.dtype, BACKWARD_VALUES * n, rows, threads)
     rnn_backward_persistent_kernel[grid, threads, 0, shared](dh0, da, dh_T, hs, W_hh, rows)
     stacked_param_grads_gpu(dW_ih, dW_hh, db_ih, db_hh, da, da, hs, x, tile=tile)
