@@ -87,6 +87,28 @@ def find_checkpoint(path):
     raise CheckpointError(f"no such run directory or checkpoint file: {path}")
 
 
+def _json_object(text, what, where):
+    """The JSON object (a dict) in `text`; CheckpointError naming `what` and `where` otherwise."""
+    try:
+        value = json.loads(text)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{where}: its {what} is not valid JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{where}: its {what} must be a JSON object, got "
+                              f"{type(value).__name__}")
+    return value
+
+
+def read_config_json(path):
+    """The run configuration in the JSON file `path` (a run folder's config.json), as a dict;
+    CheckpointError naming the file if it cannot be read or is not a JSON object."""
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise CheckpointError(f"cannot read {path}: {e}") from None
+    return _json_object(text, "content", path)
+
+
 def load_checkpoint(path):
     """Read a checkpoint (a file or a run directory) into
     {"params": {name: array}, "optimizer": {..., "slots": {slot: {name: array}}},
@@ -102,11 +124,12 @@ def load_checkpoint(path):
                 raise CheckpointError(f"{ckpt} has checkpoint format version {version}; this "
                                       f"nprnn reads version {VERSION}")
             params = {k: f["params"][k][()] for k in f["params"]}
-            optimizer = json.loads(f.attrs["optimizer"])
+            optimizer, config, progress = (_json_object(f.attrs[k], k, ckpt)
+                                           for k in ("optimizer", "config", "progress"))
             optimizer["slots"] = {s: {k: f["optimizer"][s][k][()] for k in f["optimizer"][s]}
                                   for s in f["optimizer"]}
-            return dict(params=params, optimizer=optimizer, config=json.loads(f.attrs["config"]),
-                        progress=json.loads(f.attrs["progress"]), path=ckpt)
+            return dict(params=params, optimizer=optimizer, config=config, progress=progress,
+                        path=ckpt)
     except OSError as e:
         raise CheckpointError(f"cannot read checkpoint {ckpt}: {e}") from None
     except KeyError as e:

@@ -196,6 +196,9 @@ class Task:
         and only the image part crosses from the host; y stays a NumPy array."""
         if device not in DEVICES:
             raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
+        if device == "cuda":
+            from .device import resolve_device
+            resolve_device(device)     # DeviceUnavailable, saying why, when no GPU is usable
         _check_split(split)
         B = _check_nonneg_int("batch_size", batch_size)
         start = _check_nonneg_int("start", start)

@@ -78,8 +78,12 @@ class Model:
         B, T, m = x.shape
         xt = self._inputs.get("x", (T, B, m), self.dtype)
         if K_layout.time_major_cpu(xt, x):
-            bad = tuple(int(i) for i in np.argwhere(~np.isfinite(x))[0])
-            raise ValueError(f"x contains NaN or Inf, first at index (b, t, j) = {bad}")
+            if not np.isfinite(x).all():
+                bad = tuple(int(i) for i in np.argwhere(~np.isfinite(x))[0])
+                raise ValueError(f"x contains NaN or Inf, first at index (b, t, j) = {bad}")
+            t, b, j = (int(i) for i in np.argwhere(~np.isfinite(xt))[0])
+            raise ValueError(f"x holds values beyond the range of the model's {self.dtype}, first "
+                             f"x[{b}, {t}, {j}] = {float(x[b, t, j])!r}")
         return xt
 
     def _check_device_x(self, x):
@@ -175,6 +179,31 @@ class Model:
         return losses, grads, logits, y
 
 
+def _integer(label, v, minimum):
+    """v as a Python int >= minimum (NumPy integers accepted, bools not); ValueError otherwise."""
+    if not isinstance(v, (int, np.integer)) or isinstance(v, (bool, np.bool_)) or v < minimum:
+        raise ValueError(f"{label} must be an integer >= {minimum}, got {v!r}")
+    return int(v)
+
+
+def _real(label, v):
+    """v as a float; ValueError naming `label` when it is not a real number."""
+    if isinstance(v, (bool, np.bool_, str, bytes)) or not isinstance(v, (int, float, np.integer, np.floating)):
+        raise ValueError(f"{label} must be a number, got {v!r}")
+    return float(v)
+
+
+def _dtype_name(dtype):
+    """"float32" or "float64" for any spelling NumPy understands (np.float32, "f4", float)."""
+    try:
+        name = None if dtype is None else np.dtype(dtype).name     # np.dtype(None) is float64
+    except TypeError:
+        name = None
+    if name not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    return name
+
+
 def make_model(name, input_size, hidden_size, num_classes=10, eps=None, gamma=None, sigma_w=1.0,
                init="paper", seed=0, dtype="float32", device="cpu"):
     """Build a model by name (see `nprnn.CELLS`), initialised as in Appendix C of the paper
@@ -182,17 +211,15 @@ def make_model(name, input_size, hidden_size, num_classes=10, eps=None, gamma=No
     if name not in CELLS:
         raise ValueError(f"unknown model {name!r}; choose one of: {', '.join(CELLS)}")
     cell = CELLS[name]
-    for label, v in (("input_size", input_size), ("hidden_size", hidden_size),
-                     ("num_classes", num_classes)):
-        if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
-            raise ValueError(f"{label} must be a positive integer, got {v!r}")
-    if num_classes < 2:
-        raise ValueError(f"num_classes must be at least 2, got {num_classes}")
-    if str(dtype) not in DTYPES:
-        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    input_size, hidden_size, num_classes, seed = (
+        _integer(label, v, minimum) for label, v, minimum in
+        (("input_size", input_size, 1), ("hidden_size", hidden_size, 1),
+         ("num_classes", num_classes, 2), ("seed", seed, 0)))
+    dtype = _dtype_name(dtype)
     if device not in DEVICES:
         raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
     cell.check_init(init)
+    sigma_w = _real("sigma_w", sigma_w)
     if not np.isfinite(sigma_w) or sigma_w < 0:
         raise ValueError(f"sigma_w must be a finite number >= 0, got {sigma_w!r}")
     hyper = {}
@@ -202,7 +229,7 @@ def make_model(name, input_size, hidden_size, num_classes=10, eps=None, gamma=No
                 raise ValueError(f"model {name!r} has no hyperparameter {key!r} "
                                  f"(it takes: {', '.join(cell.hyper) or 'none'})")
             continue
-        value = default if value is None else float(value)
+        value = default if value is None else _real(key, value)
         if not np.isfinite(value) or value < 0 or (key == "eps" and value == 0):
             allowed = "eps > 0" if key == "eps" else "gamma >= 0"
             raise ValueError(f"{key} = {value!r} is not allowed: need {allowed}")

@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from .checkpoint import (FILENAME, CheckpointError, load_checkpoint, load_params_into,
-                         save_checkpoint)
+                         read_config_json, save_checkpoint)
 from .datasets import MAX_SEED
 from .device import resolve_device
 from .kernels.gpu_common import to_host
@@ -131,8 +131,8 @@ def merge_resume_config(saved, given):
         if key not in DEFAULTS:
             raise TrainError(f"unknown option {key!r}")
         old = saved.get(key)
-        if value == old:
-            continue
+        if value == old or (key == "T" and old is None and value == saved.get("seq_len")):
+            continue                   # the same value, or T restated at the task's default
         if key in CHANGEABLE_ON_RESUME:
             config[key] = value
             changes.append(f"{key}: {old!r} -> {value!r}")
@@ -193,20 +193,25 @@ def cross_entropy(logits, y):
 
 
 def evaluate(model, task, split, batch_size=256, should_stop=None):
-    """Mean loss and accuracy of `model` over a whole split, in the split's fixed order.
+    """Mean loss and accuracy of `model` over every example of a split, in a fixed order (the
+    training split too: unshuffled, its last short batch kept), whatever the batch size.
 
     Returns dict(loss, accuracy, count), or None if `should_stop()` became true in between
     (a stop signal during a long evaluation does not wait for it to finish)."""
+    if task.size(split) == 0:
+        if split == "valid":
+            raise TrainError(f"task {task.name!r} has no validation split: it is held out of the "
+                             f"training set with --valid-size N when training starts")
+        raise TrainError(f"split {split!r} of task {task.name!r} is empty")
     loss_sum, correct, count = 0.0, 0, 0
-    for x, y in task.batches(split, batch_size, device=model.device):
+    for x, y in task.batches(split, batch_size, shuffle=False, drop_last=False,
+                             device=model.device):
         if should_stop is not None and should_stop():
             return None
         losses, pred = cross_entropy(model.forward(x), y)
         loss_sum += float(losses.sum())
         correct += int((pred == y).sum())
         count += len(y)
-    if count == 0:
-        raise TrainError(f"split {split!r} of task {task.name!r} is empty")
     return dict(loss=loss_sum / count, accuracy=correct / count, count=count)
 
 
@@ -387,9 +392,13 @@ def train(config=None, out="runs/run", resume=False, given=None, task=None, echo
         for c in changes:
             echo(f"resume: {c}")
     else:
-        if ckpt_path.exists() or (out / CONFIG).exists():
+        if ckpt_path.exists():
             raise TrainError(f"{out} already holds a run; continue it with --resume, or choose "
                              f"another --out")
+        if (out / CONFIG).exists():
+            raise TrainError(f"{out} holds a {CONFIG} but no {FILENAME}: a run that stopped "
+                             f"before its first checkpoint, with nothing to resume. Delete the "
+                             f"folder to start it again, or choose another --out")
         config = resolve_config(**(config or {}))
 
     if task is not None:
@@ -585,7 +594,7 @@ def evaluate_checkpoint(path, split="test", task_name=None, data_dir=None, T=Non
             raise CheckpointError(f"{where} has no {key!r} in its configuration")
     config_json = Path(path) / CONFIG
     if config_json.is_file():
-        listed = json.loads(config_json.read_text()).get("model")
+        listed = read_config_json(config_json).get("model")
         if listed != config["model"]:
             raise CheckpointError(f"{where} is a checkpoint of model {config['model']!r}, but "
                                   f"{config_json} describes model {listed!r}: the folder mixes "

@@ -217,7 +217,7 @@ def test_paper_initialisation_statistics():
 def test_unknown_model_and_bad_construction_arguments():
     with pytest.raises(ValueError, match=r"unknown model 'antisymm'.*antisym"):
         nprnn.make_model("antisymm", 1, 8)
-    with pytest.raises(ValueError, match=r"hidden_size must be a positive integer, got 0"):
+    with pytest.raises(ValueError, match=r"hidden_size must be an integer >= 1, got 0"):
         nprnn.make_model("antisym", 1, 0)
     with pytest.raises(ValueError, match=r"dtype must be one of .*float16"):
         nprnn.make_model("antisym", 1, 8, dtype="float16")
@@ -227,6 +227,29 @@ def test_unknown_model_and_bad_construction_arguments():
         nprnn.make_model("antisym", 1, 8, init="critical")
     with pytest.raises(ValueError, match=r"'feedback' has no hyperparameter 'gamma'"):
         nprnn.make_model("feedback", 1, 8, gamma=0.1)
+    with pytest.raises(ValueError, match=r"num_classes must be an integer >= 2, got 1"):
+        nprnn.make_model("antisym", 1, 8, num_classes=1)
+    for seed in (None, -1, 1.5, True):
+        with pytest.raises(ValueError, match=r"seed must be an integer >= 0"):
+            nprnn.make_model("antisym", 1, 8, seed=seed)
+    for dtype in (None, "double precision", "f2", np.int32):
+        with pytest.raises(ValueError, match=r"dtype must be one of"):
+            nprnn.make_model("antisym", 1, 8, dtype=dtype)
+    with pytest.raises(ValueError, match=r"sigma_w must be a number, got '1'"):
+        nprnn.make_model("antisym", 1, 8, sigma_w="1")
+    with pytest.raises(ValueError, match=r"eps must be a number, got 'abc'"):
+        nprnn.make_model("antisym", 1, 8, eps="abc")
+
+
+def test_construction_arguments_are_normalised():
+    """Any NumPy spelling of a dtype, and NumPy integers as sizes, give the plain values that a
+    run's config.json records."""
+    for dtype, name in ((np.float32, "float32"), ("f4", "float32"), (float, "float64"),
+                        (np.dtype("float64"), "float64")):
+        assert nprnn.make_model("antisym", 1, 4, dtype=dtype).params["W"].dtype == name
+    model = nprnn.make_model("antisym", np.int64(1), np.int32(4), np.int64(3), seed=np.int64(2))
+    sizes = (model.input_size, model.hidden_size, model.num_classes)
+    assert sizes == (1, 4, 3) and all(type(v) is int for v in sizes)
 
 
 def test_bad_inputs_are_named():
@@ -275,3 +298,8 @@ def test_inputs_of_any_layout_and_float_dtype_give_the_same_model_outputs():
     inf[4, 0, 2] = -np.inf
     with pytest.raises(ValueError, match=r"NaN or Inf, first at index \(b, t, j\) = \(4, 0, 2\)"):
         model.forward(inf)
+    huge = x.astype(np.float64)
+    huge[3, 5, 1] = 1e39                     # finite in float64, inf in the model's float32
+    with pytest.raises(ValueError, match=r"beyond the range of the model's float32, first "
+                                         r"x\[3, 5, 1\] = 1e\+39"):
+        model.forward(huge)

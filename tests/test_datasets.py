@@ -90,6 +90,16 @@ def test_batches_reject_bad_arguments():
         task.num_batches("train", 0)
     with pytest.raises(ValueError, match="start"):
         list(task.batches("train", 8, start=99))
+    with pytest.raises(ValueError, match=r"device must be one of cpu, cuda, got 'gpu'"):
+        next(task.batches("train", 8, device="gpu"))
+
+
+def test_device_batches_without_a_gpu_say_why():
+    from nprnn.device import DeviceUnavailable, cuda_available
+    if cuda_available()[0]:
+        pytest.skip("a GPU (or the CUDA simulator) is usable here")
+    with pytest.raises(DeviceUnavailable, match="no GPU is usable"):
+        next(toy_task().batches("train", 8, device="cuda"))
 
 
 # ==============================================================================================

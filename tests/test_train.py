@@ -6,6 +6,7 @@ All runs use a tiny in-memory task (T=6, m=2, 3 classes): the label is decided b
 the first input step, so a model must carry it through 5 more steps."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -15,11 +16,12 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+import nprnn
 import nprnn.datasets
 from nprnn.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from nprnn.datasets import ArrayTask
-from nprnn.train import (TrainError, TrainingDiverged, evaluate_checkpoint, resolve_config,
-                         train)
+from nprnn.train import (TrainError, TrainingDiverged, evaluate, evaluate_checkpoint,
+                         resolve_config, train)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -112,6 +114,33 @@ def test_a_used_folder_is_not_overwritten_and_resume_needs_a_checkpoint(tmp_path
         train(dict(CONFIG, iterations=2), tmp_path, task=toy_task(), **quiet())
     with pytest.raises(TrainError, match="nothing to resume"):
         train(out=tmp_path / "empty", resume=True, task=toy_task(), **quiet())
+    # a run killed before its first checkpoint left only config.json: say so, not "--resume"
+    (tmp_path / "checkpoint.h5").unlink()
+    with pytest.raises(TrainError, match="holds a config.json but no checkpoint.h5.*Delete"):
+        train(dict(CONFIG, iterations=2), tmp_path, task=toy_task(), **quiet())
+
+
+def test_a_bad_config_json_is_named(tmp_path):
+    train(dict(CONFIG, iterations=2), tmp_path, task=toy_task(), **quiet())
+    for text, says in (("[1, 2]", "must be a JSON object, got list"),
+                       ("garbage{", "is not valid JSON")):
+        (tmp_path / "config.json").write_text(text)
+        with pytest.raises(CheckpointError, match=f"config.json.*{re.escape(says)}"):
+            evaluate_checkpoint(tmp_path, task=toy_task())
+
+
+def test_evaluate_scores_every_example_at_any_batch_size():
+    """The training split is evaluated whole and in order, though its batches drop a short last
+    one in training: 61 examples give 61 at batch sizes that do and do not divide them."""
+    task = toy_task(num_train=61)
+    model = nprnn.make_model("antisym", 2, 8, 3, eps=0.5, seed=0)
+    results = [evaluate(model, task, "train", batch_size=b) for b in (7, 61, 1000)]
+    assert [r["count"] for r in results] == [61, 61, 61]
+    for r in results[1:]:
+        assert r["accuracy"] == results[0]["accuracy"]
+        assert r["loss"] == pytest.approx(results[0]["loss"], rel=1e-12)
+    with pytest.raises(TrainError, match="no validation split.*--valid-size"):
+        evaluate(model, task, "valid")
 
 
 def test_resume_refuses_other_settings_but_allows_a_lower_learning_rate(tmp_path):
@@ -131,6 +160,12 @@ def test_resume_refuses_other_settings_but_allows_a_lower_learning_rate(tmp_path
     with pytest.raises(TrainError, match="already at iteration 8; --iterations must be at least"):
         train(out=tmp_path, resume=True, given=dict(iterations=5), task=toy_task(), **quiet())
     assert (tmp_path / "config.json").read_text() == before      # a refused resume writes nothing
+    # T left at the task's own length when the run started, then restated: the same setting
+    res = train(out=tmp_path, resume=True, given=dict(T=6, iterations=9), task=toy_task(),
+                **quiet())
+    assert res["iteration"] == 9
+    with pytest.raises(TrainError, match=r"T=7 \(the run was started with None\)"):
+        train(out=tmp_path, resume=True, given=dict(T=7), task=toy_task(), **quiet())
 
 
 def test_a_task_that_does_not_fit_the_checkpoint_is_refused(tmp_path):
