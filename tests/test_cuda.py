@@ -56,6 +56,21 @@ def test_auto_resolves_to_cuda_exactly_when_a_gpu_is_usable():
     assert device.resolve_device("cpu") == "cpu"
 
 
+@pytest.mark.parametrize("gpu, simulator, auto", [(True, False, "cuda"), (True, True, "cpu"),
+                                                   (False, False, "cpu")])
+def test_auto_takes_a_real_gpu_and_only_that(monkeypatch, gpu, simulator, auto):
+    """What resolve_device answers for each state of the machine, the GPU's faked."""
+    monkeypatch.setattr(device, "cuda_available",
+                        lambda: (gpu, "a test GPU" if gpu else "no driver (a test)"))
+    monkeypatch.setattr(device, "simulator_enabled", lambda: simulator)
+    assert device.resolve_device("auto") == auto
+    if gpu:
+        assert device.resolve_device("cuda") == "cuda"
+    else:
+        with pytest.raises(device.DeviceUnavailable, match=r"no driver \(a test\)"):
+            device.resolve_device("cuda")
+
+
 def test_unknown_device_is_refused():
     with pytest.raises(ValueError, match="device must be one of"):
         device.resolve_device("gpu")
@@ -78,13 +93,38 @@ def test_cuda_without_a_gpu_is_a_clear_error_not_a_driver_traceback():
 # -- persistent kernels: what fits in a block's shared memory ------------------------------
 
 def test_persistent_kernels_fit_the_paper_sizes():
-    # antisym at n = 128 in float32: the upper triangle is 8128 values = 32.5 KB
+    # antisym at n = 128 in float32: the upper triangle is 8128 values = 31.75 KiB
     assert K.persistent_shared_bytes(128, 1, 4, True, 3) == (8128 + 3 * 128) * 4
     assert K.persistent_fits(128, "float32", skew=True, backward=True)
-    # the dense matrix (ablation, feedback) at n = 128 is 64 KB: step kernels instead
+    # the dense matrix (ablation, feedback) at n = 128 is 64 KiB: step kernels instead
     assert not K.persistent_fits(128, "float32", skew=False, backward=False)
     assert K.persistent_fits(96, "float32", skew=False, backward=True)
     assert not K.persistent_fits(128, "float64", skew=True, backward=False)
+
+
+# README.md's table: the largest n whose persistent (forward, backward) passes fit, one row per
+# block, in float32 and float64
+LARGEST_PERSISTENT_N = {
+    ("antisym", "antisym-gated"): {"float32": (155, 154), "float64": (109, 108)},
+    ("ablation", "feedback"): {"float32": (109, 109), "float64": (77, 76)},
+    ("rnn",): {"float32": (6144, 4096), "float64": (3072, 2048)},
+    ("lstm", "peephole-lstm"): {"float32": (6144, 1228), "float64": (3072, 614)},
+    ("gru",): {"float32": (6144, 1755), "float64": (3072, 877)},
+}
+
+
+@pytest.mark.parametrize("names", list(LARGEST_PERSISTENT_N))
+def test_auto_runs_the_persistent_kernels_up_to_the_readmes_sizes_then_the_step_ones(names):
+    gpu = pytest.importorskip("nprnn.gpu")
+    for name in names:
+        cell = gpu.gpu_cell(name)
+        for dtype, largest in LARGEST_PERSISTENT_N[names].items():
+            for backward, n in zip((False, True), largest):
+                assert cell.pick("auto", n, dtype, backward) == "persistent", (name, dtype, n)
+                assert cell.pick("auto", n + 1, dtype, backward) == "step", (name, dtype, n + 1)
+                assert cell.pick("step", n, dtype, backward) == "step"
+    with pytest.raises(ValueError, match="version must be one of"):
+        cell.pick("fast", 8, "float32", False)
 
 
 def test_persistent_launch_refuses_what_does_not_fit_and_says_why():

@@ -2,6 +2,7 @@
 connection, mirror fallback, and a whole dataset fetched into an empty data directory."""
 import gzip
 import http.server
+import io
 import subprocess
 import sys
 import threading
@@ -63,6 +64,22 @@ def test_fetch_success_with_progress(server, tmp_path, capsys):
     assert dest.read_bytes() == GOOD and leftovers(tmp_path) == ["good.bin"]
     err = capsys.readouterr().err
     assert "downloading good.bin (0.0 MB)" in err and "good.bin: done" in err
+
+
+def test_progress_bar_redraws_in_place_on_a_terminal():
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+    out = Terminal()
+    bar = sources._Progress("mnist.gz", total=2_000_000, stream=out)
+    bar.update(500_000)
+    bar.close(2_000_000, ok=True)          # the final state is drawn however soon it comes
+    text = out.getvalue()
+    draws = text.split("\r")[1:]
+    assert draws[0] == f"mnist.gz [{'#' * 7:<30}]  25.0% of 2.0 MB"
+    assert draws[1].startswith(f"mnist.gz [{'#' * 30}] 100.0% of 2.0 MB\n")
+    assert len(draws) == 2 and text.endswith("mnist.gz: done, 2.0 MB\n")
+    assert not text.startswith("downloading")        # the two-line form is for files and pipes
 
 
 def test_fetch_checksum_mismatch_leaves_nothing(server, tmp_path):
