@@ -188,7 +188,7 @@ def _integer(label, v, minimum):
 
 def _real(label, v):
     """v as a float; ValueError naming `label` when it is not a real number."""
-    if isinstance(v, (bool, np.bool_, str, bytes)) or not isinstance(v, (int, float, np.integer, np.floating)):
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
         raise ValueError(f"{label} must be a number, got {v!r}")
     return float(v)
 
