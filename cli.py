@@ -4,7 +4,12 @@
     python cli.py bench --model antisym   forward / forward+backward timings (see README)
     python cli.py --help                  everything else
 """
+import math
+import os
+import signal
 import warnings
+from contextlib import contextmanager
+from pathlib import Path
 
 import click
 
@@ -14,6 +19,20 @@ from nprnn.datasets import MAX_SEED
 
 # Seeds are 63-bit: they become int64 keys of the noise streams (nprnn/noise.py).
 SEED = click.IntRange(min=0, max=MAX_SEED)
+
+
+class FiniteFloat(click.FloatRange):
+    """click.FloatRange that also refuses nan and inf. FloatRange lets nan through (every
+    comparison with nan is false), and inf wherever no max is given; step sizes, scales and
+    rates must be finite numbers."""
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{number} is not a finite number in the range {self._describe_range()}.",
+                      param, ctx)
+        return number
+
 
 # On a GPU numba warns, once per grid size, of any launch with fewer than 128 blocks. Ours are
 # small by design where the work is (a step's totals on one thread, the optimizer over 10k
@@ -44,7 +63,8 @@ PAPER_CONFIGS = [
 
 
 @cli.command()
-@click.option("--classes", "K", default=10, show_default=True, help="Readout classes K.")
+@click.option("--classes", "K", default=10, show_default=True, type=click.IntRange(min=2),
+              help="Readout classes K (make_model needs at least 2).")
 def params(K):
     """Parameter count of each model at the paper's configurations, beside the paper's column.
 
@@ -63,26 +83,91 @@ def params(K):
 # command writes them (CSV/JSON), and nprnn/plotting.py draws the PNG when matplotlib is there.
 # ----------------------------------------------------------------------------------------------
 
-def _number_list(kind):
-    """A click callback turning "a,b,c" into a list of `kind` (int or float)."""
+def _items(value, what):
+    """The comma-separated items of `value`, stripped; empty ones are dropped ("a,,b," is a, b),
+    and click.BadParameter says "expected at least one `what`" if none is left. The one rule of
+    every comma-separated option."""
+    items = [s.strip() for s in value.split(",") if s.strip()]
+    if not items:
+        raise click.BadParameter(f"expected at least one {what}, got {value!r}")
+    return items
+
+
+def _name_list(what):
+    """A click callback turning "a,b,c" into a list of names (`what`: "model name")."""
     def parse(ctx, param, value):
-        try:
-            items = [kind(v) for v in value.split(",") if v.strip()]
-        except ValueError:
-            raise click.BadParameter(f"expected comma-separated {kind.__name__} values such as "
-                                     f"'1,2', got {value!r}") from None
-        if not items:
-            raise click.BadParameter(f"expected at least one value, got {value!r}")
-        return items
+        return _items(value, what)
     return parse
 
 
-def _out_dir(out):
-    from pathlib import Path
+def _number_list(kind):
+    """A click callback turning "a,b,c" into a list of `kind` (int or float; floats finite)."""
+    def parse(ctx, param, value):
+        try:
+            numbers = [kind(v) for v in _items(value, f"{kind.__name__} value")]
+        except ValueError:
+            raise click.BadParameter(f"expected comma-separated {kind.__name__} values such as "
+                                     f"'1,2', got {value!r}") from None
+        bad = [x for x in numbers if isinstance(x, float) and not math.isfinite(x)]
+        if bad:
+            raise click.BadParameter(f"expected finite numbers, got {bad[0]} in {value!r}")
+        return numbers
+    return parse
 
+
+def _file_name(ctx, param, value):
+    """A click callback for an option naming a file inside --out: a bare name, no folder part."""
+    if value in ("", ".", "..") or any(sep and sep in value for sep in (os.sep, os.altsep, "/")):
+        raise click.BadParameter(f"expected a file name without a folder (not empty, '.' or "
+                                 f"'..', no '/'), got {value!r}")
+    return value
+
+
+def _out_dir(out):
+    """The folder `out` as a Path, created with its parents if missing; where it cannot be,
+    click.BadParameter for --out naming the path and the reason."""
     path = Path(out)
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise click.BadParameter(f"cannot create folder {out}: {_why_no_folder(path, e)}",
+                                 param_hint="--out") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise click.BadParameter(f"cannot write into folder {out}: permission denied",
+                                 param_hint="--out")
     return path
+
+
+def _why_no_folder(path, error):
+    """Why mkdir of `path` failed: the nearest existing ancestor (or `path`) that is no folder,
+    else the OS's reason ("Permission denied", "File name too long", ...)."""
+    for p in (path, *path.parents):
+        try:
+            if not p.exists():
+                continue
+        except OSError:                 # a name too long, say: the OS's reason below says so
+            continue
+        if not p.is_dir():
+            return f"{p} is {'a file' if p.is_file() else 'not a folder'}"
+        break
+    return error.strerror or str(error)
+
+
+def _memory_error(error, lower, note=""):
+    """The one-line click.ClickException for a MemoryError (numpy's _ArrayMemoryError among them:
+    numpy refuses an impossible allocation at once): numpy's account of it, the options `lower`
+    that shrink it, then `note` (what a failed run left behind)."""
+    detail = f" ({error})" if str(error) else ""
+    return click.ClickException(f"not enough memory for this size{detail}; lower {lower}{note}")
+
+
+@contextmanager
+def _enough_memory(lower):
+    """A MemoryError inside becomes _memory_error(e, lower)."""
+    try:
+        yield
+    except MemoryError as e:
+        raise _memory_error(e, lower) from None
 
 
 def _given(*names):
@@ -106,6 +191,21 @@ def _task_sequences(task, lengths, num, data_dir):
         raise click.ClickException(f"task {task!r}: {e}") from None
 
 
+def _jacobian_rows(models, lengths, sequences):
+    """analysis.jacobian_spectra(models, lengths, sequences), the same rows in the same order,
+    computed one (model, T) at a time with a line on stderr as each starts: at the defaults
+    (and more so with trained models of large n) the whole takes minutes."""
+    from nprnn import analysis
+
+    rows, total = [], len(models) * len(lengths)
+    for T in lengths:
+        xs = sequences(T)
+        for label, model in models:
+            click.echo(f"[{len(rows) + 1}/{total}] {label}, T={T}", err=True)
+            rows += analysis.jacobian_spectra([(label, model)], [T], lambda _: xs)
+    return rows
+
+
 def _plot_or_hint(draw, *args, **kwargs):
     """Call nprnn.plotting.<draw>(*args); without matplotlib print how to get the PNG instead."""
     from nprnn import plotting
@@ -126,7 +226,7 @@ def _plot_or_hint(draw, *args, **kwargs):
 @click.option("--steps", default=50, show_default=True, type=click.IntRange(min=1),
               help="T, the number of steps.")
 @click.option("--eps", default=0.1, show_default=True,
-              type=click.FloatRange(min=0, min_open=True), help="Step size of feedback panels.")
+              type=FiniteFloat(min=0, min_open=True), help="Step size of feedback panels.")
 @click.option("--seed", default=0, show_default=True, type=SEED,
               help="Seed of Figure 1's random matrices ((a), (c); (d) uses seed+1) and of "
                    "Figure 5's input.")
@@ -144,7 +244,8 @@ def simulate(out, figures, steps, eps, seed):
                                  f"{analysis.SIMULATION_FIGURES}", param_hint="--figures")
     out = _out_dir(out)
     for number in figures:
-        panels, caption = analysis.simulation_figure(number, steps, eps, seed)
+        with _enough_memory("--steps"):
+            panels, caption = analysis.simulation_figure(number, steps, eps, seed)
         stem = out / f"figure{number}"
         analysis.write_json(stem.with_suffix(".json"),
                             dict(caption=caption, steps=steps, eps=eps, seed=seed,
@@ -166,6 +267,7 @@ def simulate(out, figures, steps, eps, seed):
 @click.option("--out", required=True, type=click.Path(file_okay=False),
               help="Folder for figure2_jacobian.png/.csv/.json (created if missing).")
 @click.option("--models", default="antisym,lstm", show_default=True,
+              callback=_name_list("model name"),
               help="Comma-separated cells (see `python cli.py params`); a cell with a diffusion "
                    "gamma gives one model per --gammas value.")
 @click.option("--gammas", default="0.001,0.01,0.1,1,5,10", show_default=True,
@@ -178,8 +280,8 @@ def simulate(out, figures, steps, eps, seed):
               help="m of the Gaussian-noise sequences (96 = one CIFAR-10 row, as in noise-padded "
                    "CIFAR-10).")
 @click.option("--eps", default=0.01, show_default=True,
-              type=click.FloatRange(min=0, min_open=True), help="Step size of Euler cells.")
-@click.option("--sigma-w", default=1.0, show_default=True, type=click.FloatRange(min=0),
+              type=FiniteFloat(min=0, min_open=True), help="Step size of Euler cells.")
+@click.option("--sigma-w", default=1.0, show_default=True, type=FiniteFloat(min=0),
               help="Recurrent init scale, W ~ N(0, sigma_w^2 / n) (Appendix C).")
 @click.option("--checkpoint", "checkpoints", multiple=True,
               type=click.Path(exists=True),
@@ -205,7 +307,7 @@ def jacobian(out, models, gammas, lengths, hidden_size, input_size, eps, sigma_w
     J = dh_T/dh_0 comes from each model's own BPTT kernel (the sequence replicated n times,
     dh_T = I, so dh_0 = J). Inputs are independent N(0, 1) sequences (the noise of noise-padded
     CIFAR-10) drawn from default_rng([seed, T]), or a task's first test sequences (--task);
-    every model sees the same ones."""
+    every model sees the same ones. A line on stderr names each (model, T) as it starts."""
     from nprnn import analysis
     from nprnn.checkpoint import CheckpointError
 
@@ -219,6 +321,7 @@ def jacobian(out, models, gammas, lengths, hidden_size, input_size, eps, sigma_w
         raise click.BadParameter(f"lengths must be >= 1, got {lengths}", param_hint="--lengths")
     if any(g < 0 for g in gammas):
         raise click.BadParameter(f"gammas must be >= 0, got {gammas}", param_hint="--gammas")
+    out = _out_dir(out)                 # before the work: a bad --out is said at once
     try:
         # 1. the inputs of a task (their m is the models' input size) ...
         if task:
@@ -236,8 +339,7 @@ def jacobian(out, models, gammas, lengths, hidden_size, input_size, eps, sigma_w
                                  f"models of one input size at a time")
             input_size = input_size if task else sizes[0]
         else:
-            names = [s.strip() for s in models.split(",") if s.strip()]
-            built = analysis.jacobian_models(names, gammas, hidden_size, input_size, eps,
+            built = analysis.jacobian_models(models, gammas, hidden_size, input_size, eps,
                                              sigma_w, seed, dtype)
         # 3. ... or N(0, 1) noise, the same for every model
         if task:
@@ -246,10 +348,11 @@ def jacobian(out, models, gammas, lengths, hidden_size, input_size, eps, sigma_w
             def source(T):
                 return analysis.gaussian_sequences(sequences, T, input_size, seed=[seed, T])
             inputs = "N(0, 1) noise, default_rng([seed, T])"
-        rows = analysis.jacobian_spectra(built, lengths, source)
+        rows = _jacobian_rows(built, lengths, source)
     except (CheckpointError, OSError, ValueError) as e:
         raise click.ClickException(str(e)) from None
-    out = _out_dir(out)
+    except MemoryError as e:
+        raise _memory_error(e, "--lengths, --hidden-size, --input-size or --sequences") from None
     stem = out / "figure2_jacobian"
     analysis.write_csv(stem.with_suffix(".csv"), rows)
     analysis.write_json(stem.with_suffix(".json"), dict(
@@ -274,8 +377,8 @@ def jacobian(out, models, gammas, lengths, hidden_size, input_size, eps, sigma_w
 @click.argument("runs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
 @click.option("--out", required=True, type=click.Path(file_okay=False),
               help="Folder for the PNG and the CSV (created if missing).")
-@click.option("--name", default="learning_curves", show_default=True,
-              help="File name (without extension) of the PNG and the CSV.")
+@click.option("--name", default="learning_curves", show_default=True, callback=_file_name,
+              help="File name (without extension or folder) of the PNG and the CSV.")
 def plot_runs(runs, out, name):
     """Learning curves of RUNS... (run folders with config.json and metrics.jsonl): loss and
     evaluation accuracy against iterations, labelled by model and task."""
@@ -285,13 +388,15 @@ def plot_runs(runs, out, name):
         loaded = analysis.read_runs(runs)
     except (OSError, ValueError) as e:
         raise click.ClickException(str(e)) from None
-    stem = _out_dir(out) / name
-    analysis.write_csv(stem.with_suffix(".csv"), analysis.runs_to_rows(loaded))
+    out = _out_dir(out)
+    # NAME.csv and NAME.png, not with_suffix: NAME may have a dot of its own ("curves.v2")
+    csv_path, png_path = out / f"{name}.csv", out / f"{name}.png"
+    analysis.write_csv(csv_path, analysis.runs_to_rows(loaded))
     for r in loaded:
         click.echo(f"{r['name']}: {r['label']}, {len(r['records'])} records")
-    if _plot_or_hint("plot_learning_curves", loaded, stem.with_suffix(".png")):
-        click.echo(f"wrote {stem}.png")
-    click.echo(f"wrote {stem}.csv")
+    if _plot_or_hint("plot_learning_curves", loaded, png_path):
+        click.echo(f"wrote {png_path}")
+    click.echo(f"wrote {csv_path}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -308,27 +413,27 @@ def plot_runs(runs, out, name):
               type=click.Choice(["cpu", "cuda", "auto"]), help="Where the kernels run.")
 @click.option("--hidden", default=128, show_default=True, type=click.IntRange(min=1),
               help="Hidden units n.")
-@click.option("--eps", default=None, type=float,
+@click.option("--eps", default=None, type=FiniteFloat(min=0, min_open=True),
               help="Step size eps of the Euler cells (Appendix C grid: 0.01, 0.1, 1) "
                    "[default: 0.01].")
-@click.option("--gamma", default=None, type=float,
+@click.option("--gamma", default=None, type=FiniteFloat(min=0),
               help="Diffusion gamma (grid: 0.001, 0.01, 0.1, 1) [default: 0.01].")
-@click.option("--sigma-w", default=1.0, show_default=True, type=click.FloatRange(min=0),
+@click.option("--sigma-w", default=1.0, show_default=True, type=FiniteFloat(min=0),
               help="Recurrent init W ~ N(0, sigma_w^2 / n) (grid: 0, 1, 2, 4, 8, 16).")
 @click.option("--init", default="paper", show_default=True,
               type=click.Choice(INIT_SCHEMES),
               help="Initialisation: Appendix C, or critical (LSTMs only).")
 @click.option("--optimizer", default="sgd", show_default=True,
               type=click.Choice(["sgd", "adagrad"]), help="SGD with momentum, or Adagrad.")
-@click.option("--lr", default=0.1, show_default=True, type=click.FloatRange(min=0, min_open=True),
+@click.option("--lr", default=0.1, show_default=True, type=FiniteFloat(min=0, min_open=True),
               help="Learning rate (grid: 0.1, 0.2, 0.3, 0.4, 0.5, 0.75, 1).")
 @click.option("--momentum", default=0.9, show_default=True,
-              type=click.FloatRange(min=0, max=1, max_open=True), help="SGD momentum.")
+              type=FiniteFloat(min=0, max=1, max_open=True), help="SGD momentum.")
 @click.option("--batch-size", default=128, show_default=True, type=click.IntRange(min=1),
               help="Examples per step.")
 @click.option("--iterations", default=50_000, show_default=True, type=click.IntRange(min=0),
               help="Training steps in all (a resumed run counts those already done).")
-@click.option("--clip", default=0.0, show_default=True, type=click.FloatRange(min=0),
+@click.option("--clip", default=0.0, show_default=True, type=FiniteFloat(min=0),
               help="Clip the gradient to this global norm; 0 turns clipping off.")
 @click.option("--seed", default=0, show_default=True, type=SEED,
               help="Seed of the initialisation, the data order and the training noise.")
@@ -365,23 +470,52 @@ def train(progress, out, resume, **options):
 
     Prints the resolved configuration and the parameter count, a progress bar (it/s, loss and
     accuracy over the current logging interval), each evaluation, and the final test accuracy.
-    Ctrl-C (or SIGTERM) finishes the step, writes a checkpoint and exits; --resume continues
-    bit for bit."""
+    Ctrl-C (or SIGTERM) finishes the step, writes a checkpoint and exits with status 130 (143
+    for SIGTERM), as a shell does for a command a signal ended, so that `train ... && next`
+    does not go on; --resume continues bit for bit."""
     from nprnn import train as training
     from nprnn.checkpoint import CheckpointError
 
+    ctx = click.get_current_context()
     if out is None:
         out = f"runs/{options['model']}-{options['task']}"
     given = {k: options[k] for k in options
-             if click.get_current_context().get_parameter_source(k)
-             == click.core.ParameterSource.COMMANDLINE}
+             if ctx.get_parameter_source(k) == click.core.ParameterSource.COMMANDLINE}
     try:
         if resume:
-            training.train(out=out, resume=True, given=given, echo=click.echo, progress=progress)
+            result = training.train(out=out, resume=True, given=given, echo=click.echo,
+                                    progress=progress)
         else:
-            training.train(options, out, echo=click.echo, progress=progress)
+            result = training.train(options, out, echo=click.echo, progress=progress)
     except (training.TrainError, CheckpointError, ValueError, RuntimeError, OSError) as e:
         raise click.ClickException(str(e)) from None
+    except MemoryError as e:
+        raise _memory_error(e, "--hidden, --batch-size, --eval-batch-size or --T",
+                            _left_behind(out)) from None
+    if result["stopped"]:
+        ctx.exit(128 + signal.Signals[result["stopped"]])
+
+
+def _left_behind(out):
+    """What a `train` that failed left in its run folder `out`, and what to do with it ("" if
+    nothing): train writes config.json, then the checkpoint of iteration 0, before the first
+    step."""
+    from nprnn.checkpoint import FILENAME, CheckpointError, load_checkpoint
+    from nprnn.train import CONFIG
+
+    out, ckpt = Path(out), Path(out) / FILENAME
+    if ckpt.is_file():
+        try:
+            at = f" (iteration {load_checkpoint(ckpt)['progress']['iteration']})"
+        except (CheckpointError, OSError, KeyError):
+            at = ""
+        return (f". The run folder keeps its checkpoint {ckpt}{at}: continue it with `python "
+                f"cli.py train --out {out} --resume` where more memory is free (--hidden, "
+                f"--batch-size and --T cannot change on resume), or delete {out} to start again "
+                f"with smaller sizes")
+    if (out / CONFIG).is_file():
+        return f". {out} holds a {CONFIG} but no checkpoint: delete it to start again"
+    return ""
 
 
 @cli.command("eval")
@@ -405,8 +539,9 @@ def eval_run(run, split, task, data_dir, T, batch_size, device):
     from nprnn.checkpoint import CheckpointError
 
     try:
-        r = training.evaluate_checkpoint(run, split=split, task_name=task, data_dir=data_dir,
-                                         T=T, batch_size=batch_size, device=device)
+        with _enough_memory("--batch-size or --T"):
+            r = training.evaluate_checkpoint(run, split=split, task_name=task, data_dir=data_dir,
+                                             T=T, batch_size=batch_size, device=device)
     except (training.TrainError, CheckpointError, ValueError, RuntimeError, OSError) as e:
         raise click.ClickException(str(e)) from None
     correct = round(r["accuracy"] * r["count"])
@@ -417,7 +552,7 @@ def eval_run(run, split, task, data_dir, T, batch_size, device):
 
 @cli.command()
 @click.option("--model", "models", default="antisym", show_default=True,
-              help="Comma-separated models to time, or 'all'.")
+              callback=_name_list("model name"), help="Comma-separated models to time, or 'all'.")
 @click.option("--batch", "B", default=128, show_default=True, type=click.IntRange(min=1),
               help="Batch size B.")
 @click.option("--T", "T", default=784, show_default=True, type=click.IntRange(min=1),
@@ -432,37 +567,42 @@ def eval_run(run, split, task, data_dir, T, batch_size, device):
               help="Timed runs per measurement; the median is reported.")
 @click.option("--torch/--no-torch", "with_torch", default=True, show_default=True,
               help="Time PyTorch beside nprnn when it is installed.")
-@click.option("--device", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda"]),
+@click.option("--device", default="cpu", show_default=True,
+              type=click.Choice(["cpu", "cuda", "auto"]),
               help="cpu: the @njit kernels; cuda: every GPU kernel version, beside PyTorch on the "
-                   "same GPU (eager cell, cuDNN nn.RNN / nn.LSTM).")
+                   "same GPU (eager cell, cuDNN nn.RNN / nn.LSTM); auto: cuda when a GPU is "
+                   "usable.")
 def bench(models, B, T, m, n, dtype, repeat, with_torch, device):
     """Forward and forward+backward time per batch, beside PyTorch measured in the same run.
 
     Prints medians of --repeat runs after a warm-up run. The last column is nprnn's time over
     PyTorch's (below 1: nprnn is faster). Install PyTorch with `pip install torch` for it."""
     from nprnn import bench as B_
-    names = list(nprnn.CELLS) if models == "all" else [s.strip() for s in models.split(",")]
+    names = list(nprnn.CELLS) if models == ["all"] else models
     unknown = [s for s in names if s not in nprnn.CELLS]
     if unknown:
         raise click.BadParameter(f"unknown model(s) {', '.join(unknown)}; choose from "
                                  f"{', '.join(nprnn.CELLS)} or 'all'", param_hint="--model")
+    from nprnn.device import DeviceUnavailable, resolve_device
+    try:                                # no GPU: say so before anything about PyTorch
+        device = resolve_device(device)
+    except DeviceUnavailable as e:
+        raise click.ClickException(str(e)) from None
     if with_torch and not B_.torch_available(device):
         click.echo("PyTorch is not installed: timing nprnn alone (pip install torch to compare)."
                    if not B_.torch_available() else "PyTorch cannot use the GPU (a CPU-only "
                    "build?): timing nprnn alone.")
         with_torch = False
-    if device == "cuda":
-        from nprnn.device import DeviceUnavailable, resolve_device
-        try:
-            resolve_device("cuda")
-        except DeviceUnavailable as e:
-            raise click.ClickException(str(e))
-        from nprnn import gpu
-        click.echo(f"B={B} T={T} m={m} n={n} {dtype}, median of {repeat}; {gpu.device_name()}")
-        rows = B_.run_gpu(names, B, T, m, n, dtype=dtype, repeat=repeat, with_torch=with_torch)
-    else:
-        click.echo(f"B={B} T={T} m={m} n={n} {dtype}, median of {repeat}; {B_.machine()}")
-        rows = B_.run(names, B, T, m, n, dtype=dtype, repeat=repeat, with_torch=with_torch)
+    with _enough_memory("--batch, --T, --input-size or --hidden"):
+        if device == "cuda":
+            from nprnn import gpu
+            click.echo(f"B={B} T={T} m={m} n={n} {dtype}, median of {repeat}; "
+                       f"{gpu.device_name()}")
+            rows = B_.run_gpu(names, B, T, m, n, dtype=dtype, repeat=repeat,
+                              with_torch=with_torch)
+        else:
+            click.echo(f"B={B} T={T} m={m} n={n} {dtype}, median of {repeat}; {B_.machine()}")
+            rows = B_.run(names, B, T, m, n, dtype=dtype, repeat=repeat, with_torch=with_torch)
     click.echo(B_.format_table(rows))
 
 

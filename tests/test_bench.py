@@ -34,6 +34,16 @@ def test_bench_prints_a_row_per_model():
     assert all(float(r.split()[-3]) > 0 for r in rows)          # GFLOP/s
 
 
+def test_bench_on_auto_times_the_cpu_without_a_gpu(monkeypatch):
+    import nprnn.device
+    monkeypatch.setattr(nprnn.device, "cuda_available", lambda: (False, "no driver (a test)"))
+    result = CliRunner().invoke(cli.cli, ["bench", "--device", "auto", "--model", "rnn",
+                                          "--batch", "2", "--T", "3", "--hidden", "4",
+                                          "--repeat", "1", "--no-torch"])
+    assert result.exit_code == 0, result.output
+    assert "nprnn (numba, CPU)" in result.output
+
+
 def test_bench_names_an_unknown_model():
     result = CliRunner().invoke(cli.cli, ["bench", "--model", "antisym,lstmm", "--no-torch"])
     assert result.exit_code != 0

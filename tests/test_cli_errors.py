@@ -1,0 +1,317 @@
+"""cli.py's answers to bad input: one line (click's "Error: ..."), no traceback, the bad value and
+what is allowed; exit status 2 for a bad option, 1 for anything else. Also the exit status of a
+`train` that a signal stopped, and jacobian's progress lines.
+
+Sizes that cannot fit are asked for in hundreds of TiB (TOO_LONG), so that the allocation is
+refused at once: some tens of GB may be granted lazily and then fill memory; never ask for that.
+"""
+import json
+import os
+import signal
+import sys
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import nprnn.datasets
+import nprnn.device
+from nprnn.datasets import ArrayTask
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import cli  # noqa: E402  (cli.py lives at the repository root)
+
+# A length no machine holds: every array below made with it is over 128 TiB, beyond the address
+# space of a process, so numpy's request is refused at once even where the kernel overcommits.
+TOO_LONG = 10**13
+
+
+def invoke(args):
+    return CliRunner().invoke(cli.cli, [str(a) for a in args])
+
+
+def assert_one_line_error(result, status, *expected):
+    """Exit `status` with click's one-line "Error: ..." containing each of `expected`."""
+    assert result.exit_code == status, result.output + repr(result.exception)
+    assert result.exc_info[0] is SystemExit, result.exc_info          # not a traceback
+    error = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert len(error) == 1, result.output
+    for text in expected:
+        assert text in error[0], error[0]
+
+
+@pytest.fixture
+def no_matplotlib(monkeypatch):
+    """Every `import matplotlib...` fails: the commands write only their numbers (faster)."""
+    for mod in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, mod)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+
+
+def make_run(root, name="run"):
+    """A run folder as `plot` reads it: config.json and two metrics records."""
+    d = root / name
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(dict(model="antisym", task="mnist")))
+    (d / "metrics.jsonl").write_text(
+        json.dumps(dict(iteration=0, split="train", loss=2.3, accuracy=0.1)) + "\n"
+        + json.dumps(dict(iteration=0, split="test", loss=2.3, accuracy=0.1)) + "\n")
+    return d
+
+
+def toy_arrays():
+    """16 training and 8 test sequences (T=3, m=2), label x_0[0] > 0."""
+    x = np.random.default_rng(0).standard_normal((16, 3, 2)).astype(np.float32)
+    y = (x[:, 0, 0] > 0).astype(np.int64)
+    return x, y, x[:8], y[:8]
+
+
+def toy_task(name="toy"):
+    return ArrayTask(name, *toy_arrays(), num_classes=2)
+
+
+class HugeBatches(ArrayTask):
+    """Batches of an impossible length, like a noise-padded task at --T 10**11: numpy refuses
+    the first one, after train has written the checkpoint of iteration 0."""
+
+    def batches(self, split, batch_size, **kwargs):
+        yield np.empty((batch_size, TOO_LONG, self.m), np.float32), None
+
+
+@pytest.fixture
+def toy_get_task(monkeypatch):
+    """get_task answering every task name with toy_task (or what `use` holds)."""
+    use = {"task": toy_task}
+    monkeypatch.setattr(nprnn.datasets, "get_task",
+                        lambda name, **kw: use["task"](name), raising=False)
+    return use
+
+
+TRAIN = ["train", "--hidden", "3", "--batch-size", "4", "--iterations", "6", "--eps", "0.5",
+         "--gamma", "0.1", "--no-progress"]
+
+
+# ----------------------------------------------------------------------------------------------
+# 1. --out that cannot be a folder; 2. plot --name
+# ----------------------------------------------------------------------------------------------
+
+def command_with_out(kind, tmp_path, out):
+    return {"simulate": ["simulate", "--steps", "2", "--figures", "4"],
+            "jacobian": ["jacobian", "--models", "lstm", "--lengths", "2", "--hidden-size", "2",
+                         "--input-size", "1", "--sequences", "1"],
+            "plot": ["plot", make_run(tmp_path)]}[kind] + ["--out", out]
+
+
+@pytest.mark.parametrize("kind", ["simulate", "jacobian", "plot"])
+@pytest.mark.parametrize("where, reason", [
+    ("under-a-file", "is a file"),
+    ("/dev/null", "/dev/null is not a folder"),
+    ("too-long", "File name too long"),
+])
+def test_an_out_folder_that_cannot_be_made_is_one_line(tmp_path, kind, where, reason):
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    out = {"under-a-file": afile / "sub", "/dev/null": "/dev/null",
+           "too-long": tmp_path / ("x" * 300) / "y"}[where]
+    if where == "/dev/null" and not os.path.exists("/dev/null"):
+        pytest.skip("no /dev/null here")
+    result = invoke(command_with_out(kind, tmp_path, out))
+    assert_one_line_error(result, 2, "--out", f"cannot create folder {out}", reason)
+    if where == "under-a-file":
+        assert f"{afile} is a file" in result.output
+
+
+@pytest.mark.parametrize("name", ["", ".", "..", "a/b", "/tmp/curves", "../curves"])
+def test_plot_name_is_a_bare_file_name(tmp_path, name):
+    result = invoke(["plot", make_run(tmp_path), "--out", tmp_path / "figs", "--name", name])
+    assert_one_line_error(result, 2, "--name", "expected a file name without a folder",
+                          repr(name))
+    assert not (tmp_path / "figs").exists()
+
+
+def test_plot_name_with_a_dot_keeps_it(tmp_path, no_matplotlib):
+    result = invoke(["plot", make_run(tmp_path), "--out", tmp_path / "figs", "--name",
+                     "curves.v2"])
+    assert result.exit_code == 0, result.output
+    assert [p.name for p in (tmp_path / "figs").iterdir()] == ["curves.v2.csv"]
+
+
+# ----------------------------------------------------------------------------------------------
+# 3. params --classes; 4. nan and inf
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("K", [-5, 0, 1])
+def test_params_needs_two_classes(K):
+    assert_one_line_error(invoke(["params", "--classes", K]), 2, "--classes", f"{K} is not in "
+                          "the range x>=2")
+
+
+def test_params_with_two_classes():
+    result = invoke(["params", "--classes", "2"])
+    assert result.exit_code == 0 and "antisym" in result.output, result.output
+
+
+FLOAT_OPTIONS = [(["simulate", "--out", "OUT"], "--eps"),
+                 (["simulate", "--out", "OUT", "--figures", "3"], "--eps"),
+                 (["jacobian", "--out", "OUT"], "--eps"),
+                 (["jacobian", "--out", "OUT"], "--sigma-w"),
+                 *[(["train", "--out", "OUT"], o) for o in
+                   ("--eps", "--gamma", "--sigma-w", "--lr", "--momentum", "--clip")]]
+
+
+@pytest.mark.parametrize("args, option", FLOAT_OPTIONS)
+@pytest.mark.parametrize("value", ["nan", "inf", "NaN", "1e400"])
+def test_float_options_refuse_nan_and_inf(tmp_path, toy_get_task, args, option, value):
+    args = [str(tmp_path / "out") if a == "OUT" else a for a in args]
+    result = invoke(args + [option, value])
+    shown = "nan" if value.lower() == "nan" else "inf"
+    # "inf is not in the range 0<=x<1." where FloatRange has a max (--momentum)
+    assert_one_line_error(result, 2, f"'{option}': {shown} is not", "in the range")
+    assert not (tmp_path / "out").exists()
+
+
+def test_every_float_option_is_finite():
+    """Any float option a command has, now or later, is a FiniteFloat (nan and inf refused)."""
+    import click
+
+    def commands(group):
+        for c in group.commands.values():
+            yield from commands(c) if isinstance(c, click.Group) else [c]
+    floats = [(c.name, p.name, type(p.type).__name__) for c in commands(cli.cli)
+              for p in c.params if isinstance(p.type, (click.types.FloatParamType))]
+    assert floats and all(t == "FiniteFloat" for _, _, t in floats), floats
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "1,-inf"])
+def test_jacobian_gammas_are_finite(tmp_path, value):
+    result = invoke(["jacobian", "--out", tmp_path, "--gammas", value])
+    assert_one_line_error(result, 2, "--gammas", "expected finite numbers")
+
+
+# ----------------------------------------------------------------------------------------------
+# 5. comma-separated lists: empty items are ignored, and at least one must be left
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args, option, what", [
+    (["jacobian", "--out", "OUT"], "--models", "model name"),
+    (["bench", "--no-torch"], "--model", "model name"),
+    (["jacobian", "--out", "OUT"], "--lengths", "int value"),
+    (["jacobian", "--out", "OUT"], "--gammas", "float value"),
+    (["simulate", "--out", "OUT"], "--figures", "int value"),
+])
+@pytest.mark.parametrize("value", ["", ",", " , ,"])
+def test_an_empty_list_is_refused(tmp_path, args, option, what, value):
+    args = [str(tmp_path / "out") if a == "OUT" else a for a in args]
+    result = invoke(args + [option, value])
+    assert_one_line_error(result, 2, option, f"expected at least one {what}, got {value!r}")
+
+
+def test_empty_items_are_ignored(tmp_path, no_matplotlib):
+    result = invoke(["jacobian", "--out", tmp_path, "--models", "antisym,,lstm,",
+                     "--gammas", ",1,", "--lengths", "2,", "--hidden-size", "2",
+                     "--input-size", "1", "--sequences", "1"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads((tmp_path / "figure2_jacobian.json").read_text())["rows"]
+    assert [(r["label"], r["T"]) for r in rows] == [("antisym gamma=1", 2), ("lstm", 2)]
+    result = invoke(["simulate", "--out", tmp_path, "--figures", "4,", "--steps", "2"])
+    assert result.exit_code == 0 and (tmp_path / "figure4.csv").is_file(), result.output
+    result = invoke(["bench", "--model", ",antisym,", "--batch", "1", "--T", "2", "--hidden",
+                     "2", "--repeat", "1", "--no-torch"])
+    assert result.exit_code == 0, result.output
+    assert [ln.split()[0] for ln in result.output.splitlines() if "nprnn" in ln] == ["antisym"]
+
+
+# ----------------------------------------------------------------------------------------------
+# 6. sizes beyond memory
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args, lower", [
+    (["simulate", "--out", "OUT", "--steps", 10 * TOO_LONG, "--figures", "4"], "lower --steps"),
+    (["jacobian", "--out", "OUT", "--models", "lstm", "--lengths", TOO_LONG, "--hidden-size",
+      "2", "--input-size", "1"], "lower --lengths, --hidden-size"),
+    (["jacobian", "--out", "OUT", "--models", "antisym", "--gammas", "1", "--lengths", "2",
+      "--hidden-size", "10000000"], "--hidden-size"),      # W is n x n: 728 TiB of float64
+    (["bench", "--model", "antisym", "--T", TOO_LONG, "--no-torch"], "lower --batch, --T"),
+])
+def test_a_size_beyond_memory_is_one_line(tmp_path, args, lower):
+    args = [tmp_path / "out" if a == "OUT" else a for a in args]
+    result = invoke(args)
+    assert_one_line_error(result, 1, "not enough memory for this size (Unable to allocate",
+                          lower)
+
+
+def test_eval_beyond_memory_is_one_line(monkeypatch):
+    import nprnn.train
+
+    def evaluate_checkpoint(*args, **kwargs):
+        return np.empty((TOO_LONG, 1000), np.float32)
+    monkeypatch.setattr(nprnn.train, "evaluate_checkpoint", evaluate_checkpoint)
+    assert_one_line_error(invoke(["eval", "somewhere"]), 1, "not enough memory",
+                          "lower --batch-size or --T")
+
+
+def test_train_beyond_memory_before_the_run_folder(tmp_path, toy_get_task):
+    """--hidden 10**7: W cannot be made, nothing is written."""
+    out = tmp_path / "run"
+    result = invoke(TRAIN + ["--hidden", "10000000", "--out", out])
+    assert_one_line_error(result, 1, "not enough memory", "lower --hidden")
+    assert "checkpoint" not in result.output and not out.exists()
+
+
+def test_train_beyond_memory_after_the_first_checkpoint(tmp_path, toy_get_task):
+    """A batch too large for memory fails after train wrote the checkpoint of iteration 0: the
+    message says what was left, and how to go on or start again."""
+    toy_get_task["task"] = lambda name: HugeBatches(name, *toy_arrays(), num_classes=2)
+    out = tmp_path / "run"
+    result = invoke(TRAIN + ["--out", out])
+    assert_one_line_error(result, 1, "not enough memory", "lower --hidden, --batch-size",
+                          f"checkpoint {out / 'checkpoint.h5'} (iteration 0)",
+                          f"--out {out} --resume", f"delete {out}")
+    assert (out / "checkpoint.h5").is_file()
+
+
+# ----------------------------------------------------------------------------------------------
+# 7. bench --device cuda without a GPU; 8. train's exit status after a signal; 9. progress
+# ----------------------------------------------------------------------------------------------
+
+def test_bench_on_cuda_says_no_gpu_before_anything_about_pytorch(monkeypatch):
+    import nprnn.bench
+
+    monkeypatch.setattr(nprnn.device, "cuda_available", lambda: (False, "no GPU in this test"))
+    monkeypatch.setattr(nprnn.bench, "torch_available", lambda device="cpu": device == "cpu")
+    result = invoke(["bench", "--device", "cuda"])
+    assert_one_line_error(result, 1, "no GPU is usable", "no GPU in this test")
+    assert "PyTorch" not in result.output
+
+
+@pytest.mark.parametrize("sig, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_train_stopped_by_a_signal_exits_with_128_plus_its_number(tmp_path, monkeypatch,
+                                                                 toy_get_task, sig, status):
+    import nprnn.train
+
+    real = nprnn.train.train
+
+    def train_then_signal(*args, **kwargs):
+        def send(it, loss):
+            if it == 2:
+                os.kill(os.getpid(), sig)
+        return real(*args, callback=send, **kwargs)
+    monkeypatch.setattr(nprnn.train, "train", train_then_signal)
+    out = tmp_path / "run"
+    result = invoke(TRAIN + ["--out", out])
+    assert result.exit_code == status, result.output + repr(result.exception)
+    assert f"stopped by {sig.name} at iteration 2" in result.output
+    monkeypatch.setattr(nprnn.train, "train", real)
+    result = invoke(["train", "--out", out, "--resume", "--no-progress"])
+    assert result.exit_code == 0 and "final test accuracy after 6" in result.output, \
+        result.output
+
+
+def test_jacobian_names_each_model_and_length_as_it_starts(tmp_path, no_matplotlib):
+    result = invoke(["jacobian", "--out", tmp_path, "--models", "antisym,lstm", "--gammas", "1",
+                     "--lengths", "2,3", "--hidden-size", "2", "--input-size", "1",
+                     "--sequences", "1"])
+    assert result.exit_code == 0, result.output
+    assert result.stderr.splitlines() == ["[1/4] antisym gamma=1, T=2", "[2/4] lstm, T=2",
+                                          "[3/4] antisym gamma=1, T=3", "[4/4] lstm, T=3"]
+    assert "[1/4]" not in result.stdout
