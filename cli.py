@@ -332,6 +332,10 @@ def jacobian(out, models, gammas, lengths, hidden_size, input_size, eps, sigma_w
             built = []
             for path in checkpoints:
                 model, _ = analysis.model_from_checkpoint(path, dtype)
+                if task and model.input_size != input_size:
+                    raise ValueError(f"task {task!r} has input size m={input_size}, but "
+                                     f"checkpoint {path} is a model of input size "
+                                     f"m={model.input_size}: give a task it was trained on")
                 built.append((analysis.checkpoint_label(model, path), model))
             sizes = sorted({m.input_size for _, m in built})
             if not task and len(sizes) > 1:
@@ -702,8 +706,17 @@ def data_info(task, data_dir, perm_seed, T, as_json):
         click.echo(f"{task}: {spec.summary}\n  sequences: T={T_}, m={m}")
         problem = "not built" if not state["exists"] else "NOT USABLE: " + state["problem"]
         click.echo(f"  cache: {state['path']}: {problem}")
-        if "raw_files_found" in out:
-            click.echo(f"  raw files found: {json.dumps(out['raw_files_found'], indent=4)}")
+        found = out.get("raw_files_found")
+        if isinstance(found, dict):
+            click.echo("  raw files:")
+            for role, where in found.items():
+                click.echo(f"    {role:<13} {where}")
+        elif found is not None:
+            click.echo(f"  raw files: {found}")
+        if found is not None and ("missing" in found.values() if isinstance(found, dict)
+                                  else found == "none"):
+            instructions = source.instructions(datasets.resolve_data_dir(data_dir))
+            click.echo("  " + instructions.replace("\n", "\n  "))
         click.echo(f"  build it with: python cli.py data prepare --task {task}"
                    + (f" --data-dir {data_dir}" if data_dir else ""))
         return

@@ -460,3 +460,16 @@ def test_jacobian_command_with_a_task(tmp_path, monkeypatch):
     np.testing.assert_array_equal(xs, toy_task(T=3, m=3)._x["test"][:3])
     assert saved["rows"][1]["mean"] == pytest.approx(
         A.eigenvalue_magnitudes(model, xs).mean(), rel=1e-12)
+
+
+def test_jacobian_refuses_a_task_that_does_not_fit_the_checkpoint(tmp_path, trained_run,
+                                                                 monkeypatch):
+    import nprnn.datasets
+    monkeypatch.setattr(nprnn.datasets, "get_task",
+                        lambda name, T=None, data_dir=None, **kw: toy_task(T=T, m=3),
+                        raising=False)
+    result = CliRunner().invoke(cli, ["jacobian", "--out", str(tmp_path), "--checkpoint",
+                                      str(trained_run), "--task", "toy", "--lengths", "2"])
+    assert result.exit_code == 1 and result.exc_info[0] is SystemExit
+    assert (f"task 'toy' has input size m=3, but checkpoint {trained_run} is a model of input "
+            f"size m=2") in result.output

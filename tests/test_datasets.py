@@ -541,6 +541,14 @@ def test_cli_data_prepare_and_info(fake_mnist):
     assert (info["T"], info["m"], info["sizes"]["train"]) == (60, 28, 60) and "noise" in info
 
 
+def test_cli_data_info_before_the_files_are_there_says_where_they_go(tmp_path):
+    r = _run_cli("data", "info", "--task", "mnist", "--data-dir", str(tmp_path))
+    assert r.exit_code == 0, r.output
+    assert "    train_images  missing" in r.output
+    assert f"in {tmp_path.resolve()}/mnist/ :" in r.output
+    assert "t10k-labels-idx1-ubyte.gz" in r.output
+
+
 def test_cli_data_prepare_errors_are_clear(tmp_path, monkeypatch):
     r = _run_cli("data", "prepare", "--task", "cifar10", "--data-dir", str(tmp_path),
                  "--no-download")
