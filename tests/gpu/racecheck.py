@@ -1,0 +1,193 @@
+"""A race and barrier checker for kernels run under Numba's CUDA simulator.
+
+The simulator runs each GPU thread of a block as a Python thread that goes on until it ends or
+waits at a barrier, so a missing `cuda.syncthreads()` mostly shows there as wrong numbers, which
+the tests against the CPU twins catch (we removed each barrier of the persistent kernels in turn:
+every one was caught so). What the simulator cannot show: a barrier that only some threads of a
+block reach (undefined behaviour on a GPU; the simulator lets the waiting threads go when the
+others end), two threads whose unordered accesses its schedule happens to put in the right order,
+and two blocks writing one address (it runs blocks one after another). This checker judges what
+every thread touches rather than what it computes, so those fail under the simulator too.
+
+Inside `with RaceCheck() as check:` every element access to a kernel's array arguments (global
+memory) and to its shared arrays is logged as (block, thread, epoch, read or write, address),
+where a thread's epoch is the number of barriers it has passed. When a launch ends its log is
+judged, launch by launch (launches on one stream are ordered, so only accesses within one
+launch can race):
+
+  shared memory  two threads of a block touch one address in the same epoch, one of them writing
+                 (no barrier orders them);
+  global memory  the same within a block; and any address written by one block and touched by
+                 another (blocks never wait for each other);
+  barriers       the threads of a block pass different sequences of barriers (a barrier in a
+                 branch or loop that some threads skip: undefined behaviour on a GPU, where the
+                 simulator may simply go on).
+
+`check.launches` lists one Launch(kernel, problems, shared, global_) per launch, with the
+numbers of shared and global accesses seen; `check.assert_clean()` raises with the problems. It
+reaches into the simulator's classes (FakeCUDAArray, FakeCUDAShared, BlockThread,
+FakeCUDAKernel), which numba-cuda may change: if they move, this module fails loudly at
+`RaceCheck()` rather than checking nothing (and the tests require shared accesses to be seen).
+On a real GPU, NVIDIA's compute-sanitizer (`--tool racecheck`, `--tool synccheck`) does this job.
+"""
+import os
+import sys
+import threading
+from collections import defaultdict, namedtuple
+
+import numpy as np
+
+Launch = namedtuple("Launch", "kernel problems shared global_")
+
+
+def _simulator():
+    from numba.cuda.simulator import kernel, kernelapi
+    from numba.cuda.simulator.cudadrv import devicearray
+    return kernel, kernelapi, devicearray
+
+
+class RaceCheck:
+    """Context manager: log and judge every kernel launch made inside it (simulator only)."""
+
+    def __init__(self):
+        self.kernel, self.kernelapi, self.devicearray = _simulator()
+        self.launches = []              # a Launch per kernel launch
+        self._log = []                  # (shared?, block, thread, epoch, write?, address)
+        self._barriers = defaultdict(list)     # (block, thread) -> [file:line of each barrier]
+        self._saved = []
+
+    # -- installing and removing the hooks --------------------------------------------------
+    def _patch(self, owner, name, new):
+        self._saved.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, new)
+
+    def __enter__(self):
+        check, array_class = self, self.devicearray.FakeCUDAArray
+        get, put = array_class.__getitem__, array_class.__setitem__
+        shared_array = self.kernelapi.FakeCUDAShared.array
+        sync = self.kernel.BlockThread.syncthreads
+        launch = self.kernel.FakeCUDAKernel.__call__
+
+        def logged_get(array, index):
+            check._access(array, index, write=False)
+            value = get(array, index)
+            if getattr(array, "_racecheck_shared", False) and isinstance(value, array_class):
+                value.__dict__["_racecheck_shared"] = True     # a slice of shared memory
+            return value
+
+        def logged_put(array, index, value):
+            check._access(array, index, write=True)
+            return put(array, index, value)
+
+        def logged_shared_array(shared, shape, dtype, alignment=None):
+            # the simulator hands out plain NumPy arrays for shared memory: wrap them so that
+            # their accesses are seen too
+            wrapped = array_class(shared_array(shared, shape, dtype, alignment))
+            wrapped.__dict__["_racecheck_shared"] = True
+            return wrapped
+
+        def counted_sync(thread):
+            caller = sys._getframe(2)            # the kernel line that called cuda.syncthreads
+            check._barriers[(tuple(thread.blockIdx), tuple(thread.threadIdx))].append(
+                f"{os.path.basename(caller.f_code.co_filename)}:{caller.f_lineno}")
+            sync(thread)
+            thread._racecheck_epoch = getattr(thread, "_racecheck_epoch", 0) + 1
+
+        def judged_launch(kernel, *args):
+            if kernel._device or check.kernel._kernel_context:
+                return launch(kernel, *args)     # a device function called inside a kernel
+            check._log.clear()
+            check._barriers.clear()
+            try:
+                return launch(kernel, *args)
+            finally:
+                shared = sum(1 for entry in check._log if entry[0])
+                check.launches.append(Launch(kernel.fn.__name__, check._judge(), shared,
+                                             len(check._log) - shared))
+
+        self._patch(array_class, "__getitem__", logged_get)
+        self._patch(array_class, "__setitem__", logged_put)
+        self._patch(self.kernelapi.FakeCUDAShared, "array", logged_shared_array)
+        self._patch(self.kernel.BlockThread, "syncthreads", counted_sync)
+        self._patch(self.kernel.FakeCUDAKernel, "__call__", judged_launch)
+        return self
+
+    def __exit__(self, *exc):
+        while self._saved:
+            owner, name, original = self._saved.pop()
+            setattr(owner, name, original)
+        return False
+
+    # -- logging -------------------------------------------------------------------------------
+    def _access(self, array, index, write):
+        thread = threading.current_thread()
+        if not isinstance(thread, self.kernel.BlockThread):
+            return                               # host code reading a result
+        address = _address(array._ary, index)
+        if address is None:
+            return                               # a slice: its elements are logged when read
+        self._log.append((getattr(array, "_racecheck_shared", False), tuple(thread.blockIdx),
+                          tuple(thread.threadIdx), getattr(thread, "_racecheck_epoch", 0),
+                          write, address))
+
+    # -- judging one launch --------------------------------------------------------------------
+    def _judge(self):
+        problems = []
+        per_block = defaultdict(dict)            # every thread seen: its barrier sites
+        for _, block, thread, *_ in self._log:
+            per_block[block][thread] = ()
+        for (block, thread), sites in self._barriers.items():
+            per_block[block][thread] = tuple(sites)
+        for block, sites in per_block.items():
+            if len(set(sites.values())) > 1:
+                counts = sorted({len(s) for s in sites.values()})
+                problems.append(f"block {block}: its threads pass different barriers "
+                                f"({counts} barriers per thread)")
+        touches = defaultdict(list)              # address -> [(block, thread, epoch, write)]
+        for shared, block, thread, epoch, write, address in self._log:
+            key = ("shared", block, address) if shared else ("global", address)
+            touches[key].append((block, thread, epoch, write))
+        for key, accesses in touches.items():
+            if not any(write for *_, write in accesses):
+                continue                         # only reads: never a race
+            space, address = key[0], key[-1]
+            if space == "global":
+                blocks = sorted({block for block, *_ in accesses})
+                if len(blocks) > 1:
+                    problems.append(f"global {address:#x}: written and touched by blocks "
+                                    f"{blocks}")
+                    continue
+            by_epoch = defaultdict(list)
+            for block, thread, epoch, write in accesses:
+                by_epoch[(block, epoch)].append((thread, write))
+            for (block, epoch), group in by_epoch.items():
+                threads = sorted({thread for thread, _ in group})
+                writers = sorted({thread for thread, write in group if write})
+                if len(threads) > 1 and writers:
+                    problems.append(f"{space} {address:#x} in block {block}, between barriers "
+                                    f"{epoch} and {epoch + 1}: written by threads {writers}, "
+                                    f"touched by {threads}")
+        return problems
+
+    def assert_clean(self):
+        """AssertionError listing the problems of every launch that had any."""
+        bad = [launch for launch in self.launches if launch.problems]
+        if bad:
+            lines = [f"{b.kernel}: {len(b.problems)} problem(s), e.g. {b.problems[:3]}"
+                     for b in bad]
+            raise AssertionError("races or barrier mismatches:\n  " + "\n  ".join(lines))
+
+
+def _address(a, index):
+    """The byte address of element a[index] for an integer index (tuple), else None."""
+    if not isinstance(index, tuple):
+        index = (index,)
+    if len(index) != a.ndim or not all(isinstance(i, (int, np.integer)) for i in index):
+        return None
+    offset = 0
+    for i, size, stride in zip(index, a.shape, a.strides):
+        i = int(i) + (size if int(i) < 0 else 0)
+        if not 0 <= i < size:
+            raise IndexError(f"index {index} is out of bounds for shape {a.shape}")
+        offset += i * stride
+    return a.__array_interface__["data"][0] + offset

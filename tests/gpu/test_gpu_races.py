@@ -1,0 +1,135 @@
+"""No shared-memory races and no misplaced barriers in the GPU kernels (tests/gpu/racecheck.py
+says what this adds to the tests against the CPU twins).
+
+The kernels that share memory between threads (the persistent kernels, the tiled A^T B product,
+the block sums of the gradient norm) are run at the ragged sizes of the other GPU tests, n = 6
+units over 4 threads and B = 3 rows over blocks of 2, under the race checker; the checker first
+shows that it catches each kind of mistake it looks for, on small kernels written wrong on
+purpose. It instruments Numba's CUDA simulator, so these tests run there only; on a GPU,
+compute-sanitizer's racecheck and synccheck tools do the same.
+"""
+import numpy as np
+import pytest
+from numba import cuda
+
+import test_gpu_baselines
+import test_gpu_euler
+import test_gpu_optim
+from gpu_testing import T, dev, requires_cuda
+from nprnn.device import simulator_enabled
+from racecheck import RaceCheck
+
+pytestmark = [requires_cuda, pytest.mark.skipif(
+    not simulator_enabled(), reason="the race checker instruments the CUDA simulator; on a GPU "
+                                    "use compute-sanitizer --tool racecheck / synccheck")]
+
+
+# -- the checker catches what it looks for ---------------------------------------------------
+
+@cuda.jit
+def shift_kernel(out, x, barrier):
+    """out[i] = x[i + 1] through shared memory; without the barrier thread i reads its
+    neighbour's slot before (or while) the neighbour writes it."""
+    buf = cuda.shared.array(0, dtype=x.dtype)
+    i = cuda.threadIdx.x
+    buf[i] = x[i]
+    if barrier:
+        cuda.syncthreads()
+    out[i] = buf[(i + 1) % cuda.blockDim.x]
+
+
+@cuda.jit
+def branch_barrier_kernel(out):
+    """A barrier that only even threads reach: undefined behaviour on a GPU."""
+    i = cuda.threadIdx.x
+    if i % 2 == 0:
+        cuda.syncthreads()
+    out[i] = i
+
+
+@cuda.jit
+def every_block_writes_kernel(out):
+    """Each block writes out[0]: blocks never wait for each other, so the result is whichever
+    came last."""
+    if cuda.threadIdx.x == 0:
+        out[0] = cuda.blockIdx.x
+
+
+def run_checked(launch):
+    with RaceCheck() as check:
+        launch()
+    return check
+
+
+def test_the_checker_finds_a_missing_barrier_and_passes_the_fixed_kernel():
+    x = np.arange(4.0)
+    out = dev(np.zeros(4))
+    racy = run_checked(lambda: shift_kernel[1, 4, 0, 32](out, dev(x), False))
+    [(name, problems, shared, _)] = racy.launches
+    assert name == "shift_kernel" and shared == 8
+    assert problems and all("shared" in p and "between barriers 0 and 1" in p for p in problems)
+    with pytest.raises(AssertionError, match="shift_kernel: 4 problem"):
+        racy.assert_clean()
+    fixed = run_checked(lambda: shift_kernel[1, 4, 0, 32](out, dev(x), True))
+    fixed.assert_clean()
+    np.testing.assert_array_equal(out.copy_to_host(), np.roll(x, -1))
+
+
+def test_the_checker_finds_a_barrier_that_some_threads_skip():
+    check = run_checked(lambda: branch_barrier_kernel[1, 4](dev(np.zeros(4))))
+    [problem] = check.launches[0].problems
+    assert "pass different barriers ([0, 1] barriers per thread)" in problem
+
+
+def test_the_checker_finds_blocks_writing_one_address():
+    check = run_checked(lambda: every_block_writes_kernel[3, 2](dev(np.zeros(1))))
+    [problem] = check.launches[0].problems
+    assert "written and touched by blocks [(0, 0, 0), (1, 0, 0), (2, 0, 0)]" in problem
+
+
+def test_the_checker_leaves_the_simulator_as_it_found_it():
+    before = run_checked(lambda: None)
+    assert before.launches == []
+    out = dev(np.zeros(4))
+    shift_kernel[1, 4, 0, 32](out, dev(np.arange(4.0)), False)      # not watched
+    assert before.launches == []
+
+
+# -- the kernels -----------------------------------------------------------------------------
+
+def assert_race_free(check, expect_shared):
+    """No problems in any launch, and the kernels that share memory were seen doing so (so a
+    hook that stopped seeing shared arrays cannot pass for a clean run)."""
+    check.assert_clean()
+    seen = {launch.kernel for launch in check.launches if launch.shared > 0}
+    missing = set(expect_shared) - seen
+    assert not missing, f"no shared-memory accesses seen in {sorted(missing)}"
+
+
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("structure", ["skew", "dense"])
+def test_euler_kernels_are_race_free(gated, structure):
+    with RaceCheck() as check:
+        for version in ("step", "persistent"):
+            test_gpu_euler.check("float64", gated, structure, version, T)
+    kind = "euler_gated" if gated else "euler"
+    assert_race_free(check, [f"{kind}_forward_persistent_kernel",
+                             f"{kind}_backward_persistent_kernel",
+                             "matmul_tn_partial_kernel"])
+
+
+@pytest.mark.parametrize("cell", list(test_gpu_baselines.CELLS))
+def test_baseline_kernels_are_race_free(cell):
+    with RaceCheck() as check:
+        for version in ("step", "persistent"):
+            test_gpu_baselines.test_baseline_forward_and_backward_match_cpu(cell, "float64",
+                                                                            version)
+    name = "lstm" if cell == "peephole-lstm" else cell
+    assert_race_free(check, [f"{name}_forward_persistent_kernel",
+                             f"{name}_backward_persistent_kernel", "matmul_tn_partial_kernel"])
+
+
+def test_gradient_norm_block_sums_are_race_free():
+    with RaceCheck() as check:
+        test_gpu_optim.test_sum_squares_matches_cpu("float64")
+    assert_race_free(check, ["sum_squares_block_kernel"])
