@@ -443,7 +443,10 @@ def train(config=None, out="runs/run", resume=False, given=None, task=None, echo
         prog = dict(iteration=0, epoch=0, batch=0, data_seed=config["seed"],
                     batches_per_epoch=per_epoch, elapsed=0.0, evaluated={},
                     interval=_new_interval())
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise TrainError(f"cannot create the run folder {out}: {e.strerror or e}") from None
     _write_json(out / CONFIG, config)
 
     echo(("resuming" if resume else "training") + f" {model.name} on {task.name} in {out}")

@@ -114,6 +114,9 @@ def test_a_used_folder_is_not_overwritten_and_resume_needs_a_checkpoint(tmp_path
         train(dict(CONFIG, iterations=2), tmp_path, task=toy_task(), **quiet())
     with pytest.raises(TrainError, match="nothing to resume"):
         train(out=tmp_path / "empty", resume=True, task=toy_task(), **quiet())
+    (tmp_path / "file").write_text("")
+    with pytest.raises(TrainError, match=r"cannot create the run folder .*file/run: Not a dir"):
+        train(dict(CONFIG, iterations=2), tmp_path / "file" / "run", task=toy_task(), **quiet())
     # a run killed before its first checkpoint left only config.json: say so, not "--resume"
     (tmp_path / "checkpoint.h5").unlink()
     with pytest.raises(TrainError, match="holds a config.json but no checkpoint.h5.*Delete"):
