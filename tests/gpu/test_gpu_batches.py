@@ -11,6 +11,7 @@ import gpu_testing as gt
 import nprnn
 from nprnn import gpu, sources
 from nprnn.datasets import get_task
+from nprnn.kernels.gpu_common import to_host
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))        # tests/: fake_data
 import fake_data as fd                                                # noqa: E402
@@ -52,7 +53,7 @@ def test_model_takes_device_batches(data_dir, monkeypatch):
     # the device batch's noise differs from the host's in the last float32 bits at most
     assert abs(loss_d - loss_h) < 1e-5
     for k in grads_h:
-        np.testing.assert_allclose(gpu.to_host(grads_d[k]), gpu.to_host(grads_h[k]),
+        np.testing.assert_allclose(to_host(grads_d[k]), to_host(grads_h[k]),
                                    rtol=1e-4, atol=1e-6, err_msg=k)
     np.testing.assert_allclose(model.forward(xd), model.forward(xh), rtol=1e-5, atol=1e-6)
     cpu_model = nprnn.make_model("antisym", task.m, 5, 10, eps=0.5, seed=1, dtype="float64")
