@@ -192,12 +192,13 @@ def cross_entropy(logits, y):
     return log_norm - z[np.arange(len(y)), y], z.argmax(axis=1)
 
 
-def evaluate(model, task, split, batch_size=256, should_stop=None):
+def evaluate(model, task, split, batch_size=256, should_stop=None, progress=None):
     """Mean loss and accuracy of `model` over every example of a split, in a fixed order (the
     training split too: unshuffled, its last short batch kept), whatever the batch size.
 
     Returns dict(loss, accuracy, count), or None if `should_stop()` became true in between
-    (a stop signal during a long evaluation does not wait for it to finish)."""
+    (a stop signal during a long evaluation does not wait for it to finish). `progress`, if
+    given, is called as progress(examples done, examples in all) after each batch."""
     if task.size(split) == 0:
         if split == "valid":
             raise TrainError(f"task {task.name!r} has no validation split: it is held out of the "
@@ -212,6 +213,8 @@ def evaluate(model, task, split, batch_size=256, should_stop=None):
         loss_sum += float(losses.sum())
         correct += int((pred == y).sum())
         count += len(y)
+        if progress is not None:
+            progress(count, task.size(split))
     return dict(loss=loss_sum / count, accuracy=correct / count, count=count)
 
 
@@ -581,14 +584,14 @@ def _last_record(metrics_path, split, iteration):
 # ----------------------------------------------------------------------------------------------
 
 def evaluate_checkpoint(path, split="test", task_name=None, data_dir=None, T=None,
-                        batch_size=None, task=None, device="auto"):
+                        batch_size=None, task=None, device="auto", progress=None):
     """Evaluate the checkpoint of a run folder (or a checkpoint file) on a split of its task, or
     on another task with the same input size and number of classes (`task_name`), on `device`
     (cpu, cuda or auto; a run trained on either device evaluates on either).
 
     A run folder's config.json and its checkpoint must describe the same model; a task that does
-    not fit the model raises TrainError. Returns dict(loss, accuracy, count, iteration, model,
-    task, split, checkpoint)."""
+    not fit the model raises TrainError. `progress` is passed to `evaluate`. Returns dict(loss,
+    accuracy, count, iteration, model, task, split, checkpoint)."""
     saved = load_checkpoint(path)
     config = dict(saved["config"])
     where = saved["path"]
@@ -614,6 +617,7 @@ def evaluate_checkpoint(path, split="test", task_name=None, data_dir=None, T=Non
     load_params_into(model, saved["params"], f"checkpoint {where}")
     task = load_task(config, task)
     check_task_fits(model, task, f"{where}, trained on {trained_on!r},")
-    res = evaluate(model, task, split, batch_size or config.get("eval_batch_size", 256))
+    res = evaluate(model, task, split, batch_size or config.get("eval_batch_size", 256),
+                   progress=progress)
     return dict(res, iteration=saved["progress"]["iteration"], model=model.name, task=task.name,
                 split=split, checkpoint=str(where))

@@ -315,3 +315,21 @@ def test_jacobian_names_each_model_and_length_as_it_starts(tmp_path, no_matplotl
     assert result.stderr.splitlines() == ["[1/4] antisym gamma=1, T=2", "[2/4] lstm, T=2",
                                           "[3/4] antisym gamma=1, T=3", "[4/4] lstm, T=3"]
     assert "[1/4]" not in result.stdout
+
+
+def test_eval_progress_is_drawn_in_place_on_a_terminal_only():
+    import io
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+    shown = cli._EvalProgress("test", stream=Terminal())
+    shown(256, 1000)
+    shown(1000, 1000)
+    shown.close()
+    assert shown.stream.getvalue() == ("\revaluating test: 256 / 1,000"
+                                       "\revaluating test: 1,000 / 1,000\n")
+    quiet = cli._EvalProgress("test", stream=io.StringIO())
+    quiet(256, 1000)
+    quiet.close()
+    assert quiet.stream.getvalue() == ""
