@@ -323,6 +323,15 @@ class Progress:
             self.stream.write("\n")
             self.stream.flush()
 
+    def status(self, text):
+        """On a terminal, `text` in place of the bar until the next update (an evaluation in
+        progress, say); elsewhere nothing. Redrawn at most 4 times a second."""
+        now = time.perf_counter()
+        if self.tty and now - self.last_draw >= 0.25:
+            self.stream.write("\r" + text + "\x1b[K")         # ESC[K: clear the rest of the line
+            self.stream.flush()
+            self.last_draw = now
+
     def message(self, text):
         """A line of text that does not collide with the bar."""
         if self.enabled:
@@ -488,7 +497,9 @@ def train(config=None, out="runs/run", resume=False, given=None, task=None, echo
     def run_eval(split, it, stop, **extra):
         """Evaluate at iteration `it`, log it; False if a stop signal cut it short."""
         res = evaluate(model, task, split, config["eval_batch_size"],
-                       should_stop=lambda: stop.requested is not None)
+                       should_stop=lambda: stop.requested is not None,
+                       progress=lambda done, total: bar.status(
+                           f"iteration {it}: evaluating {split}, {done:,} / {total:,}"))
         if res is None:
             return False
         prog["evaluated"][split] = it

@@ -387,3 +387,18 @@ def test_cli_errors_are_clean(tmp_path, toy_get_task):
     assert r.exit_code == 1 and "no such run directory" in r.output
     r = runner.invoke(cli.cli, ["train", "--out", str(tmp_path / "x"), "--resume"])
     assert r.exit_code == 1 and "nothing to resume" in r.output
+
+
+def test_the_progress_bar_shows_an_evaluation_in_progress_on_a_terminal_only():
+    import io
+    from nprnn.train import Progress
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+    bar = Progress(total=100, start=0, stream=Terminal())
+    bar.status("iteration 10: evaluating test, 256 / 1,000")
+    assert bar.stream.getvalue() == "\riteration 10: evaluating test, 256 / 1,000\x1b[K"
+    log = Progress(total=100, start=0, stream=io.StringIO())
+    log.status("iteration 10: evaluating test, 256 / 1,000")
+    assert log.stream.getvalue() == ""
