@@ -137,12 +137,15 @@ def merge_resume_config(saved, given):
             config[key] = value
             changes.append(f"{key}: {old!r} -> {value!r}")
         else:
-            conflicts.append(f"{key}={value!r} (the run was started with {old!r})")
+            started = ("the task's own length" if key == "T" and old is None
+                       else repr(old))
+            conflicts.append(f"--{key.replace('_', '-')} {value!r} (the run was started with "
+                             f"{started})")
     if conflicts:
         raise TrainError("--resume continues the saved run, whose settings cannot change: "
                          + "; ".join(conflicts) + ". Leave these options out, or start a new run "
                          "with another --out. Options that may change on resume: "
-                         + ", ".join(CHANGEABLE_ON_RESUME))
+                         + ", ".join("--" + k.replace("_", "-") for k in CHANGEABLE_ON_RESUME))
     return resolve_config(**{k: v for k, v in config.items() if k in DEFAULTS}) | {
         k: v for k, v in config.items() if k not in DEFAULTS}, changes
 

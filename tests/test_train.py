@@ -148,10 +148,10 @@ def test_evaluate_scores_every_example_at_any_batch_size():
 
 def test_resume_refuses_other_settings_but_allows_a_lower_learning_rate(tmp_path):
     train(dict(CONFIG, iterations=4), tmp_path, task=toy_task(), **quiet())
-    with pytest.raises(TrainError, match=r"model='lstm' \(the run was started with 'antisym'\)"):
+    with pytest.raises(TrainError, match=r"--model 'lstm' \(the run was started with 'antisym'\)"):
         train(out=tmp_path, resume=True, given=dict(model="lstm"), task=toy_task(), **quiet())
     with pytest.raises(TrainError,
-                       match=r"cannot change: hidden=16 \(the run was started with 8\)"):
+                       match=r"cannot change: --hidden 16 \(the run was started with 8\)"):
         train(out=tmp_path, resume=True, given=dict(hidden=16), task=toy_task(), **quiet())
     lines = []
     res = train(out=tmp_path, resume=True, given=dict(lr=0.05, iterations=8), task=toy_task(),
@@ -167,7 +167,7 @@ def test_resume_refuses_other_settings_but_allows_a_lower_learning_rate(tmp_path
     res = train(out=tmp_path, resume=True, given=dict(T=6, iterations=9), task=toy_task(),
                 **quiet())
     assert res["iteration"] == 9
-    with pytest.raises(TrainError, match=r"T=7 \(the run was started with None\)"):
+    with pytest.raises(TrainError, match=r"--T 7 \(the run was started with the task's own length\)"):
         train(out=tmp_path, resume=True, given=dict(T=7), task=toy_task(), **quiet())
 
 
@@ -370,7 +370,7 @@ def test_the_permutation_seed_reaches_the_task_and_is_not_the_training_seed(tmp_
     assert r.exit_code == 0, r.output
     assert toy_get_task == [("pmnist", 5), ("pmnist", 5)]          # train, then eval
     r = runner.invoke(cli.cli, ["train", "--out", out, "--resume", "--perm-seed", "6"])
-    assert r.exit_code == 1 and "perm_seed=6 (the run was started with 5)" in r.output
+    assert r.exit_code == 1 and "--perm-seed 6 (the run was started with 5)" in r.output
     r = runner.invoke(cli.cli, ["train", *args, "--seed", str(2**63), "--out", out + "2"])
     assert r.exit_code == 2 and "0<=x<=9223372036854775807" in r.output
     with pytest.raises(TrainError, match=r"perm_seed must be an integer in 0 \.\. "):
