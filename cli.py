@@ -433,7 +433,8 @@ def plot_runs(runs, out, name):
 @click.option("--lr", default=0.1, show_default=True, type=FiniteFloat(min=0, min_open=True),
               help="Learning rate (grid: 0.1, 0.2, 0.3, 0.4, 0.5, 0.75, 1).")
 @click.option("--momentum", default=0.9, show_default=True,
-              type=FiniteFloat(min=0, max=1, max_open=True), help="SGD momentum.")
+              type=FiniteFloat(min=0, max=1, max_open=True),
+              help="SGD momentum (not used by adagrad; the paper gives no value).")
 @click.option("--batch-size", default=128, show_default=True, type=click.IntRange(min=1),
               help="Examples per step.")
 @click.option("--iterations", default=50_000, show_default=True, type=click.IntRange(min=0),
