@@ -7,7 +7,7 @@ For each task: the time to open its cache (checks included), the median time to 
 training batch and one test batch of B sequences (read the images from the HDF5 file, scale them,
 draw the noise), and the median time of one training step of the antisymmetric RNN (n=128,
 float32, forward + BPTT, `Model.loss_and_grad`) on such a batch, with the ratio batch / step.
-"write/step" is the floor under any batch: allocating a fresh float32 array of the batch's shape
+"floor/step" is the floor under any batch: allocating a fresh float32 array of the batch's shape
 and writing it once, over the same step time.
 Batches and steps are timed in alternating rounds, so that both see the same machine load.
 The caches are built first if needed (MNIST must be in DIR/mnist or downloadable). The
@@ -156,7 +156,7 @@ def main():
           f"load average {os.getloadavg()[0]:.1f}; medians over {args.steps} rounds of "
           f"{args.batches} batches + 1 step")
     print(f"{'task':<14} {'T':>5} {'m':>4} {'open':>8} {'train batch':>12} {'test batch':>11} "
-          f"{'step':>9} {'batch/step':>11} {'write/step':>11}")
+          f"{'step':>9} {'batch/step':>11} {'floor/step':>11}")
     noisy = ("mnist-noise", "padded-mnist", "cifar10-noise")
     rows = [(bench_task, name, dict(data_dir=args.data_dir)) for name in
             filter(None, args.tasks.split(","))]

@@ -167,21 +167,27 @@ def run(names, B, T, m, n, dtype="float32", repeat=5, with_torch=True, seed=0):
                              fwd_bwd=theirs["fwd_bwd"], gflops=f_all / theirs["fwd_bwd"] / 1e9,
                              ratio=1.0))
         else:
+            if with_torch:
+                row["note"] = "(PyTorch has no such cell)"
             rows.append(row)
     return rows
 
 
 def format_table(rows):
-    lines = [f"{'model':<14} {'implementation':<28} {'forward ms':>10} {'fwd+bwd ms':>10} "
+    """The rows as a fixed-width table, the implementation column as wide as its longest entry;
+    a row's note, if any, follows it."""
+    w = max([len("implementation")] + [len(r["impl"]) for r in rows])
+    lines = [f"{'model':<14} {'implementation':<{w}} {'forward ms':>10} {'fwd+bwd ms':>10} "
              f"{'GFLOP/s':>8} {'fwd+bwd vs PyTorch':>18}"]
     for r in rows:
+        note = f"  {r['note']}" if r.get("note") else ""
         if not np.isfinite(r["fwd_bwd"]):                   # a version that did not run
-            lines.append(f"{r['model']:<14} {r['impl']:<28} {'-':>10} {'-':>10} {'-':>8} "
-                         f"{'-':>18}  {r.get('note', '')}")
+            lines.append(f"{r['model']:<14} {r['impl']:<{w}} {'-':>10} {'-':>10} {'-':>8} "
+                         f"{'-':>18}{note}")
             continue
         ratio = f"{r['ratio']:.2f}x" if "ratio" in r else "-"
-        lines.append(f"{r['model']:<14} {r['impl']:<28} {r['forward'] * 1e3:>10.1f} "
-                     f"{r['fwd_bwd'] * 1e3:>10.1f} {r['gflops']:>8.1f} {ratio:>18}")
+        lines.append(f"{r['model']:<14} {r['impl']:<{w}} {r['forward'] * 1e3:>10.1f} "
+                     f"{r['fwd_bwd'] * 1e3:>10.1f} {r['gflops']:>8.1f} {ratio:>18}{note}")
     return "\n".join(lines)
 
 

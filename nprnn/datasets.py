@@ -420,8 +420,8 @@ TASKS = {spec.name: spec for spec in [
              "CIFAR-10, one row (32 x 3) per step for 32 steps, then N(0,1) noise to T "
              "(Chang et al. 5.3)", default_T=1000),
     TaskSpec("padded-mnist", "mnist", "image-then-noise",
-             "one MNIST digit (784 values) at step 1, then T-1 steps of N(0,1) noise "
-             "(Chen et al. 2018, 5.1)", default_T=100),
+             "one MNIST digit (784 values) at the first step, then T-1 steps of N(0,1) "
+             "noise (Gilboa et al. 2019, 5.1)", default_T=100),
     TaskSpec("mnist-noise", "mnist", "rows-then-noise",
              "MNIST, one row (28 px) per step for 28 steps, then N(0,1) noise to T",
              default_T=1000),

@@ -34,6 +34,20 @@ def test_bench_prints_a_row_per_model():
     assert all(float(r.split()[-3]) > 0 for r in rows)          # GFLOP/s
 
 
+def test_table_columns_line_up_and_notes_follow_their_rows():
+    rows = [dict(model="antisym", impl="nprnn (numba, CPU)", forward=0.0262, fwd_bwd=0.078,
+                 gflops=127.2, ratio=0.45),
+            dict(model="antisym", impl="PyTorch 2.13.0+cpu (2 threads and then some)",
+                 forward=0.0574, fwd_bwd=0.173, gflops=57.3, ratio=1.0),
+            dict(model="peephole-lstm", impl="nprnn (numba, CPU)", forward=0.1424,
+                 fwd_bwd=0.3273, gflops=121.2, note="(PyTorch has no such cell)")]
+    header, *lines = bench.format_table(rows).splitlines()
+    end = header.index("forward ms") + len("forward ms")
+    for line, value in zip(lines, ("26.2", "57.4", "142.4")):
+        assert line[end - len(value):end] == value, (header, line)
+    assert lines[2].endswith("-  (PyTorch has no such cell)")
+
+
 def test_bench_on_auto_times_the_cpu_without_a_gpu(monkeypatch):
     import nprnn.device
     monkeypatch.setattr(nprnn.device, "cuda_available", lambda: (False, "no driver (a test)"))
