@@ -90,6 +90,20 @@ def test_cuda_without_a_gpu_is_a_clear_error_not_a_driver_traceback():
     assert model.device == "cpu"
 
 
+
+@pytest.mark.skipif(HAS_GPU, reason="a GPU is present: .ci/gpu would run its checks")
+def test_the_gpu_checks_stop_at_once_without_a_gpu(tmp_path):
+    """.ci/gpu (the GPU session's checks) says why it cannot run, and runs nothing."""
+    repo = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PATH=os.pathsep.join([str(Path(sys.executable).parent),
+                                                 os.environ.get("PATH", "")]))
+    proc = subprocess.run(["bash", str(repo / ".ci" / "gpu"), str(tmp_path / "logs")],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().startswith(".ci/gpu: no GPU to check: ")
+    assert device.cuda_available()[1] in proc.stderr
+    assert list((tmp_path / "logs").iterdir()) == []
+
 # -- persistent kernels: what fits in a block's shared memory ------------------------------
 
 def test_persistent_kernels_fit_the_paper_sizes():
