@@ -209,6 +209,8 @@ def run_gpu(names, B, T, m, n, dtype="float32", repeat=5, with_torch=True, seed=
             row["gflops"] = f_all / row["fwd_bwd"] / 1e9
             if theirs is not None:
                 row["ratio"] = row["fwd_bwd"] / theirs["fwd_bwd"]
+            elif with_torch and not row["note"]:
+                row["note"] = "(PyTorch has no such cell)"
             rows.append(row)
         if theirs is not None:
             kind = "cuDNN" if name in ("rnn", "lstm", "gru") else "eager"

@@ -48,6 +48,34 @@ def test_table_columns_line_up_and_notes_follow_their_rows():
     assert lines[2].endswith("-  (PyTorch has no such cell)")
 
 
+def test_gpu_table_rows_ratios_and_yardsticks(monkeypatch):
+    """run_gpu's assembly of the GPU table, with the timings faked (CI has no GPU): a row per
+    kernel version, ratios against the same model's PyTorch row, a note where PyTorch has no such
+    cell, and cuDNN nn.RNN / nn.LSTM added as yardsticks when not asked for."""
+    pytest.importorskip("numba_cuda", reason="nprnn.gpu needs numba-cuda (the cuda extra)")
+    from nprnn import gpu
+
+    def time_model(name, **kw):
+        return [dict(version=v, forward_ms=1.0, forward_backward_ms=3.0, note="") for v in
+                ("step", "persistent")]
+
+    def bench_torch(name, *args, **kw):
+        return (None if name == "peephole-lstm" else
+                dict(forward=2e-3, fwd_bwd=6e-3, version="9.9", threads=1))
+    monkeypatch.setattr(gpu, "time_model", time_model)
+    monkeypatch.setattr(bench, "bench_torch", bench_torch)
+    rows = bench.run_gpu(["antisym", "peephole-lstm"], 2, 3, 1, 4, repeat=1)
+    assert [(r["model"], r["impl"]) for r in rows] == [
+        ("antisym", "nprnn cuda, step"), ("antisym", "nprnn cuda, persistent"),
+        ("antisym", "PyTorch 9.9 eager"),
+        ("peephole-lstm", "nprnn cuda, step"), ("peephole-lstm", "nprnn cuda, persistent"),
+        ("rnn", "PyTorch 9.9 cuDNN"), ("lstm", "PyTorch 9.9 cuDNN")]
+    assert rows[0]["ratio"] == pytest.approx(0.5) and rows[2]["ratio"] == 1.0
+    assert "ratio" not in rows[3] and rows[3]["note"] == "(PyTorch has no such cell)"
+    table = bench.format_table(rows).splitlines()
+    assert table[1].split()[-1] == "0.50x" and table[4].endswith("(PyTorch has no such cell)")
+
+
 def test_bench_on_auto_times_the_cpu_without_a_gpu(monkeypatch):
     import nprnn.device
     monkeypatch.setattr(nprnn.device, "cuda_available", lambda: (False, "no driver (a test)"))
