@@ -8,7 +8,10 @@ training batch and one test batch of B sequences (read the images from the HDF5 
 draw the noise), and the median time of one training step of the antisymmetric RNN (n=128,
 float32, forward + BPTT, `Model.loss_and_grad`) on such a batch, with the ratio batch / step.
 "floor/step" is the floor under any batch: allocating a fresh float32 array of the batch's shape
-and writing it once, over the same step time.
+and writing it once, over the same step time. "in loop" is what batches add to a run of training
+steps (`Model.step_arrays`, as the training loop calls it, one wait at the end): its time with a
+new batch before each step, over its time on one batch made beforehand, minus 1. On the CPU it is
+about batch/step; on cuda the host makes the next batch while the GPU runs the step.
 Batches and steps are timed in alternating rounds, so that both see the same machine load.
 The caches are built first if needed (MNIST must be in DIR/mnist or downloadable). The
 --synthetic tasks (CIFAR-10, which cannot be had everywhere) are timed on random images of their
@@ -41,27 +44,41 @@ def synchronizer(device):
     return lambda: None
 
 
-def time_batches_and_step(next_train, next_test, m, K, B, n, batches, steps, device):
+def time_batches_and_step(next_train, next_test, next_loop, m, K, B, n, batches, steps,
+                          device):
     """Median times (s) of a training batch, a test batch and one antisym training step on
-    `device`, timed in interleaved rounds so that all three see the same machine load; and, on
-    the CPU, of the floor under any batch: allocating and writing a fresh float32 array of its
-    shape."""
+    `device`, timed in interleaved rounds so that all three see the same machine load; the
+    fraction that batches from `next_loop` (made as the training loop makes them) add to a run
+    of `batches` steps; and, on the CPU, the floor under any batch: allocating and writing a
+    fresh float32 array of its shape."""
     sync = synchronizer(device)
     next_train(), next_test()                            # first touch of the output memory
     model = nprnn.make_model("antisym", m, n, K, dtype="float32", device=device)
     x, y = next_train()
     model.loss_and_grad(x, y)                            # compile (cached on disk) and warm up
-    train_t, test_t, step_t = [], [], []
+
+    def run(next_batch):
+        """`batches` steps, each on next_batch(), timed to the end of the last."""
+        start = time.perf_counter()
+        for _ in range(batches):
+            model.step_arrays(*next_batch())
+        sync()
+        return time.perf_counter() - start
+
+    train_t, test_t, step_t, added = [], [], [], []
     for _ in range(steps):
         train_t.append(median_time(next_train, batches, sync, warmup=False))
         test_t.append(median_time(next_test, batches, sync, warmup=False))
         step_t.append(median_time(lambda: model.loss_and_grad(x, y), 1, sync,
                                   warmup=False))
+        fixed = run(lambda: (x, y))
+        added.append(run(next_loop) / fixed - 1)
     write_s = (median_time(lambda: np.empty(x.shape, np.float32).fill(0), batches,
                            warmup=False)
                if device == "cpu" else float("nan"))
-    train_s, test_s, step_s = map(statistics.median, (train_t, test_t, step_t))
-    return dict(train_s=train_s, test_s=test_s, step_s=step_s, write_s=write_s)
+    train_s, test_s, step_s, in_loop = map(statistics.median, (train_t, test_t, step_t, added))
+    return dict(train_s=train_s, test_s=test_s, step_s=step_s, write_s=write_s,
+                in_loop=in_loop)
 
 
 def bench_task(name, data_dir, B, n, batches, steps, T, device):
@@ -72,8 +89,12 @@ def bench_task(name, data_dir, B, n, batches, steps, T, device):
     open_s = time.perf_counter() - start
     train_iter = task.batches("train", B, seed=0, epoch=0, device=device)
     test_iter = task.batches("test", B, device=device)
-    r = time_batches_and_step(lambda: next(train_iter), lambda: next(test_iter), task.m,
-                              task.num_classes, B, n, batches, steps, device)
+    loop_iter = itertools.chain.from_iterable(         # as the training loop: epoch after epoch
+        task.batches("train", B, seed=0, epoch=e, device=device, reuse=device == "cuda")
+        for e in itertools.count(1))
+    r = time_batches_and_step(lambda: next(train_iter), lambda: next(test_iter),
+                              lambda: next(loop_iter), task.m, task.num_classes, B, n, batches,
+                              steps, device)
     task.close()
     return dict(r, task=name, T=task.T, m=task.m, open=f"{1e3 * open_s:>6.0f}ms")
 
@@ -88,18 +109,23 @@ def bench_synthetic(name, B, n, batches, steps, T, device):
     perm = np.arange(H * W)
     rng = np.random.default_rng(0)
     counter = itertools.count()
+    staging = None
+    if device == "cuda":
+        from nprnn.gpu import Staging
+        staging = Staging()
 
-    def batch(split):
+    def batch(split, staging=None):
         images = rng.integers(0, 256, (B, H, W, C), dtype=np.uint8)
         i = next(counter)
         keys = (np.column_stack([np.full(B, 1), np.zeros(B, int), np.zeros(B, int),
                                  np.full(B, i), np.arange(B)]) if split == "train" else
                 np.column_stack([np.full(B, 2), np.ones(B, int), i * B + np.arange(B)]))
         y = rng.integers(0, 10, B)
-        return sequences(spec.layout, images, T, perm, keys, device), y     # as Task.batches
+        return sequences(spec.layout, images, T, perm, keys, device, staging), y  # as batches
 
-    r = time_batches_and_step(lambda: batch("train"), lambda: batch("test"), m, 10, B, n,
-                              batches, steps, device)
+    r = time_batches_and_step(lambda: batch("train"), lambda: batch("test"),
+                              lambda: batch("train", staging), m, 10, B, n, batches, steps,
+                              device)
     return dict(r, task=name + "*", T=T, m=m, open="-")
 
 
@@ -156,7 +182,7 @@ def main():
           f"load average {os.getloadavg()[0]:.1f}; medians over {args.steps} rounds of "
           f"{args.batches} batches + 1 step")
     print(f"{'task':<14} {'T':>5} {'m':>4} {'open':>8} {'train batch':>12} {'test batch':>11} "
-          f"{'step':>9} {'batch/step':>11} {'floor/step':>11}")
+          f"{'step':>9} {'batch/step':>11} {'floor/step':>11} {'in loop':>8}")
     noisy = ("mnist-noise", "padded-mnist", "cifar10-noise")
     rows = [(bench_task, name, dict(data_dir=args.data_dir)) for name in
             filter(None, args.tasks.split(","))]
@@ -168,7 +194,7 @@ def main():
               f"{1e3 * r['train_s']:>10.1f}ms {1e3 * r['test_s']:>9.1f}ms "
               f"{1e3 * r['step_s']:>7.1f}ms {100 * r['train_s'] / r['step_s']:>10.1f}% "
               + (f"{100 * r['write_s'] / r['step_s']:>10.1f}%" if args.device == "cpu"
-                 else f"{'-':>11}"),
+                 else f"{'-':>11}") + f" {100 * r['in_loop']:>7.1f}%",
               flush=True)
     ours, theirs, on_gpu = bench_noise(args.batch_size, args.T or 1000, device=args.device)
     if args.synthetic:

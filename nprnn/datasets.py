@@ -186,16 +186,24 @@ class Task:
         return np.random.default_rng([seed, epoch]).permutation(N).astype(np.int64)
 
     def batches(self, split, batch_size, seed=0, epoch=0, start=0, shuffle=None, drop_last=None,
-                device="cpu"):
+                device="cpu", reuse=False):
         """Iterate over (x float32 (B, T, m), y int64 (B,)) batches of one epoch over `split`.
 
         The order is `order(split, seed, epoch, shuffle)`; batch b holds order[b*B : (b+1)*B].
         `start` is the index of the first batch yielded (resume mid-epoch). Only the batch being
         yielded is held in memory. device="cuda" yields x as a float32 device array (numba.cuda):
         the noise tasks then draw their noise on the GPU (the same numbers to float32 rounding)
-        and only the image part crosses from the host; y stays a NumPy array."""
+        and only the image part crosses from the host; y stays a NumPy array.
+
+        reuse=True (cuda only) fills a few device buffers in turn instead of fresh arrays, and
+        uploads without waiting for the GPU (nprnn.gpu.Staging): each x yielded is overwritten
+        two batches later, after the kernels launched on it before then. The training loop and
+        evaluation use it; keep it off to hold on to batches."""
         if device not in DEVICES:
             raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
+        if reuse and device != "cuda":
+            raise ValueError(f"reuse=True reuses GPU buffers: it needs device='cuda', got "
+                             f"{device!r}")
         if device == "cuda":
             from .device import resolve_device
             resolve_device(device)     # DeviceUnavailable, saying why, when no GPU is usable
@@ -209,18 +217,25 @@ class Task:
             raise ValueError(f"start={start} is past the end: {split!r} has {nb} batches of "
                              f"{B}")
         order = self.order(split, seed, epoch, shuffle)
-        make = self._make_device_batch if device == "cuda" else self._make_batch
+        if device == "cpu":
+            for b in range(start, nb):
+                yield self._make_batch(split, order[b * B:(b + 1) * B], seed, epoch, b)
+            return
+        from . import gpu
+        staging = gpu.Staging() if reuse else None
         for b in range(start, nb):
-            yield make(split, order[b * B:(b + 1) * B], seed, epoch, b)
+            yield self._make_device_batch(split, order[b * B:(b + 1) * B], seed, epoch, b,
+                                          staging)
 
     def _make_batch(self, split, idx, seed, epoch, batch_index):
         raise NotImplementedError
 
-    def _make_device_batch(self, split, idx, seed, epoch, batch_index):
-        """The batch with x on the GPU; a task that can build part of it there overrides this."""
+    def _make_device_batch(self, split, idx, seed, epoch, batch_index, staging=None):
+        """The batch with x on the GPU (in a slot of `staging`, an nprnn.gpu.Staging, if given);
+        a task that can build part of it there overrides this."""
         from . import gpu
         x, y = self._make_batch(split, idx, seed, epoch, batch_index)
-        return gpu.to_device(x), y
+        return gpu.to_device(x, staging=staging, name="x"), y
 
     def info(self):
         """A JSON-able summary: shapes, split sizes, label histograms."""
@@ -363,15 +378,16 @@ LAYOUTS = {
 NOISE_HEADS = {"rows-then-noise": image_rows, "image-then-noise": whole_image}
 
 
-def sequences(layout, images, T, perm, keys, device="cpu"):
+def sequences(layout, images, T, perm, keys, device="cpu", staging=None):
     """x float32 (B, T, m) of `layout` from images uint8 (B, H, W, C): a NumPy array, or with
     device="cuda" a device array, whose noise (if the layout has any) is drawn on the GPU so that
-    only the image part is uploaded."""
+    only the image part is uploaded (through `staging`, an nprnn.gpu.Staging, if given)."""
     if device == "cuda":
         from . import gpu
         if layout in NOISE_HEADS:
-            return gpu.head_then_noise(NOISE_HEADS[layout](images), T, keys)
-        return gpu.to_device(LAYOUTS[layout][0](images, T, perm, keys))
+            return gpu.head_then_noise(NOISE_HEADS[layout](images), T, keys, staging)
+        return gpu.to_device(LAYOUTS[layout][0](images, T, perm, keys), staging=staging,
+                             name="x")
     return LAYOUTS[layout][0](images, T, perm, keys)
 
 
@@ -707,7 +723,7 @@ class CachedTask(Task):
         images[order] = self._images[file_split][rows[order]]
         return images
 
-    def _make_batch(self, split, idx, seed, epoch, batch_index, device="cpu"):
+    def _make_batch(self, split, idx, seed, epoch, batch_index, device="cpu", staging=None):
         file_split, all_rows = self._rows[split]
         rows = all_rows[idx]
         images = self._read_images(file_split, rows)
@@ -721,11 +737,11 @@ class CachedTask(Task):
             else:                                       # the example's own, at every evaluation
                 keys = np.column_stack([np.full(B, NOISE_EVAL),
                                         np.full(B, _FILE_CODE[file_split]), rows])
-        x = sequences(self.spec.layout, images, self.T, self.permutation, keys, device)
+        x = sequences(self.spec.layout, images, self.T, self.permutation, keys, device, staging)
         return x, self._labels[split][idx]
 
-    def _make_device_batch(self, split, idx, seed, epoch, batch_index):
-        return self._make_batch(split, idx, seed, epoch, batch_index, device="cuda")
+    def _make_device_batch(self, split, idx, seed, epoch, batch_index, staging=None):
+        return self._make_batch(split, idx, seed, epoch, batch_index, "cuda", staging)
 
     def info(self):
         out = super().info()

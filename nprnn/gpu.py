@@ -9,8 +9,9 @@ every activation BPTT needs, and the optimizer state, which kernels/optim.py's G
 in place. Activations live in a per-model `Workspace`, allocated once and reused; the gradients
 of a training step (`model.step_arrays`) in a second one: a fresh device array costs a
 cudaMalloc, and numba frees dead ones in batches with cudaFree, which waits for the whole GPU.
-Per step the batch and its labels go in; the loss stays on the GPU until the training loop reads
-its running totals.
+Per step the batch and its labels go in, through a `Staging`: page-locked buffers and
+asynchronous copies, so that the host makes the next batch while the GPU runs this step; the loss
+stays on the GPU until the training loop reads its running totals.
 
 Kernel versions (nprnn/kernels/antisym.py explains them):
     "step"        one thread per (b, i), one launch per time step
@@ -27,6 +28,7 @@ import numpy as np
 
 from . import cells
 from .cells import DEFAULT_EPS, DEFAULT_GAMMA
+from .device import simulator_enabled
 from .kernels import antisym as K_euler
 from .kernels import gru as K_gru
 from .kernels import lstm as K_lstm
@@ -59,28 +61,119 @@ def _launch(version, backward, skew=None):
 
 
 # ------------------------------------------------------------------------------------------
-# Device arrays
+# Device arrays, and batches uploaded without waiting for the GPU
 # ------------------------------------------------------------------------------------------
 
-def to_device(a, dtype=None):
-    """A device array holding `a` (a NumPy array, or already a device array: returned as is)."""
+class Staging:
+    """Device buffers for a stream of batches, filled without making the host wait for the GPU.
+
+    `cuda.to_device(a)` of a NumPy array costs the host a wait for the GPU: it copies from
+    pageable memory with cuMemcpyHtoD, which waits for every kernel already queued, and the fresh
+    array it allocates is freed later by numba's batched cudaFree, which waits for the whole GPU.
+    Done once per training step, for the batch and its labels, that stops the host until the
+    previous step has finished, and the GPU sits idle while the next step is launched.
+
+    A Staging keeps `depth` slots per name and uses them in turn. A slot is a device buffer, and
+    for `upload` also a page-locked host buffer and an event. `upload(name, a)` copies `a` into
+    the host buffer and queues cuMemcpyHtoDAsync on the default stream, where every kernel runs:
+    the call returns at once, and the GPU does the copy after the kernels queued before it and
+    before those queued after it. Rewriting a host buffer first waits on its slot's event, which
+    marks the copy made `depth` uploads ago under that name; the GPU reaches it when it has
+    finished the step before it. So the host runs at most `depth` batches ahead of the GPU.
+
+    The price: an array returned is overwritten by the `depth`-th next call under its name (in
+    stream order, so kernels launched before that call read it intact). The training loop and
+    evaluation use each batch before they ask for the next one, which is all this needs; a caller
+    keeping batches wants fresh arrays instead (`Task.batches(..., reuse=False)`, the default).
+    A slot's buffers grow when a larger array comes (a short last batch reuses them). Not
+    thread-safe."""
+
+    def __init__(self, depth=2):
+        if isinstance(depth, bool) or not isinstance(depth, (int, np.integer)) or depth < 1:
+            raise ValueError(f"depth must be an integer >= 1, got {depth!r}")
+        self.depth = int(depth)
+        self._slots = {}                      # name -> [next slot index, list of slots]
+
+    def _slot(self, name):
+        turn = self._slots.setdefault(name, [0, [_Slot() for _ in range(self.depth)]])
+        slot = turn[1][turn[0]]
+        turn[0] = (turn[0] + 1) % self.depth
+        return slot
+
+    def buffer(self, name, shape, dtype):
+        """The next device buffer of `shape` and `dtype` under `name`, for a kernel to fill."""
+        return self._slot(name).device_view(shape, dtype)
+
+    def upload(self, name, a):
+        """A device array holding the NumPy array `a`, copied without waiting for the GPU."""
+        a = np.ascontiguousarray(a)
+        slot = self._slot(name)
+        if slot.copied is not None:
+            slot.copied.synchronize()         # the copy out of this host buffer has run
+        host = slot.host_view(a.shape, a.dtype)
+        host[...] = a
+        d = slot.device_view(a.shape, a.dtype)
+        d.copy_to_device(host, stream=cuda.default_stream())
+        if slot.copied is None:
+            slot.copied = _event()
+        slot.copied.record(cuda.default_stream())
+        return d
+
+
+class _Slot:
+    """One slot of a Staging: byte buffers on the device and in page-locked host memory, viewed
+    with the shape and dtype asked for, and the event recorded after the slot's last copy."""
+
+    def __init__(self):
+        self.device = self.host = self.copied = None
+
+    def device_view(self, shape, dtype):
+        shape, dtype = tuple(int(s) for s in shape), np.dtype(dtype)
+        nbytes = max(int(np.prod(shape)) * dtype.itemsize, 1)
+        if self.device is None or self.device.size < nbytes:
+            self.device = cuda.device_array(nbytes, dtype=np.uint8)
+        return self.device[:nbytes].view(dtype).reshape(shape)
+
+    def host_view(self, shape, dtype):
+        nbytes = max(int(np.prod(shape)) * dtype.itemsize, 1)
+        if self.host is None or self.host.size < nbytes:
+            self.host = cuda.pinned_array(nbytes, dtype=np.uint8)
+        return self.host[:nbytes].view(dtype).reshape(shape)
+
+
+def _event():
+    """An event that only orders (no timing, so cheaper to record); the simulator's takes no
+    argument."""
+    return cuda.event() if simulator_enabled() else cuda.event(timing=False)
+
+
+def to_device(a, dtype=None, staging=None, name=None):
+    """A device array holding `a` (a NumPy array, or already a device array: returned as is):
+    a fresh one, or with a Staging the next slot `name` of it."""
     if is_device_array(a):
         return a
-    return cuda.to_device(np.ascontiguousarray(a, dtype=dtype))
+    a = np.ascontiguousarray(a, dtype=dtype)
+    if staging is not None:
+        return staging.upload(name, a)
+    return cuda.to_device(a)
 
 
-def head_then_noise(head, T, keys):
+def head_then_noise(head, T, keys, staging=None):
     """x float32 (B, T, m) on the device: x[:, :t0] = head (B, t0, m, a host array, uploaded),
     then N(0, 1) noise drawn on the GPU from the streams of keys (B, k): the device twin of
-    `nprnn.datasets.head_then_noise`, so that a noise-padded batch never crosses the bus whole."""
+    `nprnn.datasets.head_then_noise`, so that a noise-padded batch never crosses the bus whole.
+    With a Staging, x and the uploads live in its slots "x", "head" and "noise_starts"."""
     from . import noise
     B, t0, m = head.shape
     if not t0 <= T:         # checked before the copy: a kernel writing past x checks nothing
         raise ValueError(f"the head's {t0} steps do not fit in T = {T} steps")
-    x = cuda.device_array((B, T, m), dtype=np.float32)
+    if staging is None:
+        x = cuda.device_array((B, T, m), dtype=np.float32)
+    else:
+        x = staging.buffer("x", (B, T, m), np.float32)
     if t0:
-        copy_leading_steps_gpu(x, cuda.to_device(np.ascontiguousarray(head, dtype=np.float32)))
-    noise.fill_gaussian_device(x, t0, keys)
+        copy_leading_steps_gpu(x, to_device(head, np.float32, staging, "head"))
+    noise.fill_gaussian_device(x, t0, keys, staging)
     return x
 
 
@@ -328,30 +421,32 @@ _register_all()
 # The model: cell + readout + softmax cross-entropy (Model.forward / loss_and_grad on cuda)
 # ------------------------------------------------------------------------------------------
 
-def model_hidden(model, xt, version=None, ws=None):
-    """h_T (B, n) on the device for time-major x (T, B, m) (host or device)."""
-    x = to_device(xt, model.dtype)
+def model_hidden(model, xt, version=None, ws=None, staging=None):
+    """h_T (B, n) on the device for time-major x (T, B, m) (host or device; a host x is copied
+    into slot "x" of `staging` if given)."""
+    x = to_device(xt, model.dtype, staging, "x")
     runner = gpu_cell(model.name)
     h_T, _ = runner.forward(model.cell_params(), x, None, version or model.gpu_version, ws,
                             **model.hyper)
     return h_T
 
 
-def model_logits(model, xt, version=None, ws=None):
+def model_logits(model, xt, version=None, ws=None, staging=None):
     """logits (B, K) on the device."""
-    h_T = model_hidden(model, xt, version, ws)
+    h_T = model_hidden(model, xt, version, ws, staging)
     logits = _buffer(ws, "logits", (h_T.shape[0], model.num_classes), model.dtype)
     K_readout.readout_forward_gpu(logits, h_T, model.params["W_out"], model.params["b_out"],
                                   block=LAUNCH["readout_block"])
     return logits
 
 
-def model_loss_and_grad(model, xt, y, version=None, ws=None, out=None):
+def model_loss_and_grad(model, xt, y, version=None, ws=None, out=None, staging=None):
     """(losses (B,), grads, logits (B, K)), all on the device, for time-major x (T, B, m) and
     labels y (B,). The mean of `losses` is the loss; grads has the keys of model.params and
-    lives in the Workspace `out` (fresh arrays when None)."""
-    x = to_device(xt, model.dtype)
-    y = to_device(y, np.int64)
+    lives in the Workspace `out` (fresh arrays when None). Host arrays are copied into slots
+    "x" and "y" of `staging` if given."""
+    x = to_device(xt, model.dtype, staging, "x")
+    y = to_device(y, np.int64, staging, "y")
     p = model.params
     runner = gpu_cell(model.name)
     h_T, cache = runner.forward(model.cell_params(), x, None, version or model.gpu_version, ws,

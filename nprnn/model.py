@@ -38,6 +38,7 @@ class Model:
             params = {k: gpu.to_device(v) for k, v in params.items()}
             self._workspace = gpu.Workspace()
             self._step_grads = gpu.Workspace()  # the gradients of step_arrays (see there)
+            self._uploads = gpu.Staging()       # host x and y, copied without waiting for the GPU
         self.params = params
         self.config = dict(model=cell.name, input_size=input_size, hidden_size=hidden_size,
                            num_classes=num_classes, dtype=self.dtype.name, sigma_w=sigma_w,
@@ -119,7 +120,8 @@ class Model:
         """h_T (B, n) for x (B, T, m)."""
         if self.device == "cuda":
             from . import gpu
-            return gpu.model_hidden(self, self._check_x(x), ws=self._workspace).copy_to_host()
+            return gpu.model_hidden(self, self._check_x(x), ws=self._workspace,
+                                    staging=self._uploads).copy_to_host()
         h_T, _ = self.cell.forward(self.cell_params(), self._check_x(x), None,
                                    ws=self._workspace, **self.hyper)
         return h_T.copy()
@@ -128,7 +130,8 @@ class Model:
         """logits (B, K) for x (B, T, m)."""
         if self.device == "cuda":
             from . import gpu
-            return gpu.model_logits(self, self._check_x(x), ws=self._workspace).copy_to_host()
+            return gpu.model_logits(self, self._check_x(x), ws=self._workspace,
+                                    staging=self._uploads).copy_to_host()
         h_T = self.hidden(x)
         logits = np.empty((h_T.shape[0], self.num_classes), dtype=self.dtype)
         K_readout.readout_forward_cpu(logits, h_T, self.params["W_out"], self.params["b_out"])
@@ -146,9 +149,10 @@ class Model:
     def step_arrays(self, x, y):
         """What `loss_and_grad` computes, left where it was computed (device arrays on cuda, so
         that the caller need not wait for the GPU): (losses (B,), grads, logits (B, K), y (B,)
-        int64), with the mean of `losses` the loss. On cuda all of it but y lives in the model's
-        buffers and is overwritten by the next call, the gradients included, so that a training
-        step allocates no gradients on the GPU; `loss_and_grad` returns gradients of its own."""
+        int64), with the mean of `losses` the loss. On cuda all of it lives in the model's
+        buffers and is overwritten by the next call (y, uploaded from the host, by the second
+        next), the gradients included, so that a training step allocates nothing on the GPU;
+        `loss_and_grad` returns gradients of its own."""
         return self._step(x, y, reuse_grads=True)
 
     def _step(self, x, y, reuse_grads):
@@ -157,10 +161,10 @@ class Model:
         y = self._check_y(y, B)
         if self.device == "cuda":
             from . import gpu
-            y = gpu.to_device(y)
+            y = gpu.to_device(y, np.int64, self._uploads, "y")
             out = self._step_grads if reuse_grads else None
             losses, grads, logits = gpu.model_loss_and_grad(self, xt, y, ws=self._workspace,
-                                                            out=out)
+                                                            out=out, staging=self._uploads)
             return losses, grads, logits, y
         p = self.params
         h_T, cache = self.cell.forward(self.cell_params(), xt, None, ws=self._workspace,

@@ -61,11 +61,16 @@ def fill_gaussian(x, t0, keys):
     K.gaussian_fill_cpu(x, int(t0), _starts(x, t0, keys))
 
 
-def fill_gaussian_device(x, t0, keys):
+def fill_gaussian_device(x, t0, keys, staging=None):
     """The same numbers as `fill_gaussian` (to float32 rounding), drawn on the GPU into the
-    device array x float32 (B, T, m); keys (B, k) is a host array of non-negative integers."""
+    device array x float32 (B, T, m); keys (B, k) is a host array of non-negative integers.
+    The streams' starting states are uploaded through `staging` (an nprnn.gpu.Staging) if given."""
     if not K_gpu.is_device_array(x) or x.dtype != np.float32 or len(x.shape) != 3:
         raise ValueError(f"x must be a float32 device array of shape (B, T, m), got "
                          f"{type(x).__name__} {getattr(x, 'dtype', '')} {getattr(x, 'shape', '')}")
-    starts = K_gpu.cuda.to_device(_starts(x, t0, keys))
+    starts = _starts(x, t0, keys)
+    if staging is None:
+        starts = K_gpu.cuda.to_device(starts)
+    else:
+        starts = staging.upload("noise_starts", starts)
     K.gaussian_fill_gpu(x, int(t0), starts)

@@ -209,7 +209,7 @@ def evaluate(model, task, split, batch_size=256, should_stop=None, progress=None
         raise TrainError(f"split {split!r} of task {task.name!r} is empty")
     loss_sum, correct, count = 0.0, 0, 0
     for x, y in task.batches(split, batch_size, shuffle=False, drop_last=False,
-                             device=model.device):
+                             device=model.device, reuse=model.device == "cuda"):
         if should_stop is not None and should_stop():
             return None
         losses, pred = cross_entropy(model.forward(x), y)
@@ -527,7 +527,8 @@ def train(config=None, out="runs/run", resume=False, given=None, task=None, echo
             while it < total and stop.requested is None:
                 epoch, start = divmod(it, per_epoch)
                 for x, y in task.batches("train", B, seed=config["seed"], epoch=epoch,
-                                         start=start, device=model.device):
+                                         start=start, device=model.device,
+                                         reuse=model.device == "cuda"):
                     losses, grads, logits, y_step = model.step_arrays(x, y)
                     recorder.record(losses, logits, y_step, grads)
                     optimizer.step(model.params, grads, recorder.scale)

@@ -119,6 +119,7 @@ def test_data_benchmark_runs_at_tiny_sizes(monkeypatch, capsys):
     rows = {line.split()[0]: line.split() for line in out if line.startswith("cifar10")}
     assert rows["cifar10*"][1:3] == ["1024", "3"]
     assert rows["cifar10-noise*"][1:3] == ["40", "96"]
+    assert all(float(row[-1].rstrip("%")) > -100 for row in rows.values())      # in loop
     assert any(line.startswith("N(0, 1) float32 draws: nprnn.noise") for line in out)
 
 

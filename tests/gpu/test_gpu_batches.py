@@ -41,6 +41,69 @@ def test_device_batches_equal_host_batches(data_dir, name, T):
             next(task.batches("test", 7, device="gpu"))
 
 
+@pytest.mark.parametrize("name, T", [("padded-mnist", 3), ("mnist", None)])
+def test_reused_buffers_give_the_same_batches_and_are_overwritten_two_batches_later(data_dir,
+                                                                                    name, T):
+    """reuse=True (what the training loop and evaluation use) yields the batches of reuse=False,
+    a short last batch included, in buffers that come round again after two batches."""
+    with get_task(name, data_dir=data_dir, T=T, progress=False) as task:
+        for split, kw in (("train", dict(seed=2, epoch=1)), ("test", {})):
+            fresh = [(x.copy_to_host(), y) for x, y in task.batches(split, 7, device="cuda",
+                                                                     **kw)]
+            kept, seen = [], []
+            for x, y in task.batches(split, 7, device="cuda", reuse=True, **kw):
+                kept.append(x)
+                seen.append((x.copy_to_host(), y))          # read before the next batch
+            assert len(seen) == len(fresh) == (8 if split == "train" else 3)
+            for (xa, ya), (xb, yb) in zip(seen, fresh):
+                np.testing.assert_array_equal(xa, xb)
+                np.testing.assert_array_equal(ya, yb)
+            # two buffers in turn: batch 0's array holds the last even batch now (in the test
+            # split the short batch 2 over its first 6 rows), and batch 1's the last odd one
+            last_even, last_odd = seen[0::2][-1][0], seen[1::2][-1][0]
+            np.testing.assert_array_equal(kept[0].copy_to_host()[:len(last_even)], last_even)
+            np.testing.assert_array_equal(kept[1].copy_to_host(), last_odd)
+        with pytest.raises(ValueError, match="reuse=True reuses GPU buffers: it needs "
+                                             "device='cuda', got 'cpu'"):
+            next(task.batches("test", 7, reuse=True))
+
+
+def test_staging_waits_for_a_slots_last_copy_before_rewriting_its_host_buffer(monkeypatch):
+    """Staging.upload waits on the event recorded after a slot's previous copy (made `depth`
+    uploads ago) before writing into that slot's page-locked buffer, and never otherwise."""
+    log = []
+
+    class Event:
+        def __init__(self):
+            self.id = len([e for e in log if e[0] == "new"])
+            log.append(("new", self.id))
+
+        def record(self, stream=0):
+            log.append(("record", self.id))
+
+        def synchronize(self):
+            log.append(("wait", self.id))
+
+    monkeypatch.setattr(gpu, "_event", Event)
+    staging = gpu.Staging(depth=2)
+    a, b, c = (np.full(4, v, np.int64) for v in (1, 2, 3))
+    da = staging.upload("y", a)
+    staging.upload("y", b)
+    assert log == [("new", 0), ("record", 0), ("new", 1), ("record", 1)]
+    dc = staging.upload("y", c)
+    assert log[4:] == [("wait", 0), ("record", 0)]         # slot 0 again, after its copy ran
+    np.testing.assert_array_equal(dc.copy_to_host(), c)
+    np.testing.assert_array_equal(da.copy_to_host(), c)    # the same device buffer
+    staging.upload("x", a)                                 # another name: slots of its own
+    assert log[6:] == [("new", 2), ("record", 2)]
+    big = np.arange(12, dtype=np.float64).reshape(3, 4)    # a larger array: the slot grows
+    np.testing.assert_array_equal(staging.upload("y", big).copy_to_host(), big)
+    np.testing.assert_array_equal(staging.upload("y", a[:3]).copy_to_host(), a[:3])
+    for depth in (0, 1.5, True):
+        with pytest.raises(ValueError, match="depth must be an integer >= 1"):
+            gpu.Staging(depth)
+
+
 def test_model_takes_device_batches(data_dir, monkeypatch):
     monkeypatch.setitem(gpu.LAUNCH, "readout_block", (4, 2))
     with get_task("padded-mnist", data_dir=data_dir, T=3, progress=False) as task:
@@ -77,7 +140,7 @@ def test_data_benchmark_on_cuda(monkeypatch, capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("device cuda, B=2")
     row = next(line.split() for line in out if line.startswith("cifar10-noise*"))
-    assert row[1:3] == ["33", "96"] and row[-1] == "-"
+    assert row[1:3] == ["33", "96"] and row[-2] == "-" and row[-1].endswith("%")
     assert "nprnn.noise on the GPU" in out[-2]
 
 

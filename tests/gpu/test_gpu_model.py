@@ -216,3 +216,22 @@ def test_a_diverging_cuda_run_is_stopped_at_its_first_bad_step(tmp_path):
     ckpt = load_checkpoint(tmp_path)
     assert ckpt["progress"]["iteration"] == 0
     assert all(np.isfinite(v).all() for v in ckpt["params"].values())
+
+
+def test_training_and_evaluation_on_cuda_take_batches_in_reused_buffers(tmp_path, monkeypatch):
+    """The loop asks for reuse=True (nprnn.gpu.Staging: no wait for the GPU per batch)."""
+    from nprnn.datasets import ArrayTask
+    from nprnn.train import train
+    asked = []
+    batches = ArrayTask.batches
+
+    def recording(self, *args, **kwargs):
+        asked.append((args[0], kwargs.get("device"), kwargs.get("reuse")))
+        return batches(self, *args, **kwargs)
+
+    monkeypatch.setattr(ArrayTask, "batches", recording)
+    x = np.random.default_rng(0).standard_normal((8, gt.T, gt.M)).astype(np.float32)
+    task = ArrayTask("toy", x, np.arange(8) % 3, x[:4], np.arange(4) % 3, num_classes=3)
+    config = dict(model="antisym", hidden=gt.N, batch_size=4, device="cuda", iterations=1)
+    train(config, out=tmp_path, task=task, echo=lambda *a: None, progress=False)
+    assert asked == [("train", "cuda", True), ("test", "cuda", True)]
