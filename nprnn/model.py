@@ -151,7 +151,7 @@ class Model:
         that the caller need not wait for the GPU): (losses (B,), grads, logits (B, K), y (B,)
         int64), with the mean of `losses` the loss. On cuda all of it lives in the model's
         buffers and is overwritten by the next call (y, uploaded from the host, by the second
-        next), the gradients included, so that a training step allocates nothing on the GPU;
+        next), the gradients included, so that a training step allocates no gradients on the GPU;
         `loss_and_grad` returns gradients of its own."""
         return self._step(x, y, reuse_grads=True)
 
