@@ -129,13 +129,17 @@ class _Slot:
 
     def device_view(self, shape, dtype):
         shape, dtype = tuple(int(s) for s in shape), np.dtype(dtype)
-        nbytes = max(int(np.prod(shape)) * dtype.itemsize, 1)
+        nbytes = int(np.prod(shape)) * dtype.itemsize
+        if nbytes == 0:                       # nothing to hold (and no bytes to view)
+            return cuda.device_array(shape, dtype=dtype)
         if self.device is None or self.device.size < nbytes:
             self.device = cuda.device_array(nbytes, dtype=np.uint8)
         return self.device[:nbytes].view(dtype).reshape(shape)
 
     def host_view(self, shape, dtype):
-        nbytes = max(int(np.prod(shape)) * dtype.itemsize, 1)
+        nbytes = int(np.prod(shape)) * dtype.itemsize
+        if nbytes == 0:
+            return np.empty(shape, dtype=dtype)
         if self.host is None or self.host.size < nbytes:
             self.host = cuda.pinned_array(nbytes, dtype=np.uint8)
         return self.host[:nbytes].view(dtype).reshape(shape)

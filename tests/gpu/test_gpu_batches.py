@@ -11,6 +11,7 @@ import gpu_testing as gt
 import nprnn
 from nprnn import gpu, sources
 from nprnn.datasets import get_task
+from nprnn.device import simulator_enabled
 from nprnn.kernels.gpu_common import to_host
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))        # tests/: fake_data
@@ -100,9 +101,40 @@ def test_staging_waits_for_a_slots_last_copy_before_rewriting_its_host_buffer(mo
     big = np.arange(12, dtype=np.float64).reshape(3, 4)    # a larger array: the slot grows
     np.testing.assert_array_equal(staging.upload("y", big).copy_to_host(), big)
     np.testing.assert_array_equal(staging.upload("y", a[:3]).copy_to_host(), a[:3])
+    assert staging.upload("y", a[:0]).shape == (0,)                   # nothing to copy
+    assert staging.buffer("x", (2, 0, 3), np.float32).shape == (2, 0, 3)
     for depth in (0, 1.5, True):
         with pytest.raises(ValueError, match="depth must be an integer >= 1"):
             gpu.Staging(depth)
+
+
+@pytest.mark.skipif(simulator_enabled(), reason="the CUDA simulator runs each launch to its end "
+                                                "before returning: nothing is left to overlap")
+def test_an_upload_returns_while_the_kernels_queued_before_it_still_run():
+    """On a GPU: Staging.upload does not wait for the GPU, and its copy still comes after the
+    kernels queued before it. cuda.to_device, for contrast, waits for them."""
+    from numba import cuda
+
+    @cuda.jit
+    def sleep(ms):
+        for _ in range(ms):
+            cuda.nanosleep(1000000)                      # about a millisecond
+
+    a = np.arange(1000.0)
+    staging = gpu.Staging(depth=2)
+    staging.upload("x", a), staging.upload("x", a)       # both slots' buffers allocated
+    sleep[1, 1](0)                                       # compiled
+    cuda.synchronize()
+    done = cuda.event(timing=False)
+    sleep[1, 1](500)
+    done.record()
+    d = staging.upload("x", a + 1)
+    assert not done.query(), "the upload waited for the kernel queued before it"
+    np.testing.assert_array_equal(d.copy_to_host(), a + 1)
+    sleep[1, 1](500)
+    done.record()
+    cuda.to_device(a)
+    assert done.query()
 
 
 def test_model_takes_device_batches(data_dir, monkeypatch):
