@@ -108,6 +108,7 @@ def test_staging_waits_for_a_slots_last_copy_before_rewriting_its_host_buffer(mo
             gpu.Staging(depth)
 
 
+@pytest.mark.real_gpu
 @pytest.mark.skipif(simulator_enabled(), reason="the CUDA simulator runs each launch to its end "
                                                 "before returning: nothing is left to overlap")
 def test_an_upload_returns_while_the_kernels_queued_before_it_still_run():
