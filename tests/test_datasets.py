@@ -92,6 +92,9 @@ def test_batches_reject_bad_arguments():
         list(task.batches("train", 8, start=99))
     with pytest.raises(ValueError, match=r"device must be one of cpu, cuda, got 'gpu'"):
         next(task.batches("train", 8, device="gpu"))
+    with pytest.raises(ValueError, match=r"reuse=True reuses GPU buffers: it needs "
+                                         r"device='cuda', got 'cpu'"):
+        next(task.batches("train", 8, reuse=True))
 
 
 def test_device_batches_without_a_gpu_say_why():
