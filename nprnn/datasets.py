@@ -35,7 +35,8 @@ from its own stream (nprnn.noise): in a training batch keyed by (seed, epoch, ba
 position in the batch), fresh every batch and reproducible; in validation and test keyed by the
 example's file and row, so every evaluation sees the same noise whatever the batch size.
 `batches(..., device="cuda")` makes the same batches on the GPU: the images are uploaded and the
-noise is drawn there (the same numbers to float32 rounding), for training on --device cuda.
+noise is drawn there (the same numbers to float32 rounding), for training on --device cuda; with
+reuse=True (what training uses) into buffers reused in turn, without waiting for the GPU.
 
 The cache
 ---------
