@@ -68,9 +68,6 @@ def fill_gaussian_device(x, t0, keys, staging=None):
     if not K_gpu.is_device_array(x) or x.dtype != np.float32 or len(x.shape) != 3:
         raise ValueError(f"x must be a float32 device array of shape (B, T, m), got "
                          f"{type(x).__name__} {getattr(x, 'dtype', '')} {getattr(x, 'shape', '')}")
-    starts = _starts(x, t0, keys)
-    if staging is None:
-        starts = K_gpu.cuda.to_device(starts)
-    else:
-        starts = staging.upload("noise_starts", starts)
+    from . import gpu
+    starts = gpu.to_device(_starts(x, t0, keys), staging=staging, name="noise_starts")
     K.gaussian_fill_gpu(x, int(t0), starts)
