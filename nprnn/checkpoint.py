@@ -7,9 +7,11 @@ Layout of a checkpoint file (h5py):
     attrs["format"]                 "nprnn-checkpoint", attrs["version"] = 1
     attrs["config"]                 JSON: the run's configuration (model, task, hyperparameters)
     attrs["optimizer"]              JSON: optimizer name, lr, hyperparameters, steps taken
-    attrs["progress"]               JSON: iteration, position in the data order (epoch, batch),
-                                    the data generator's seed, wall time so far, and the running
-                                    sums of the logging interval in progress
+    attrs["progress"]               JSON: iteration, position in the data order (epoch, batch;
+                                    shown on resume, which derives them from the iteration), the
+                                    evaluations done at it, the NumPy version that drew the data
+                                    order, wall time so far, and the running sums of the logging
+                                    interval in progress
 
 Floats in the JSON attributes are written with Python's repr, which reads back to the same bits.
 

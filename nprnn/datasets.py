@@ -61,6 +61,7 @@ import datetime
 import json
 import os
 import sys
+import weakref
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -218,15 +219,14 @@ class Task:
             raise ValueError(f"start={start} is past the end: {split!r} has {nb} batches of "
                              f"{B}")
         order = self.order(split, seed, epoch, shuffle)
+        # the checks above run at this call; the batches are made as they are asked for
         if device == "cpu":
-            for b in range(start, nb):
-                yield self._make_batch(split, order[b * B:(b + 1) * B], seed, epoch, b)
-            return
+            return (self._make_batch(split, order[b * B:(b + 1) * B], seed, epoch, b)
+                    for b in range(start, nb))
         from . import gpu
         staging = gpu.Staging() if reuse else None
-        for b in range(start, nb):
-            yield self._make_device_batch(split, order[b * B:(b + 1) * B], seed, epoch, b,
-                                          staging)
+        return (self._make_device_batch(split, order[b * B:(b + 1) * B], seed, epoch, b, staging)
+                for b in range(start, nb))
 
     def _make_batch(self, split, idx, seed, epoch, batch_index):
         raise NotImplementedError
@@ -243,6 +243,15 @@ class Task:
         return dict(name=self.name, T=self.T, m=self.m, num_classes=self.num_classes,
                     sizes={s: self.size(s) for s in SPLITS})
 
+    def close(self):
+        """Release what the task holds open (an in-memory task holds nothing)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
     def __repr__(self):
         sizes = ", ".join(f"{s}={self.size(s)}" for s in SPLITS)
         return (f"<{type(self).__name__} {self.name!r} T={self.T} m={self.m} "
@@ -253,8 +262,9 @@ class ArrayTask(Task):
     """A task over in-memory sequences: x_train (N, T, m), y_train (N,), x_test (M, T, m),
     y_test (M,).
 
-    x arrays are stored as float32, labels as int64 (checked to lie in [0, num_classes)). The
-    `valid_size` validation examples are held out of x_train as `split_train_valid` chooses."""
+    x arrays (floating point) are stored as float32, labels as int64 (checked to lie in
+    [0, num_classes)). The `valid_size` validation examples are held out of x_train as
+    `split_train_valid` chooses."""
 
     def __init__(self, name, x_train, y_train, x_test, y_test, num_classes, valid_size=0):
         self.name = str(name)
@@ -275,8 +285,9 @@ class ArrayTask(Task):
         x, y = np.asarray(x), np.asarray(y)
         if x.ndim != 3 or 0 in x.shape[1:]:
             raise ValueError(f"x_{split} must have shape (N, T, m) with T, m >= 1, got {x.shape}")
-        if not (np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.integer)):
-            raise TypeError(f"x_{split} must be numeric, got dtype {x.dtype}")
+        if not np.issubdtype(x.dtype, np.floating):     # as Model refuses it (model.py)
+            raise TypeError(f"x_{split} must hold floating-point values, got dtype {x.dtype}; "
+                            f"scale integer pixels first, e.g. x.astype('float32') / 255")
         if y.shape != (x.shape[0],) or not np.issubdtype(y.dtype, np.integer):
             raise ValueError(f"y_{split} must be integer labels of shape ({x.shape[0]},), got "
                              f"dtype {y.dtype} and shape {y.shape}")
@@ -656,6 +667,13 @@ def _contiguous_layout(dataset):
     return offset, int(np.prod(dataset.shape[1:]))
 
 
+def _close_cache_file(file, fd):
+    """Close a CachedTask's h5py file and raw descriptor (fd None: there is none)."""
+    if fd is not None:
+        os.close(fd)
+    file.close()
+
+
 class CachedTask(Task):
     """A task read from its HDF5 cache (see the module docstring). Use `get_task` to make one.
 
@@ -666,6 +684,16 @@ class CachedTask(Task):
         self.spec, self.name, self.path = spec, spec.name, Path(path)
         self.T, self.m = spec.shape(T)
         self._file, self._fd = self._open()
+        # both closed by close(), or when the task is garbage-collected without it
+        self._closer = weakref.finalize(self, _close_cache_file, self._file, self._fd)
+        try:
+            self._read_index(seed, valid_size)
+        except BaseException:
+            self.close()
+            raise
+
+    def _read_index(self, seed, valid_size):
+        """Everything but the images, from the open file: classes, labels, permutation, splits."""
         f = self._file
         self.num_classes = int(f.attrs["num_classes"])
         self._images = dict(train=f["train/images"], test=f["test/images"])
@@ -769,16 +797,8 @@ class CachedTask(Task):
         return out
 
     def close(self):
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-        self._file.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+        self._closer()                        # a finalizer runs once; later calls do nothing
+        self._fd = None
 
 
 def get_task(name, data_dir=None, T=None, seed=DEFAULT_PERMUTATION_SEED, valid_size=0,

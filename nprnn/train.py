@@ -14,9 +14,14 @@ A run lives in a folder, runs/NAME/:
                      `python cli.py eval` needs to rebuild the model and the task)
     metrics.jsonl    one JSON object per line: {"iteration", "split", "loss", "accuracy", ...};
                      split "train" for each logging interval (means over its steps, plus "lr",
-                     "grad_norm", "time", "it_per_s"), "valid"/"test" for each evaluation
+                     "grad_norm", "time", "it_per_s"), "valid"/"test" for each evaluation.
+                     "time" is the run's wall time so far (all its pieces, evaluations and
+                     checkpoints included); "it_per_s" is iteration / time, not the interval's
     checkpoint.h5    the latest checkpoint (nprnn/checkpoint.py): parameters, optimizer state,
                      the iteration, the position in the data order, wall time so far
+
+One process at a time trains in a folder; nothing locks it (two would overwrite each other's
+checkpoints and mix their metrics lines).
 
 Nothing is lost:
   * a checkpoint is written at iteration 0, every `checkpoint_every` iterations, at the end, and
@@ -28,8 +33,11 @@ Nothing is lost:
     written after the last checkpoint by a killed process are not duplicated;
   * random numbers: the model's initialisation is drawn from `seed`; during training the only
     random draws are the data order (and the noise of the noise tasks), which nprnn.datasets
-    derives from (seed, epoch, batch index). Those numbers, saved in the checkpoint, are the
-    complete random state of a run;
+    derives from (seed, epoch, batch index), and epoch and batch follow from the iteration. So
+    the seed and the checkpoint's iteration are the complete random state of a run, given the
+    same NumPy: the order comes from NumPy's random Generator, whose streams NumPy does not
+    promise to keep across versions. The checkpoint records the version, and resuming under
+    another one says so;
   * a NaN or Inf in the loss or the gradient stops the run before the bad step is applied and
     leaves the last good checkpoint in place (TrainingDiverged names the iteration).
 """
@@ -119,6 +127,11 @@ def resolve_config(**options):
         raise TrainError(f"momentum must be in [0, 1), got {config['momentum']!r}")
     if config["T"] is not None:
         _int_option(config, "T", 1)
+    if config["data_dir"] is not None:               # config.json stores it as a string
+        if not isinstance(config["data_dir"], (str, os.PathLike)):
+            raise TrainError(f"data_dir must be a path (str or os.PathLike) or None, got "
+                             f"{config['data_dir']!r}")
+        config["data_dir"] = str(Path(config["data_dir"]))
     return config
 
 
@@ -258,13 +271,19 @@ class StopSignals:
     """While active, SIGINT and SIGTERM only set `requested` (the signal's name): the loop finishes
     its step, checkpoints, and returns. A second signal aborts at once (KeyboardInterrupt), which
     is still safe: checkpoints are atomic. Signal handlers exist only in the main thread; in any
-    other thread this does nothing."""
+    other thread this does nothing.
+
+    The handler writes nothing: it runs between two bytecodes of the main thread, perhaps inside
+    a write to the very stream it would print on, and a buffered stream refuses such a nested
+    write ("RuntimeError: reentrant call"). The loop asks `stopping()` instead, whose first answer
+    after a signal says what will happen."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self, echo):
         self.echo = echo
         self.requested = None
+        self.announced = False
         self.previous = {}
 
     def __enter__(self):
@@ -276,8 +295,14 @@ class StopSignals:
         if self.requested is not None:
             raise KeyboardInterrupt(f"second {signal.Signals(signum).name}: aborted")
         self.requested = signal.Signals(signum).name
-        self.echo(f"\n{self.requested} received: finishing this step, then writing a checkpoint "
-                  f"(send it again to abort at once)")
+
+    def stopping(self):
+        """The name of the signal that asked to stop, or None."""
+        if self.requested is not None and not self.announced:
+            self.announced = True
+            self.echo(f"{self.requested} received: finishing this step, then writing a "
+                      f"checkpoint (send it again to abort at once)")
+        return self.requested
 
     def __exit__(self, *exc):
         for s, handler in self.previous.items():
@@ -419,6 +444,7 @@ def train(config=None, out="runs/run", resume=False, given=None, task=None, echo
     if task is not None:
         config["task"] = task.name
     resolve_device(config["device"])          # no GPU for --device cuda: say so before any work
+    owns_task = task is None                  # then close it at the end (a CachedTask's file)
     task = load_task(config, task)
     if resume:
         model = build_model(config, config["input_size"], config["num_classes"])
@@ -452,12 +478,11 @@ def train(config=None, out="runs/run", resume=False, given=None, task=None, echo
                              f"--iterations must be at least that, got {total}")
         if prog["batches_per_epoch"] != per_epoch:
             raise TrainError(f"the task now has {per_epoch} batches per epoch, the checkpoint was "
-                             f"written with {prog['batches_per_epoch']}: the data changed "
-                             f"(another --valid-size or data set?)")
+                             f"written with {prog['batches_per_epoch']}: the training set changed "
+                             f"(another --data-dir, or other files in it?)")
     else:
-        prog = dict(iteration=0, epoch=0, batch=0, data_seed=config["seed"],
-                    batches_per_epoch=per_epoch, elapsed=0.0, evaluated={},
-                    interval=_new_interval())
+        prog = dict(iteration=0, epoch=0, batch=0, batches_per_epoch=per_epoch, elapsed=0.0,
+                    evaluated={}, interval=_new_interval())
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -469,6 +494,12 @@ def train(config=None, out="runs/run", resume=False, given=None, task=None, echo
     if resume:
         echo(f"  {'from iteration':<17} {prog['iteration']} (epoch {prog['epoch']}, "
              f"batch {prog['batch']})")
+        if prog.get("numpy", np.__version__) != np.__version__:
+            echo(f"note: this run drew its data order so far with NumPy {prog['numpy']}, and "
+                 f"continues with NumPy {np.__version__}. NumPy does not promise the same random "
+                 f"streams across versions, so the order from here on may differ from an "
+                 f"uninterrupted run's")
+    prog["numpy"] = np.__version__            # the NumPy whose Generator draws the data order
 
     saved_at = [prog["iteration"]]            # the iteration of the checkpoint on disk
     # The interval's running loss, accuracy and gradient norm are summed where the step runs
@@ -497,17 +528,17 @@ def train(config=None, out="runs/run", resume=False, given=None, task=None, echo
     def elapsed():
         return elapsed0 + time.perf_counter() - t_start
 
-    def run_eval(split, it, stop, **extra):
+    def run_eval(split, it, stop):
         """Evaluate at iteration `it`, log it; False if a stop signal cut it short."""
         res = evaluate(model, task, split, config["eval_batch_size"],
-                       should_stop=lambda: stop.requested is not None,
+                       should_stop=lambda: stop.stopping() is not None,
                        progress=lambda done, total: bar.status(
                            f"iteration {it}: evaluating {split}, {done:,} / {total:,}"))
         if res is None:
             return False
         prog["evaluated"][split] = it
         log.write(iteration=it, split=split, loss=res["loss"], accuracy=res["accuracy"],
-                  count=res["count"], time=round(elapsed(), 3), **extra)
+                  count=res["count"], time=round(elapsed(), 3))
         bar.message(f"iteration {it}: {split} loss {res['loss']:.4f}  accuracy "
                     f"{res['accuracy']:.4f}")
         return True
@@ -520,11 +551,15 @@ def train(config=None, out="runs/run", resume=False, given=None, task=None, echo
             if not resume:
                 checkpoint()                 # iteration 0: a run folder always has a checkpoint
             it = prog["iteration"]
-            # an evaluation that a stop signal cut short is done now, before going on
+            # an evaluation that a stop signal cut short is done now, before going on, and
+            # saved as done: metrics.jsonl keeps the lines at the checkpoint's iteration, so a
+            # later resume from the same checkpoint would log it again
             if eval_due(it) and prog["evaluated"].get(eval_split) != it:
-                run_eval(eval_split, it, stop)
+                if run_eval(eval_split, it, stop):
+                    prog["elapsed"] = elapsed()
+                    checkpoint()
             run_loss = run_acc = float("nan")
-            while it < total and stop.requested is None:
+            while it < total and stop.stopping() is None:
                 epoch, start = divmod(it, per_epoch)
                 for x, y in task.batches("train", B, seed=config["seed"], epoch=epoch,
                                          start=start, device=model.device,
@@ -557,22 +592,24 @@ def train(config=None, out="runs/run", resume=False, given=None, task=None, echo
                     prog["elapsed"] = elapsed()
                     if it % config["checkpoint_every"] == 0 or it == total:
                         checkpoint()
-                    if it >= total or stop.requested is not None:
+                    if it >= total or stop.stopping() is not None:
                         break
             final = None
-            if it >= total and stop.requested is None:
+            if it >= total and stop.stopping() is None:
                 if prog["evaluated"].get("test") != it:
-                    if run_eval("test", it, stop, final=True):
+                    if run_eval("test", it, stop):
                         prog["elapsed"] = elapsed()
                         checkpoint()
                 final = _last_record(out / METRICS, "test", it)
             prog["elapsed"] = elapsed()
-            if stop.requested is not None:
+            stopped = stop.stopping()
+            if stopped is not None:
                 checkpoint()
-            stopped = stop.requested
     finally:
         log.close()
         bar.close()
+        if owns_task:
+            task.close()
     if stopped:
         echo(f"stopped by {stopped} at iteration {it}; checkpoint saved to {ckpt_path}. "
              f"Continue with: python cli.py train --out {out} --resume")
@@ -630,9 +667,14 @@ def evaluate_checkpoint(path, split="test", task_name=None, data_dir=None, T=Non
     config["device"] = resolve_device(device)
     model = build_model(config, config["input_size"], config["num_classes"])
     load_params_into(model, saved["params"], f"checkpoint {where}")
+    owns_task = task is None
     task = load_task(config, task)
-    check_task_fits(model, task, f"{where}, trained on {trained_on!r},")
-    res = evaluate(model, task, split, batch_size or config.get("eval_batch_size", 256),
-                   progress=progress)
+    try:
+        check_task_fits(model, task, f"{where}, trained on {trained_on!r},")
+        res = evaluate(model, task, split, batch_size or config.get("eval_batch_size", 256),
+                       progress=progress)
+    finally:
+        if owns_task:
+            task.close()
     return dict(res, iteration=saved["progress"]["iteration"], model=model.name, task=task.name,
                 split=split, checkpoint=str(where))

@@ -82,19 +82,30 @@ def test_array_task_rejects_bad_input(kwargs, match):
         ArrayTask(**args)
 
 
+def test_array_task_refuses_unscaled_integer_pixels():
+    rng = np.random.default_rng(0)
+    pixels = rng.integers(0, 256, size=(50, 7, 3)).astype(np.uint8)
+    with pytest.raises(TypeError, match=r"x_train must hold floating-point.*/ 255"):
+        ArrayTask("toy", pixels, rng.integers(0, 4, 50), pixels[:11] / 255,
+                  rng.integers(0, 4, 11), num_classes=4)
+
+
 def test_batches_reject_bad_arguments():
+    """At the call of `batches`, not at the first batch asked for."""
     task = toy_task()
     with pytest.raises(ValueError, match="split"):
         task.size("validation")
     with pytest.raises(ValueError, match="batch_size"):
         task.num_batches("train", 0)
+    with pytest.raises(ValueError, match="split"):
+        task.batches("validation", 8)
     with pytest.raises(ValueError, match="start"):
-        list(task.batches("train", 8, start=99))
+        task.batches("train", 8, start=99)
     with pytest.raises(ValueError, match=r"device must be one of cpu, cuda, got 'gpu'"):
-        next(task.batches("train", 8, device="gpu"))
+        task.batches("train", 8, device="gpu")
     with pytest.raises(ValueError, match=r"reuse=True reuses GPU buffers: it needs "
                                          r"device='cuda', got 'cpu'"):
-        next(task.batches("train", 8, reuse=True))
+        task.batches("train", 8, reuse=True)
 
 
 def test_device_batches_without_a_gpu_say_why():
@@ -102,7 +113,7 @@ def test_device_batches_without_a_gpu_say_why():
     if cuda_available()[0]:
         pytest.skip("a GPU (or the CUDA simulator) is usable here")
     with pytest.raises(DeviceUnavailable, match="no GPU is usable"):
-        next(toy_task().batches("train", 8, device="cuda"))
+        toy_task().batches("train", 8, device="cuda")
 
 
 # ==============================================================================================
@@ -218,6 +229,30 @@ def test_rows_read_from_the_file_equal_the_h5py_selection(fake_mnist):
         assert np.array_equal(direct[..., 0], arrays["train_images"][rows])
     assert task._fd is None                                 # closed with the task
 
+
+
+def open_descriptors():
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts descriptors in /proc")
+def test_a_task_dropped_or_failing_to_open_leaves_no_file_open(fake_mnist):
+    """A CachedTask's h5py file and raw descriptor are closed when it is garbage-collected
+    without close(), and when its constructor fails after opening them (a too large valid_size:
+    the check needs the training set's size from the file)."""
+    import gc
+    data_dir, _ = fake_mnist
+    get_task("mnist", data_dir=data_dir, progress=False).close()      # the cache, built
+    gc.collect()
+    before = open_descriptors()
+    for _ in range(5):
+        task = get_task("mnist", data_dir=data_dir, progress=False)
+        next(task.batches("test", 4))
+        del task
+        with pytest.raises(ValueError, match="valid_size=60 leaves no training examples"):
+            get_task("mnist", data_dir=data_dir, valid_size=60, progress=False)
+    gc.collect()
+    assert open_descriptors() == before
 
 def test_mnist_task_from_fake_files(fake_mnist):
     data_dir, arrays = fake_mnist

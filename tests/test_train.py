@@ -219,6 +219,35 @@ def test_crash_between_checkpoints_then_resume_is_bit_identical(tmp_path, refere
     assert records(tmp_path) == records(reference_run["sgd"])
 
 
+
+def test_an_evaluation_cut_short_is_logged_once_however_often_the_run_resumes(tmp_path,
+                                                                            reference_run):
+    """SIGINT lands as the evaluation at iteration 10 (or at the last one, 26) begins, so the
+    checkpoint says it is not done. Resume does it first; the checkpoint must then say it is
+    done, or a process killed before the next checkpoint (a) or a second resume of the finished
+    run (b) logs it again."""
+    def interrupt_at(n):
+        def callback(it, loss):
+            if it == n:
+                os.kill(os.getpid(), signal.SIGINT)
+        return callback
+
+    def crash(it, loss):
+        if it == 12:                      # before the next checkpoint, at 15
+            raise SystemExit("killed")
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert train(dict(CONFIG), a, task=toy_task(), **quiet(callback=interrupt_at(10)))["stopped"]
+    with pytest.raises(SystemExit):
+        train(out=a, resume=True, task=toy_task(), **quiet(callback=crash))
+    train(out=a, resume=True, task=toy_task(), **quiet())
+    assert records(a) == records(reference_run["sgd"])
+
+    assert train(dict(CONFIG), b, task=toy_task(), **quiet(callback=interrupt_at(26)))["stopped"]
+    for _ in range(2):
+        assert train(out=b, resume=True, task=toy_task(), **quiet())["completed"]
+    assert records(b) == records(reference_run["sgd"])
+
 CHILD = textwrap.dedent("""
     import sys
     import time
@@ -403,3 +432,70 @@ def test_the_progress_bar_shows_an_evaluation_in_progress_on_a_terminal_only():
     log = Progress(total=100, start=0, stream=io.StringIO())
     log.status("iteration 10: evaluating test, 256 / 1,000")
     assert log.stream.getvalue() == ""
+
+
+def test_train_and_evaluate_checkpoint_close_the_task_they_load(tmp_path, monkeypatch):
+    """A task that train() or evaluate_checkpoint() loads by name is closed when they return (a
+    CachedTask holds its cache file open); a task passed in stays the caller's."""
+    closed = []
+
+    class Recorded(ArrayTask):
+        def close(self):
+            closed.append(self.name)
+    monkeypatch.setattr(nprnn.datasets, "get_task", lambda name, **kw: Recorded(
+        name, *toy_arrays(), num_classes=3), raising=False)
+    run = tmp_path / "run"
+    train(dict(CONFIG, iterations=4, data_dir=tmp_path), run, **quiet())      # data_dir a Path
+    assert closed == ["mnist"]
+    assert json.loads((run / "config.json").read_text())["data_dir"] == str(tmp_path)
+    evaluate_checkpoint(run)
+    assert closed == ["mnist", "mnist"]
+    passed_in = Recorded("mine", *toy_arrays(), num_classes=3)
+    train(dict(CONFIG, iterations=4), tmp_path / "run2", task=passed_in, **quiet())
+    evaluate_checkpoint(tmp_path / "run2", task=passed_in)
+    assert closed == ["mnist", "mnist"]
+    with pytest.raises(TrainError, match=r"data_dir must be a path .* got 3"):
+        resolve_config(data_dir=3)
+
+
+def toy_arrays():
+    """x_train, y_train, x_test, y_test of toy_task()."""
+    task = toy_task()
+    (x, y), (x_test, y_test) = (next(task.batches(s, task.size(s), shuffle=False))
+                                for s in ("train", "test"))
+    return x, y, x_test, y_test
+
+
+def test_resuming_under_another_numpy_says_the_order_may_differ(tmp_path):
+    """The data order comes from NumPy's Generator, whose streams are not promised across
+    versions: the checkpoint records the version, and a resume under another one says so."""
+    train(dict(CONFIG, iterations=5), tmp_path, task=toy_task(), **quiet())
+    saved = load_checkpoint(tmp_path)
+    assert saved["progress"]["numpy"] == np.__version__
+    said = []
+    train(out=tmp_path, resume=True, given=dict(iterations=6), task=toy_task(), echo=said.append,
+          progress=False)
+    assert not any("NumPy" in s for s in said)
+    saved = load_checkpoint(tmp_path)
+    save_checkpoint(tmp_path / "checkpoint.h5", saved["params"], saved["optimizer"],
+                    saved["config"], dict(saved["progress"], numpy="1.0.0"))
+    train(out=tmp_path, resume=True, given=dict(iterations=7), task=toy_task(), echo=said.append,
+          progress=False)
+    assert any("with NumPy 1.0.0, and continues with NumPy " + np.__version__ in s
+               for s in said)
+
+
+def test_a_stop_signal_is_announced_by_the_loop_not_by_the_handler():
+    """The handler only records the signal (writing from it could collide with a write it
+    interrupted); the first stopping() after it says what happens, once; a second signal
+    aborts."""
+    from nprnn.train import StopSignals
+    said = []
+    with StopSignals(said.append) as stop:
+        assert stop.stopping() is None
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.requested == "SIGTERM" and said == []
+        assert stop.stopping() == "SIGTERM" and stop.stopping() == "SIGTERM"
+        assert len(said) == 1 and said[0].startswith("SIGTERM received: finishing this step")
+        with pytest.raises(KeyboardInterrupt, match="second SIGINT"):
+            os.kill(os.getpid(), signal.SIGINT)
