@@ -6,7 +6,7 @@ Layout of a checkpoint file (h5py):
     /optimizer/<slot>/<name>        the optimizer state (SGD: velocity, Adagrad: accumulator)
     attrs["format"]                 "nprnn-checkpoint", attrs["version"] = 1
     attrs["config"]                 JSON: the run's configuration (model, task, hyperparameters)
-    attrs["optimizer"]              JSON: optimizer name, lr, hyperparameters, steps taken
+    attrs["optimizer"]              JSON: optimizer name, lr, hyperparameters, steps (calls)
     attrs["progress"]               JSON: iteration, position in the data order (epoch, batch;
                                     shown on resume, which derives them from the iteration), the
                                     evaluations done at it, the NumPy version that drew the data

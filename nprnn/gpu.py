@@ -152,9 +152,13 @@ def _event():
 
 
 def to_device(a, dtype=None, staging=None, name=None):
-    """A device array holding `a` (a NumPy array, or already a device array: returned as is):
-    a fresh one, or with a Staging the next slot `name` of it."""
+    """A device array holding `a` (a NumPy array, or already a device array: returned as is,
+    TypeError if it is not of `dtype`): a fresh one, or with a Staging the next slot `name` of
+    it."""
     if is_device_array(a):
+        if dtype is not None and a.dtype != np.dtype(dtype):
+            raise TypeError(f"a device array of dtype {a.dtype} where {np.dtype(dtype)} is "
+                            f"needed; convert it first (numba device arrays have no astype)")
         return a
     a = np.ascontiguousarray(a, dtype=dtype)
     if staging is not None:

@@ -78,9 +78,13 @@ def _scale_array(scale, on_device):
 
 def clip_scale(norm, clip):
     """The factor s = min(1, clip / norm) that rescales the whole gradient to norm <= clip
-    (Pascanu et al., 2013); clip = 0 turns clipping off (s = 1)."""
+    (Pascanu et al., 2013); clip = 0 turns clipping off (s = 1). A norm that is not finite (a
+    gradient holding inf or nan) gives s = nan, which makes `Optimizer.step` skip the step: with
+    s = clip / inf = 0 the update would compute 0 * inf = nan into the parameters."""
     if clip < 0:
         raise ValueError(f"clip must be >= 0 (0 turns clipping off), got {clip!r}")
+    if not math.isfinite(norm):
+        return math.nan
     return K_optim.clip_factor(float(norm), float(clip))
 
 
@@ -96,8 +100,9 @@ def _full_like(p, value):
 
 class Optimizer:
     """State per parameter in named slots: `self.slots[slot][param_name]` is an array of the
-    parameter's shape and dtype. Subclasses set `name`, `slot_names`, `hyper` (the
-    hyperparameters besides lr) and `_update` (one kernel call on flat arrays)."""
+    parameter's shape and dtype, on its device. Subclasses set `name`, `slot_names`, `hyper`
+    (the hyperparameters besides lr), and `_update` and `_update_gpu` (one kernel call on flat
+    arrays, on the CPU and on the GPU). `steps` counts the calls of `step`, skipped steps too."""
 
     name = ""
     slot_names = ()
@@ -126,6 +131,16 @@ class Optimizer:
             if g.shape != p.shape or g.dtype != p.dtype:
                 raise ValueError(f"gradient {k!r} has shape {g.shape} and dtype {g.dtype}, but "
                                  f"the parameter has shape {p.shape} and dtype {p.dtype}")
+            for s in self.slot_names:           # the kernels do not check bounds
+                a = self.slots[s][k]
+                if (a.shape, a.dtype, is_device_array(a)) != (p.shape, p.dtype,
+                                                              is_device_array(p)):
+                    raise ValueError(
+                        f"parameter {k!r} ({p.shape}, {p.dtype}, "
+                        f"{'GPU' if is_device_array(p) else 'host'}) is not the one this "
+                        f"optimizer was built for ({a.shape}, {a.dtype}, "
+                        f"{'GPU' if is_device_array(a) else 'host'}); build a new optimizer for "
+                        f"these parameters")
         on_device = is_device_array(next(iter(params.values())))
         scale = _scale_array(scale, on_device)
         for k, p in params.items():
@@ -139,12 +154,15 @@ class Optimizer:
     def _update(self, p, *state_and_grad_and_scale):
         raise NotImplementedError
 
+    def _update_gpu(self, p, *state_and_grad_and_scale):
+        raise NotImplementedError
+
     # -- saving and restoring ------------------------------------------------------------------
     def state_dict(self):
-        """{"name", "lr", "hyper", "steps", "slots": {slot: {param: array}}}; arrays are the live
-        state (the caller copies them out, e.g. into a checkpoint file)."""
+        """{"name", "lr", "hyper", "steps", "slots": {slot: {param: array}}}, the arrays copied
+        to host memory: a snapshot, which later steps leave as it is."""
         return dict(name=self.name, lr=self.lr, hyper=dict(self.hyper), steps=self.steps,
-                    slots=self.slots)
+                    slots=to_host(self.slots))
 
     def load_state_dict(self, state):
         """Restore the state arrays (copied in place, shapes and dtypes checked) and the step
@@ -214,11 +232,15 @@ class Adagrad(Optimizer):
         K_optim.adagrad_gpu(p, G, g, self.lr, self.hyper["delta"], scale)
 
 
-def make_optimizer(name, params, lr, momentum=0.9, **hyper):
-    """"sgd" (SGD with momentum) or "adagrad", with state shaped like `params`."""
+def make_optimizer(name, params, lr, momentum=None, **hyper):
+    """"sgd" (SGD with momentum; momentum 0.9 unless given) or "adagrad" (which takes none), with
+    state shaped like `params`."""
     if name == "sgd":
-        return SGD(params, lr, momentum=momentum, **hyper)
+        return SGD(params, lr, momentum=0.9 if momentum is None else momentum, **hyper)
     if name == "adagrad":
+        if momentum is not None:
+            raise ValueError(f"adagrad has no momentum (got momentum={momentum!r}); it is an "
+                             f"option of sgd")
         return Adagrad(params, lr, **hyper)
     raise ValueError(f"unknown optimizer {name!r}; choose one of: {', '.join(OPTIMIZERS)}")
 

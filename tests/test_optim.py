@@ -88,6 +88,19 @@ def test_global_norm_and_clip_scale():
     assert global_norm(big) == pytest.approx(2e20, rel=1e-6)
     assert math.isnan(global_norm({"a": np.array([1.0, np.nan])}))
     assert math.isinf(global_norm({"a": np.array([np.inf])}))
+    # a gradient that is not finite: nan, which skips the step, clipping on or off
+    assert all(math.isnan(clip_scale(norm, c)) for norm in (math.inf, math.nan) for c in (0, 1))
+
+
+@pytest.mark.parametrize("name", ["sgd", "adagrad"])
+def test_an_infinite_gradient_with_clipping_leaves_the_parameters_alone(name):
+    """s = clip / inf would be 0, and the update 0 * inf = nan."""
+    p = {"w": np.ones(3)}
+    opt = make_optimizer(name, p, lr=0.1)
+    g = {"w": np.array([1.0, np.inf, 1.0])}
+    opt.step(p, g, clip_scale(global_norm(g), 1.0))
+    assert np.array_equal(p["w"], np.ones(3))
+    assert all(np.isfinite(s["w"]).all() for s in opt.slots.values())
 
 
 def test_clipped_step_has_the_clipped_length():
@@ -143,8 +156,7 @@ def test_state_dict_round_trip_continues_identically(name):
     a = make_optimizer(name, p, lr=0.1)
     for g in grads[:2]:
         a.step(p, g)
-    saved = {k: v for k, v in a.state_dict().items()}
-    saved["slots"] = {s: {k: v.copy() for k, v in d.items()} for s, d in saved["slots"].items()}
+    saved = a.state_dict()
     b = make_optimizer(name, q, lr=0.1)
     for k in q:
         q[k][...] = p[k]
@@ -155,6 +167,14 @@ def test_state_dict_round_trip_continues_identically(name):
         b.step(q, g)
     for k in p:
         assert p[k].tobytes() == q[k].tobytes()
+    # the state_dict is a snapshot: the steps since left it as it was, and it restores `a`
+    later = a.state_dict()["slots"]
+    a.load_state_dict(saved)
+    for slot, d in saved["slots"].items():
+        for k in d:
+            assert np.array_equal(a.slots[slot][k], d[k])
+            assert not np.array_equal(d[k], later[slot][k])
+    assert a.steps == 2
 
 
 def test_load_state_dict_rejects_state_of_another_shape_or_optimizer():
@@ -179,11 +199,17 @@ def test_bad_arguments_are_named():
         make_optimizer("adam", p, lr=0.1)
     with pytest.raises(ValueError, match="initial_accumulator"):
         Adagrad(p, lr=0.1, initial_accumulator=-1)
+    with pytest.raises(ValueError, match=r"adagrad has no momentum \(got momentum=0.5\)"):
+        make_optimizer("adagrad", p, lr=0.1, momentum=0.5)
     opt = SGD(p, lr=0.1)
     with pytest.raises(ValueError, match="gradient 'w' has shape"):
         opt.step(p, {"w": np.zeros(4)})
     with pytest.raises(ValueError, match="must have the keys"):
         opt.step(p, {"v": np.zeros(3)})
+    other = {"w": np.zeros(6)}                    # same name, another size: not its state
+    with pytest.raises(ValueError, match=r"parameter 'w' \(\(6,\), float64, host\) is not the one "
+                                         r"this optimizer was built for \(\(3,\), float64"):
+        opt.step(other, {"w": np.zeros(6)})
     strided = {"w": np.zeros(6)[::2]}
     with pytest.raises(ValueError, match="C-contiguous"):
         SGD(strided, lr=0.1).step(strided, {"w": np.zeros(3)})

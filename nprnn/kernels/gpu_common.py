@@ -259,6 +259,9 @@ def matmul_tn_gpu(C, A, B, tile=TILE, splits=None, purpose="matmul_tn"):
 
     Twin of `np.dot(A.T, B, C)` in the CPU kernels. `splits` (S) defaults to enough chunks of N
     for about TARGET_BLOCKS blocks, each chunk at least `tile` rows long."""
+    if not C.dtype == A.dtype == B.dtype:    # one dtype sizes and reads the shared tiles
+        raise TypeError(f"{purpose}: C, A and B must share one dtype, got {C.dtype}, {A.dtype} "
+                        f"and {B.dtype}")
     N, P = A.shape
     Q = B.shape[1]
     tiles = cdiv(P, tile) * cdiv(Q, tile)

@@ -14,8 +14,9 @@ kernel does not care whether the tensor was W (n, n) or b_h (n,). The updates, f
                               p <- p - lr * s * g / (sqrt(G) + delta)
 
 State (v, G) has the parameter's dtype. The scalars (lr, momentum, delta) arrive as Python floats
-and s as a float64 array of one element, so each element's update is computed in float64 and
-rounded once into the parameter's dtype; the cost is negligible beside a training step. Both
+and s as a float64 array of one element, so each element's update is computed in float64: the new
+v or G is rounded into the state's dtype, and p's update, read from that stored value, into the
+parameter's; the cost is negligible beside a training step. Both
 updates leave p untouched wherever g has always been 0, so a strictly upper-triangular W (whose
 gradient is 0 on and below the diagonal) stays so.
 

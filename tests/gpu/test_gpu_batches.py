@@ -138,6 +138,14 @@ def test_an_upload_returns_while_the_kernels_queued_before_it_still_run():
     assert done.query()
 
 
+def test_to_device_passes_a_device_array_through_only_in_the_dtype_asked_for():
+    a = gpu.to_device(np.zeros(3))
+    assert gpu.to_device(a) is a and gpu.to_device(a, np.float64) is a
+    with pytest.raises(TypeError, match="a device array of dtype float64 where float32 is "
+                                        "needed"):
+        gpu.to_device(a, np.float32)
+
+
 def test_model_takes_device_batches(data_dir, monkeypatch):
     monkeypatch.setitem(gpu.LAUNCH, "readout_block", (4, 2))
     with get_task("padded-mnist", data_dir=data_dir, T=3, progress=False) as task:

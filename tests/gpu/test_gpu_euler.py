@@ -147,3 +147,6 @@ def test_matmul_tn_and_column_sums(dtype):
     db = gpu_common.cuda.device_array(6, dtype=dtype)
     gpu_common.column_sums_gpu(db, dev(A), tile=4)
     assert_close(db, A.sum(axis=0), dtype, "column sums")
+    other = "float32" if dtype == "float64" else "float64"       # one dtype sizes the tiles
+    with pytest.raises(TypeError, match="must share one dtype"):
+        gpu_common.matmul_tn_gpu(C, dev(A.astype(other)), dev(Bm), tile=4, splits=3)
