@@ -178,33 +178,34 @@ def _given(*names):
             if ctx.get_parameter_source(n) == click.core.ParameterSource.COMMANDLINE]
 
 
-def _task_sequences(task, lengths, num, data_dir):
-    """{T: xs (num, T, m)}, the first test sequences of task `task` made with length T."""
+def _task_sequences(task, lengths, num, data_dir, seed):
+    """{T: xs (num, T, m)}, test sequences of task `task` made with length T (drawn by seed)."""
     from nprnn import analysis
 
     from nprnn.datasets import get_task
     from nprnn.sources import DataError
 
+    sequences = {}
     try:
-        return {T: analysis.task_sequences(get_task(task, T=T, data_dir=data_dir), num)
-                for T in lengths}
+        for T in lengths:
+            with get_task(task, T=T, data_dir=data_dir) as t:
+                sequences[T] = analysis.task_sequences(t, num, seed=seed)
     except DataError as e:
         raise click.ClickException(f"task {task!r}: {e}") from None
+    return sequences
 
 
-def _jacobian_rows(models, lengths, sequences):
-    """analysis.jacobian_spectra(models, lengths, sequences), the same rows in the same order,
-    computed one (model, T) at a time with a line on stderr as each starts: at the defaults
-    (and more so with trained models of large n) the whole takes minutes."""
-    from nprnn import analysis
+def _say_which(done, total, label, T):
+    """A line on stderr as each (model, T) of `jacobian` starts: at the defaults (and more so
+    with trained models of large n) the whole takes minutes."""
+    click.echo(f"[{done + 1}/{total}] {label}, T={T}", err=True)
 
-    rows, total = [], len(models) * len(lengths)
-    for T in lengths:
-        xs = sequences(T)
-        for label, model in models:
-            click.echo(f"[{len(rows) + 1}/{total}] {label}, T={T}", err=True)
-            rows += analysis.jacobian_spectra([(label, model)], [T], lambda _: xs)
-    return rows
+
+def _replacing(*paths):
+    """", replacing the earlier X, Y" for those of `paths` that exist (call it before writing
+    them), else ""."""
+    old = [str(p) for p in paths if p.exists()]
+    return f", replacing the earlier {', '.join(old)}" if old else ""
 
 
 def _plot_or_hint(draw, *args, **kwargs):
@@ -248,6 +249,7 @@ def simulate(out, figures, steps, eps, seed):
         with _enough_memory("--steps"):
             panels, caption = analysis.simulation_figure(number, steps, eps, seed)
         stem = out / f"figure{number}"
+        replacing = _replacing(*(stem.with_suffix(e) for e in (".png", ".json", ".csv")))
         analysis.write_json(stem.with_suffix(".json"),
                             dict(caption=caption, steps=steps, eps=eps, seed=seed,
                                  initial_states=analysis.INITIAL_STATES,
@@ -261,7 +263,7 @@ def simulate(out, figures, steps, eps, seed):
             click.echo(f"  {p['key']:<8} {p['kind']:<9} {ratios}")
         if _plot_or_hint("plot_simulation", panels, stem.with_suffix(".png"), 4, caption):
             click.echo(f"  wrote {stem}.png")
-        click.echo(f"  wrote {stem}.json, {stem}.csv")
+        click.echo(f"  wrote {stem}.json, {stem}.csv{replacing}")
 
 
 @cli.command()
@@ -291,13 +293,15 @@ def simulate(out, figures, steps, eps, seed):
                    "--input-size, --eps, --sigma-w.")
 @click.option("--task", default=None,
               help="Take the inputs from this task's test split (nprnn.datasets.get_task(TASK, "
-                   "T=T)) instead of N(0, 1) noise.")
+                   "T=T)) instead of N(0, 1) noise. A task of fixed length (mnist: 784) needs "
+                   "--lengths to be that length.")
 @click.option("--data-dir", default=None, type=click.Path(file_okay=False),
               help="Data folder for --task (the datasets module's default if left out).")
 @click.option("--sequences", default=8, show_default=True, type=click.IntRange(min=1),
               help="Input sequences per T; the eigenvalues of all of them are pooled.")
 @click.option("--seed", default=0, show_default=True, type=SEED,
-              help="Seed of the models' initialisation and of the input noise.")
+              help="Seed of the models' initialisation (without --checkpoint) and of the "
+                   "inputs: the N(0, 1) noise, or with --task which test sequences are drawn.")
 @click.option("--dtype", default="float64", show_default=True,
               type=click.Choice(["float32", "float64"]), help="Precision of the kernels.")
 def jacobian(out, models, gammas, lengths, hidden_size, input_size, eps, sigma_w, checkpoints,
@@ -307,8 +311,9 @@ def jacobian(out, models, gammas, lengths, hidden_size, input_size, eps, sigma_w
 
     J = dh_T/dh_0 comes from each model's own BPTT kernel (the sequence replicated n times,
     dh_T = I, so dh_0 = J). Inputs are independent N(0, 1) sequences (the noise of noise-padded
-    CIFAR-10) drawn from default_rng([seed, T]), or a task's first test sequences (--task);
-    every model sees the same ones. A line on stderr names each (model, T) as it starts."""
+    CIFAR-10) drawn from default_rng([seed, T]), or test sequences of a task (--task) drawn by
+    the seed; every model sees the same ones. A line on stderr names each (model, T) as it
+    starts."""
     from nprnn import analysis
     from nprnn.checkpoint import CheckpointError
 
@@ -318,6 +323,14 @@ def jacobian(out, models, gammas, lengths, hidden_size, input_size, eps, sigma_w
                                f"{', '.join(model_options)}")
     if task and "--input-size" in model_options:
         raise click.UsageError("--task sets the input size; leave out --input-size")
+    if data_dir is not None and not task:
+        raise click.UsageError("--data-dir is where --task's data is; without --task the inputs "
+                               "are N(0, 1) noise")
+    for option, hyper in (("--gammas", "gamma"), ("--eps", "eps")):
+        if option in model_options and not any(hyper in nprnn.CELLS[m].hyper
+                                                for m in models if m in nprnn.CELLS):
+            raise click.UsageError(f"{option} is for cells with {hyper}, and none of "
+                                   f"{', '.join(models)} has one; leave it out")
     if any(T < 1 for T in lengths):
         raise click.BadParameter(f"lengths must be >= 1, got {lengths}", param_hint="--lengths")
     if any(g < 0 for g in gammas):
@@ -326,18 +339,18 @@ def jacobian(out, models, gammas, lengths, hidden_size, input_size, eps, sigma_w
     try:
         # 1. the inputs of a task (their m is the models' input size) ...
         if task:
-            seqs = _task_sequences(task, lengths, sequences, data_dir)
+            seqs = _task_sequences(task, lengths, sequences, data_dir, seed)
             input_size = next(iter(seqs.values())).shape[2]
         # 2. the models: trained ones, or fresh ones at initialisation ...
         if checkpoints:
             built = []
-            for path in checkpoints:
+            for path, name in zip(checkpoints, analysis.distinct_names(checkpoints)):
                 model, _ = analysis.model_from_checkpoint(path, dtype)
                 if task and model.input_size != input_size:
                     raise ValueError(f"task {task!r} has input size m={input_size}, but "
                                      f"checkpoint {path} is a model of input size "
                                      f"m={model.input_size}: give a task it was trained on")
-                built.append((analysis.checkpoint_label(model, path), model))
+                built.append((analysis.checkpoint_label(model, name), model))
             sizes = sorted({m.input_size for _, m in built})
             if not task and len(sizes) > 1:
                 raise ValueError(f"the checkpoints have different input sizes {sizes}; compare "
@@ -348,21 +361,24 @@ def jacobian(out, models, gammas, lengths, hidden_size, input_size, eps, sigma_w
                                              sigma_w, seed, dtype)
         # 3. ... or N(0, 1) noise, the same for every model
         if task:
-            source, inputs = seqs.__getitem__, f"the first test sequences of task {task!r}"
+            source, inputs = seqs.__getitem__, f"test sequences of task {task!r}, drawn by seed"
         else:
             def source(T):
                 return analysis.gaussian_sequences(sequences, T, input_size, seed=[seed, T])
             inputs = "N(0, 1) noise, default_rng([seed, T])"
-        rows = _jacobian_rows(built, lengths, source)
+        rows = analysis.jacobian_spectra(built, lengths, source, progress=_say_which)
     except (CheckpointError, OSError, ValueError) as e:
         raise click.ClickException(str(e)) from None
     except MemoryError as e:
         raise _memory_error(e, "--lengths, --hidden-size, --input-size or --sequences") from None
     stem = out / "figure2_jacobian"
+    replacing = _replacing(*(stem.with_suffix(e) for e in (".png", ".csv", ".json")))
+    uses_eps = any(m.hyper.get("eps") is not None for _, m in built)
     analysis.write_csv(stem.with_suffix(".csv"), rows)
     analysis.write_json(stem.with_suffix(".json"), dict(
         inputs=inputs, input_size=input_size, checkpoints=list(checkpoints),
-        hidden_size=None if checkpoints else hidden_size, eps=None if checkpoints else eps,
+        hidden_size=None if checkpoints else hidden_size,
+        eps=eps if uses_eps and not checkpoints else None,
         sigma_w=None if checkpoints else sigma_w, sequences=sequences, seed=seed, dtype=dtype,
         rows=rows))
     click.echo(f"{'model':<28} {'T':>5} {'mean |lambda|':>14} {'std |lambda|':>13} "
@@ -370,12 +386,17 @@ def jacobian(out, models, gammas, lengths, hidden_size, input_size, eps, sigma_w
     for r in rows:
         click.echo(f"{r['label']:<28} {r['T']:>5} {r['mean']:>14.4g} {r['std']:>13.4g} "
                    f"{r['max']:>13.4g}")
+    zero = [f"{r['label']} at T={r['T']}" for r in rows if r["max"] == 0]
+    if zero:
+        click.echo(f"note: every eigenvalue underflowed to 0 for {'; '.join(zero)}"
+                   + (" (float32: --dtype float64 keeps them)" if dtype == "float32" else "")
+                   + "; the figure leaves these points out")
     what = "trained models" if checkpoints else f"initialisation, n = {hidden_size}"
     if _plot_or_hint("plot_jacobian", rows, stem.with_suffix(".png"),
                      f"End-to-end Jacobian dh_T/dh_0 ({what}); inputs: {inputs}, "
                      f"{sequences} per T"):
         click.echo(f"wrote {stem}.png")
-    click.echo(f"wrote {stem}.csv, {stem}.json")
+    click.echo(f"wrote {stem}.csv, {stem}.json{replacing}")
 
 
 @cli.command("plot")
@@ -396,12 +417,13 @@ def plot_runs(runs, out, name):
     out = _out_dir(out)
     # NAME.csv and NAME.png, not with_suffix: NAME may have a dot of its own ("curves.v2")
     csv_path, png_path = out / f"{name}.csv", out / f"{name}.png"
+    replacing = _replacing(png_path, csv_path)
     analysis.write_csv(csv_path, analysis.runs_to_rows(loaded))
     for r in loaded:
         click.echo(f"{r['name']}: {r['label']}, {len(r['records'])} records")
     if _plot_or_hint("plot_learning_curves", loaded, png_path):
         click.echo(f"wrote {png_path}")
-    click.echo(f"wrote {csv_path}")
+    click.echo(f"wrote {csv_path}{replacing}")
 
 
 # ----------------------------------------------------------------------------------------------

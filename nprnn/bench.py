@@ -1,9 +1,11 @@
 """Timing of the kernels against PyTorch, measured in the same process: what `cli.py bench` prints.
 
 Each measurement runs the call once to warm up (compilation, caches), then `repeat` times, and
-reports the median wall time. "forward" is model.forward (cell + readout); "fwd+bwd" is
-model.loss_and_grad (forward, loss, full BPTT). The PyTorch side does the same work: the cell,
-the readout, cross-entropy, and `loss.backward()`.
+reports the median: of the wall time on the CPU; on the GPU, of CUDA events around nprnn's
+launches (nprnn.gpu.time_model) and of the wall time up to torch.cuda.synchronize() for PyTorch.
+"forward" is model.forward (cell + readout); "fwd+bwd" is model.loss_and_grad (forward, loss,
+full BPTT). The PyTorch side does the same work: the cell, the readout, cross-entropy, and
+`loss.backward()`.
 
 GFLOP/s counts the matrix products only (the elementwise work is small beside them):
 
@@ -22,6 +24,7 @@ import time
 
 import numpy as np
 
+from .cells import DEFAULT_EPS, DEFAULT_GAMMA
 from .model import make_model
 
 # (k_rec, k_in): how many n-wide blocks the recurrent and the input products have
@@ -131,7 +134,8 @@ def bench_torch(name, B, T, m, n, dtype, repeat, seed=0, device="cpu"):
         module = cls(m, n, batch_first=True, dtype=tdtype).to(device)
         hidden = lambda x: module(x)[0][:, -1]                                   # noqa: E731
     elif name in PRODUCT_BLOCKS and name != "peephole-lstm":
-        hidden = _torch_euler(name, torch, n, m, 0.01, 0.01, tdtype, gen, device)
+        # the cell nprnn's side builds: make_model's default eps and gamma
+        hidden = _torch_euler(name, torch, n, m, DEFAULT_EPS, DEFAULT_GAMMA, tdtype, gen, device)
     else:
         return None
     readout = torch.nn.Linear(n, 10, dtype=tdtype).to(device)
@@ -154,7 +158,7 @@ def run(names, B, T, m, n, dtype="float32", repeat=5, with_torch=True, seed=0):
     """Measure each model, and PyTorch beside it where installed. Returns a list of rows."""
     rows = []
     for name in names:
-        f_fwd, f_all = flops(name, B, T, m, n)
+        f_all = flops(name, B, T, m, n)[1]
         ours = bench_nprnn(name, B, T, m, n, dtype, repeat, seed)
         theirs = bench_torch(name, B, T, m, n, dtype, repeat, seed) if with_torch else None
         row = dict(model=name, impl="nprnn (numba, CPU)", **ours,
@@ -199,7 +203,7 @@ def run_gpu(names, B, T, m, n, dtype="float32", repeat=5, with_torch=True, seed=
     from . import gpu
     rows = []
     for name in names:
-        f_fwd, f_all = flops(name, B, T, m, n)
+        f_all = flops(name, B, T, m, n)[1]
         theirs = (bench_torch(name, B, T, m, n, dtype, repeat, seed, device="cuda")
                   if with_torch else None)
         for r in gpu.time_model(name, B=B, n=n, m=m, T=T, dtype=dtype, repeats=repeat,

@@ -99,7 +99,10 @@ def plot_jacobian(rows, path, title=""):
         rs = sorted((r for r in rows if r["label"] == label), key=lambda r: r["T"])
         T = [r["T"] for r in rs]
         style = "--" if rs[0]["model"].startswith("lstm") else "-"
-        ax_mean.plot(T, [max(r["mean"], 1e-300) for r in rs], style, marker="o", label=label)
+        # a mean of 0 (every eigenvalue underflowed, in float32) has no place on the log axis
+        shown = [r for r in rs if r["mean"] > 0]
+        ax_mean.plot([r["T"] for r in shown], [r["mean"] for r in shown], style, marker="o",
+                     label=label)
         ax_std.plot(T, [r["std"] for r in rs], style, marker="o", label=label)
     ax_mean.set_yscale("log")
     ax_mean.axhline(1.0, color="0.5", linewidth=0.8)

@@ -5,6 +5,7 @@ the end-to-end Jacobian against central finite differences (float64) for every r
 and each command with and without matplotlib.
 """
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -242,7 +243,7 @@ def test_jacobian_rejects_bad_input():
 
 def make_run(root, name, model="antisym", task="mnist", iterations=(0, 10, 20), extra=None):
     d = root / name
-    d.mkdir()
+    d.mkdir(parents=True)
     (d / "config.json").write_text(json.dumps(dict(model=model, task=task, lr=0.1)))
     lines = []
     for it in iterations:
@@ -352,9 +353,24 @@ def test_plot_command(tmp_path):
     pytest.importorskip("matplotlib")
     a, b = make_run(tmp_path, "a"), make_run(tmp_path, "b", model="lstm", task="cifar10")
     out = run_cli(["plot", str(a), str(b), "--out", str(tmp_path / "figs")])
-    assert "lstm on cifar10" in out
+    assert "lstm on cifar10" in out and "replacing" not in out
     assert is_png(tmp_path / "figs" / "learning_curves.png")
     assert len((tmp_path / "figs" / "learning_curves.csv").read_text().splitlines()) == 13
+    out = run_cli(["plot", str(a), "--out", str(tmp_path / "figs")])
+    assert f"replacing the earlier {tmp_path / 'figs' / 'learning_curves.png'}" in out
+
+
+def test_runs_in_folders_of_one_name_keep_apart(tmp_path):
+    runs = A.read_runs([make_run(tmp_path / "1", "run"), make_run(tmp_path / "2", "run")])
+    assert [r["name"] for r in runs] == [os.path.join("1", "run"), os.path.join("2", "run")]
+    assert [r["label"] for r in runs] == [f"antisym on mnist ({r['name']})" for r in runs]
+    with pytest.raises(ValueError, match="is given twice"):
+        A.read_runs([make_run(tmp_path, "a")] * 2)
+
+
+def test_json_has_null_where_a_number_is_not_finite(tmp_path):
+    A.write_json(tmp_path / "x.json", dict(a=[1.0, float("nan")], b=np.float64(-np.inf)))
+    assert json.loads((tmp_path / "x.json").read_text()) == dict(a=[1.0, None], b=None)
 
 
 def test_commands_write_numbers_without_matplotlib(tmp_path, no_matplotlib):
@@ -376,6 +392,10 @@ def test_commands_write_numbers_without_matplotlib(tmp_path, no_matplotlib):
     (["jacobian", "--models", "transformer"], "unknown model 'transformer'"),
     (["jacobian", "--lengths", "0"], "lengths must be >= 1"),
     (["jacobian", "--gammas", "-1"], "gammas must be >= 0"),
+    (["jacobian", "--models", "lstm,gru", "--gammas", "1"],
+     "--gammas is for cells with gamma, and none of lstm, gru has one"),
+    (["jacobian", "--models", "rnn", "--eps", "0.5"], "--eps is for cells with eps"),
+    (["jacobian", "--data-dir", "data"], "--data-dir is where --task's data is"),
 ])
 def test_commands_reject_bad_options(tmp_path, args, match):
     result = CliRunner().invoke(cli, args + ["--out", str(tmp_path)])
@@ -422,7 +442,28 @@ def test_model_from_checkpoint(trained_run):
         np.testing.assert_array_equal(model.params[k], v.astype(np.float64))
     fresh = nprnn.make_model("antisym", 2, 3, 2, eps=0.5, gamma=0.1, dtype="float64")
     assert not np.allclose(fresh.params["W"], model.params["W"])     # trained, not initial
-    assert A.checkpoint_label(model, trained_run) == "antisym gamma=0.1 (antisym-toy)"
+    assert A.checkpoint_label(model, "antisym-toy") == "antisym gamma=0.1 (antisym-toy)"
+
+
+def test_distinct_names_are_the_shortest_tails_no_other_path_shares(tmp_path):
+    assert A.distinct_names(["runs/a", "runs/b"]) == ["a", "b"]
+    assert A.distinct_names(["runs/a/run", "runs/b/run", "other"]) == [
+        os.path.join("a", "run"), os.path.join("b", "run"), "other"]
+    assert A.distinct_names(["x/run", "x/y/run/"]) == [os.path.join("x", "run"),
+                                                       os.path.join("y", "run")]
+    with pytest.raises(ValueError, match="runs/a/ is given twice"):
+        A.distinct_names(["runs/a", "runs/a/"])
+
+
+def test_two_checkpoints_of_one_folder_name_are_two_lines(tmp_path, trained_run):
+    """runs/1/run and runs/2/run: labels that tell them apart, so the figure and the table keep
+    them apart (it groups rows by label)."""
+    import shutil
+    copies = [shutil.copytree(trained_run, tmp_path / k / "run") for k in ("1", "2")]
+    out = run_cli(["jacobian", "--out", str(tmp_path / "fig"), "--checkpoint", str(copies[0]),
+                   "--checkpoint", str(copies[1]), "--lengths", "4", "--sequences", "2"])
+    for k in ("1", "2"):
+        assert f"antisym gamma=0.1 ({os.path.join(k, 'run')})" in out
 
 
 def test_jacobian_command_with_a_checkpoint(tmp_path, trained_run):
@@ -456,8 +497,10 @@ def test_jacobian_command_with_a_task(tmp_path, monkeypatch):
     saved = json.loads((tmp_path / "figure2_jacobian.json").read_text())
     assert saved["input_size"] == 3 and [r["T"] for r in saved["rows"]] == [2, 3]
     model = nprnn.make_model("lstm", 3, 2, 2, dtype="float64")
-    xs = A.task_sequences(toy_task(T=3, m=3), 3)
-    np.testing.assert_array_equal(xs, toy_task(T=3, m=3)._x["test"][:3])
+    task = toy_task(T=3, m=3)
+    xs = A.task_sequences(task, 3)                    # drawn by seed 0, the command's default
+    np.testing.assert_array_equal(xs, task._x["test"][task.order("test", 0, 0, shuffle=True)[:3]])
+    assert not np.array_equal(xs, task._x["test"][:3])
     assert saved["rows"][1]["mean"] == pytest.approx(
         A.eigenvalue_magnitudes(model, xs).mean(), rel=1e-12)
 
