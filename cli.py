@@ -17,6 +17,7 @@ import click
 import nprnn
 from nprnn.cells import INIT_SCHEMES
 from nprnn.datasets import MAX_SEED
+from nprnn.model import count_params
 
 # Seeds are 63-bit: they become int64 keys of the noise streams (nprnn/noise.py).
 SEED = click.IntRange(min=0, max=MAX_SEED)
@@ -72,11 +73,11 @@ def params(K):
     Counts include the readout (W_out, b_out); W of the antisymmetric models counts n(n-1)/2."""
     click.echo(f"{'table':<20} {'model':<15} {'units':>5} {'m':>3} {'ours':>8} {'paper':>6}")
     for table, name, n, m, paper in PAPER_CONFIGS:
-        count = nprnn.CELLS[name].num_params(m, n) + K * n + K
+        count = count_params(nprnn.CELLS[name], m, n, K)
         click.echo(f"{table:<20} {name:<15} {n:>5} {m:>3} {count:>8,} {paper:>6}")
     click.echo("\nAll models at n=128, m=1:")
     for name, cell in nprnn.CELLS.items():
-        click.echo(f"  {name:<15} {cell.num_params(1, 128) + K * 128 + K:>8,}  {cell.summary}")
+        click.echo(f"  {name:<15} {count_params(cell, 1, 128, K):>8,}  {cell.summary}")
 
 
 # ----------------------------------------------------------------------------------------------

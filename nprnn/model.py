@@ -19,6 +19,12 @@ from .kernels import readout as K_readout
 DTYPES = ("float32", "float64")
 
 
+def count_params(cell, m, n, K):
+    """Parameters of a model: the cell's at input size m and n units (cell.num_params), and the
+    readout's, W_out (K, n) and b_out (K,)."""
+    return cell.num_params(m, n) + K * n + K
+
+
 class Model:
     def __init__(self, cell, input_size, hidden_size, num_classes, params, hyper, dtype,
                  device="cpu", sigma_w=1.0, init="paper", seed=0):
@@ -49,8 +55,7 @@ class Model:
         return self.cell.name
 
     def num_params(self):
-        n, m, K = self.hidden_size, self.input_size, self.num_classes
-        return self.cell.num_params(m, n) + K * n + K
+        return count_params(self.cell, self.input_size, self.hidden_size, self.num_classes)
 
     def cell_params(self):
         return {k: v for k, v in self.params.items() if k not in ("W_out", "b_out")}
