@@ -127,6 +127,7 @@ class EulerCell(Cell):
     def __init__(self, name, summary, antisymmetric, gated, uses_gamma=True):
         self.name, self.summary = name, summary
         self.antisymmetric, self.gated = antisymmetric, gated
+        self.diffusion = uses_gamma               # A has -gamma I (always, if antisymmetric)
         self.hyper = ("eps", "gamma") if uses_gamma else ("eps",)
 
     def shapes(self, m, n):
@@ -166,7 +167,7 @@ class EulerCell(Cell):
             A = np.empty_like(W)
             K_euler.antisym_matrix_cpu(A, W, gamma)
             return A
-        if self.gated:
+        if self.diffusion:
             A = np.empty_like(W)
             K_euler.shifted_matrix_cpu(A, W, gamma)
             return A

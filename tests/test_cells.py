@@ -60,6 +60,20 @@ def test_reference_bptt_matches_finite_differences(name):
 
 
 @pytest.mark.parametrize("name", CELL_NAMES)
+def test_the_reference_computes_in_float64_whatever_it_is_given(name):
+    """float32 parameters and inputs give the oracle's float64 result for the same values."""
+    model = random_model(name, dtype="float32")
+    x, y = batch(dtype=np.float32)
+    loss32, grads32 = reference_loss_and_grads(model, x, y)
+    model64 = random_model(name, dtype="float32")
+    model64.params = {k: v.astype(np.float64) for k, v in model64.params.items()}
+    loss64, grads64 = reference_loss_and_grads(model64, x.astype(np.float64), y)
+    assert loss32 == loss64
+    for k in grads64:
+        assert grads32[k].dtype == np.float64 and np.array_equal(grads32[k], grads64[k]), k
+
+
+@pytest.mark.parametrize("name", CELL_NAMES)
 def test_kernel_bptt_matches_finite_differences(name):
     """The product's own gradient (CPU kernels, full BPTT over T steps) against central
     differences, every parameter tensor of the cell and of the readout."""

@@ -234,6 +234,16 @@ def test_cifar_extracted_file_with_wrong_md5(tmp_path):
         fd.fake_cifar_source().load(tmp_path, download=False)
 
 
+def test_cifar_extracted_binary_batch_cut_at_a_record_boundary(tmp_path):
+    """No MD5 is published for the binary batches: their number of records is checked."""
+    d = fd.write_fake_cifar(tmp_path / "cifar-10", "binary", "dir")
+    data = (d / "data_batch_2.bin").read_bytes()
+    (d / "data_batch_2.bin").write_bytes(data[:-sources.CIFAR_RECORD])
+    with pytest.raises(RawFormatError, match="data_batch_2.bin: 3 images, where a CIFAR-10 "
+                                             "batch holds 4: the file is truncated"):
+        fd.fake_cifar_source().load(tmp_path, download=False)
+
+
 def test_cifar_incomplete_extraction_is_reported(tmp_path):
     d = fd.write_fake_cifar(tmp_path / "cifar-10", "binary", "dir")
     (d / "data_batch_5.bin").unlink()

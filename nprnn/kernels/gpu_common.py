@@ -36,7 +36,7 @@ try:
     from numba import cuda
     CUDA_IMPORT_ERROR = None
 except ImportError as exc:                 # numba-cuda (or its CUDA bindings) is not installed
-    CUDA_IMPORT_ERROR = f"numba.cuda cannot be imported ({exc}); install nprnn[cuda]"
+    CUDA_IMPORT_ERROR = f"numba.cuda cannot be imported ({exc}); pip install -e '.[cuda]'"
 
     class _UnavailableKernel:
         """What `cuda.jit` returns when numba.cuda is missing: launching it explains why."""
