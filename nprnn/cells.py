@@ -109,9 +109,17 @@ def _buffer(ws, name, shape, dtype):
     return ws.get(name, shape, dtype)
 
 
+def check_h0(h0, B, n):
+    """h_0 as a cell's forward takes it: None (zero), or one state per batch row, (B, n). (A
+    NumPy assignment would broadcast an (n,) vector; the GPU's copy would refuse it.)"""
+    if h0 is not None and tuple(np.shape(h0)) != (B, n):
+        raise ValueError(f"h0 must have shape (B, n) = ({B}, {n}), got {tuple(np.shape(h0))}")
+
+
 def _states(x, n, h0, ws=None, name="hs"):
     """hs (T+1, B, n) with hs[0] = h_0 (zero unless given)."""
     T, B, _ = x.shape
+    check_h0(h0, B, n)
     hs = _buffer(ws, name, (T + 1, B, n), x.dtype)
     hs[0] = 0.0 if h0 is None else h0
     return hs

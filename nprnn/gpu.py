@@ -27,7 +27,7 @@ against its CPU twin through this module, so a cell without GPU kernels fails th
 import numpy as np
 
 from . import cells
-from .cells import DEFAULT_EPS, DEFAULT_GAMMA
+from .cells import DEFAULT_EPS, DEFAULT_GAMMA, check_h0
 from .device import simulator_enabled
 from .kernels import antisym as K_euler
 from .kernels import gru as K_gru
@@ -249,6 +249,7 @@ def _gradients(out, p, B, n, dtype):
 def _initial_states(ws, x, n, h0):
     """hs (T+1, B, n) on the device with hs[0] = h_0 (zero unless given)."""
     T, B, _ = x.shape
+    check_h0(h0, B, n)
     hs = _buffer(ws, "hs", (T + 1, B, n), x.dtype)
     if h0 is None:
         fill(hs[0], 0)

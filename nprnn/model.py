@@ -65,7 +65,26 @@ class Model:
         return to_host(self.params)
 
     # -- validation ----------------------------------------------------------------------------
+    def _check_params(self):
+        """The parameters are what the kernels were built for: their names, shapes, dtype and
+        device (a caller may have replaced one, say with weights loaded as float32)."""
+        expected = self.cell.shapes(self.input_size, self.hidden_size) | dict(
+            W_out=(self.num_classes, self.hidden_size), b_out=(self.num_classes,))
+        if set(self.params) != set(expected):
+            raise ValueError(f"model.params must hold {sorted(expected)}, got "
+                             f"{sorted(self.params)}")
+        for k, v in self.params.items():
+            where = "GPU" if is_device_array(v) else "host"
+            if (tuple(v.shape) != expected[k] or v.dtype != self.dtype
+                    or where != ("GPU" if self.device == "cuda" else "host")):
+                raise ValueError(f"model.params[{k!r}] is a {where} array of shape "
+                                 f"{tuple(v.shape)} and dtype {v.dtype}; this {self.device} model "
+                                 f"needs shape {expected[k]} and dtype {self.dtype}")
+
     def _check_x(self, x):
+        """x as the kernels read it (time-major, the model's dtype), after checking it and the
+        parameters: every call into the kernels passes through here."""
+        self._check_params()
         if is_device_array(x):
             return self._check_device_x(x)
         if not isinstance(x, np.ndarray):
@@ -78,18 +97,20 @@ class Model:
             raise TypeError(f"x must hold floating-point values (float32 or float64), got "
                             f"dtype {x.dtype}; scale integer pixels first, e.g. "
                             f"x.astype('float32') / 255")
-        if x.dtype not in (np.float32, np.float64):
-            x = x.astype(self.dtype)
+        given = x
+        if x.dtype not in (np.float32, np.float64):            # float16, longdouble
+            with np.errstate(over="ignore"):                   # said below, with the value
+                x = x.astype(self.dtype)
         # time-major and contiguous, what the kernels read, in a buffer kept from call to call
         B, T, m = x.shape
         xt = self._inputs.get("x", (T, B, m), self.dtype)
         if K_layout.time_major_cpu(xt, x):
-            if not np.isfinite(x).all():
-                bad = tuple(int(i) for i in np.argwhere(~np.isfinite(x))[0])
+            if not np.isfinite(given).all():
+                bad = tuple(int(i) for i in np.argwhere(~np.isfinite(given))[0])
                 raise ValueError(f"x contains NaN or Inf, first at index (b, t, j) = {bad}")
             t, b, j = (int(i) for i in np.argwhere(~np.isfinite(xt))[0])
             raise ValueError(f"x holds values beyond the range of the model's {self.dtype}, first "
-                             f"x[{b}, {t}, {j}] = {float(x[b, t, j])!r}")
+                             f"x[{b}, {t}, {j}] = {given[b, t, j]}")
         return xt
 
     def _check_device_x(self, x):

@@ -317,3 +317,35 @@ def test_inputs_of_any_layout_and_float_dtype_give_the_same_model_outputs():
     with pytest.raises(ValueError, match=r"beyond the range of the model's float32, first "
                                          r"x\[3, 5, 1\] = 1e\+39"):
         model.forward(huge)
+    long = x.astype(np.longdouble)           # converted to float32 first: still named right
+    long[1, 2, 0] = 1e39
+    with pytest.raises(ValueError, match=r"beyond the range of the model's float32, first "
+                                         r"x\[1, 2, 0\] = 1e\+39"):
+        model.forward(long)
+
+
+def test_parameters_replaced_with_the_wrong_dtype_or_shape_are_named():
+    """Before, a float32 W in a float64 model reached numba as a typing error."""
+    model = random_model("antisym")
+    x, y = batch()
+    model.params["W"] = model.params["W"].astype(np.float32)
+    with pytest.raises(ValueError, match=r"model.params\['W'\] is a host array of shape \(5, 5\) "
+                                         r"and dtype float32; this cpu model needs shape \(5, 5\) "
+                                         r"and dtype float64"):
+        model.loss_and_grad(x, y)
+    model = random_model("lstm")
+    model.params["bias_hh"] = model.params["bias_hh"][:3]
+    with pytest.raises(ValueError, match=r"model.params\['bias_hh'\] .* needs shape \(20,\)"):
+        model.forward(x)
+    del model.params["bias_hh"]
+    with pytest.raises(ValueError, match="model.params must hold"):
+        model.forward(x)
+
+
+@pytest.mark.parametrize("name", ["antisym", "lstm"])
+def test_h0_must_hold_one_state_per_batch_row(name):
+    model = random_model(name)
+    x, _ = batch()
+    xt = np.ascontiguousarray(x.transpose(1, 0, 2))
+    with pytest.raises(ValueError, match=r"h0 must have shape \(B, n\) = \(3, 5\), got \(5,\)"):
+        model.cell.forward(model.cell_params(), xt, np.ones(N), **model.hyper)

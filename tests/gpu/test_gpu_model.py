@@ -235,3 +235,12 @@ def test_training_and_evaluation_on_cuda_take_batches_in_reused_buffers(tmp_path
     config = dict(model="antisym", hidden=gt.N, batch_size=4, device="cuda", iterations=1)
     train(config, out=tmp_path, task=task, echo=lambda *a: None, progress=False)
     assert asked == [("train", "cuda", True), ("test", "cuda", True)]
+
+
+def test_h0_must_hold_one_state_per_batch_row_on_the_gpu_too():
+    """As on the CPU (tests/test_cells.py): an (n,) vector is refused, not broadcast."""
+    model = nprnn.make_model("antisym", 3, 5, 4, dtype="float64", device="cuda")
+    xt = gpu.to_device(np.zeros((2, 3, 3)))                         # (T, B, m)
+    with pytest.raises(ValueError, match=r"h0 must have shape \(B, n\) = \(3, 5\), got \(5,\)"):
+        gpu.gpu_cell("antisym").forward(model.cell_params(), xt, np.ones(5), "step",
+                                        gpu.Workspace(), **model.hyper)
