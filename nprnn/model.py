@@ -13,7 +13,7 @@ import numpy as np
 from .cells import CELLS, DEFAULT_EPS, DEFAULT_GAMMA, Workspace, gaussian
 from .device import DEVICES, resolve_device
 from .kernels import layout as K_layout
-from .kernels.gpu_common import is_device_array, to_host
+from .kernels.gpu_common import is_device_array, memory_of, to_host
 from .kernels import readout as K_readout
 
 DTYPES = ("float32", "float64")
@@ -46,6 +46,8 @@ class Model:
             self._step_grads = gpu.Workspace()  # the gradients of step_arrays (see there)
             self._uploads = gpu.Staging()       # host x and y, copied without waiting for the GPU
         self.params = params
+        # what the kernels are built for: each parameter's shape, dtype and memory (_check_params)
+        self._param_specs = {k: (tuple(v.shape), v.dtype, memory_of(v)) for k, v in params.items()}
         self.config = dict(model=cell.name, input_size=input_size, hidden_size=hidden_size,
                            num_classes=num_classes, dtype=self.dtype.name, sigma_w=sigma_w,
                            init=init, seed=seed, **hyper)
@@ -67,19 +69,16 @@ class Model:
     # -- validation ----------------------------------------------------------------------------
     def _check_params(self):
         """The parameters are what the kernels were built for: their names, shapes, dtype and
-        device (a caller may have replaced one, say with weights loaded as float32)."""
-        expected = self.cell.shapes(self.input_size, self.hidden_size) | dict(
-            W_out=(self.num_classes, self.hidden_size), b_out=(self.num_classes,))
-        if set(self.params) != set(expected):
-            raise ValueError(f"model.params must hold {sorted(expected)}, got "
+        memory (a caller may have replaced one, say with weights loaded as float32)."""
+        if self.params.keys() != self._param_specs.keys():
+            raise ValueError(f"model.params must hold {sorted(self._param_specs)}, got "
                              f"{sorted(self.params)}")
         for k, v in self.params.items():
-            where = "GPU" if is_device_array(v) else "host"
-            if (tuple(v.shape) != expected[k] or v.dtype != self.dtype
-                    or where != ("GPU" if self.device == "cuda" else "host")):
-                raise ValueError(f"model.params[{k!r}] is a {where} array of shape "
+            shape, dtype, _ = spec = self._param_specs[k]
+            if (tuple(v.shape), v.dtype, memory_of(v)) != spec:
+                raise ValueError(f"model.params[{k!r}] is a {memory_of(v)} array of shape "
                                  f"{tuple(v.shape)} and dtype {v.dtype}; this {self.device} model "
-                                 f"needs shape {expected[k]} and dtype {self.dtype}")
+                                 f"needs shape {shape} and dtype {dtype}")
 
     def _check_x(self, x):
         """x as the kernels read it (time-major, the model's dtype), after checking it and the

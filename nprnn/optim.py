@@ -20,7 +20,7 @@ import math
 import numpy as np
 
 from .kernels import optim as K_optim
-from .kernels.gpu_common import copy_into, is_device_array, to_host
+from .kernels.gpu_common import copy_into, is_device_array, memory_of, to_host
 
 OPTIMIZERS = ("sgd", "adagrad")
 
@@ -133,14 +133,11 @@ class Optimizer:
                                  f"the parameter has shape {p.shape} and dtype {p.dtype}")
             for s in self.slot_names:           # the kernels do not check bounds
                 a = self.slots[s][k]
-                if (a.shape, a.dtype, is_device_array(a)) != (p.shape, p.dtype,
-                                                              is_device_array(p)):
+                if (a.shape, a.dtype, memory_of(a)) != (p.shape, p.dtype, memory_of(p)):
                     raise ValueError(
-                        f"parameter {k!r} ({p.shape}, {p.dtype}, "
-                        f"{'GPU' if is_device_array(p) else 'host'}) is not the one this "
-                        f"optimizer was built for ({a.shape}, {a.dtype}, "
-                        f"{'GPU' if is_device_array(a) else 'host'}); build a new optimizer for "
-                        f"these parameters")
+                        f"parameter {k!r} ({p.shape}, {p.dtype}, {memory_of(p)}) is not the one "
+                        f"this optimizer was built for ({a.shape}, {a.dtype}, {memory_of(a)}); "
+                        f"build a new optimizer for these parameters")
         on_device = is_device_array(next(iter(params.values())))
         scale = _scale_array(scale, on_device)
         for k, p in params.items():

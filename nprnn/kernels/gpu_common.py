@@ -82,6 +82,11 @@ def is_device_array(a):
     return hasattr(a, "copy_to_host")
 
 
+def memory_of(a):
+    """"GPU" or "host": where `a` lives, for messages."""
+    return "GPU" if is_device_array(a) else "host"
+
+
 def to_host(tree):
     """NumPy copies of a device array, or of every array in a dict (host arrays are copied too)."""
     if isinstance(tree, dict):
