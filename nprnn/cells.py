@@ -109,17 +109,24 @@ def _buffer(ws, name, shape, dtype):
     return ws.get(name, shape, dtype)
 
 
-def check_h0(h0, B, n):
-    """h_0 as a cell's forward takes it: None (zero), or one state per batch row, (B, n). (A
-    NumPy assignment would broadcast an (n,) vector; the GPU's copy would refuse it.)"""
-    if h0 is not None and tuple(np.shape(h0)) != (B, n):
-        raise ValueError(f"h0 must have shape (B, n) = ({B}, {n}), got {tuple(np.shape(h0))}")
+def check_state(name, a, B, n):
+    """h0 as a cell's forward takes it (None: zero) and dh_T as its backward takes it: one state
+    per batch row, (B, n). (A NumPy assignment would broadcast an (n,) vector, and a kernel, which
+    has no bounds checks, would read past a smaller array.)"""
+    if a is not None and tuple(np.shape(a)) != (B, n):
+        raise ValueError(f"{name} must have shape (B, n) = ({B}, {n}), got {tuple(np.shape(a))}")
+
+
+def _dh_T(dh_T, hs):
+    """dL/dh_T checked against the states hs (T+1, B, n), as a contiguous array of their dtype."""
+    check_state("dh_T", dh_T, *hs.shape[1:])
+    return np.ascontiguousarray(dh_T, dtype=hs.dtype)
 
 
 def _states(x, n, h0, ws=None, name="hs"):
     """hs (T+1, B, n) with hs[0] = h_0 (zero unless given)."""
     T, B, _ = x.shape
-    check_h0(h0, B, n)
+    check_state("h0", h0, B, n)
     hs = _buffer(ws, name, (T + 1, B, n), x.dtype)
     hs[0] = 0.0 if h0 is None else h0
     return hs
@@ -209,7 +216,7 @@ class EulerCell(Cell):
     def backward(self, p, cache, dh_T, ws=None, eps=DEFAULT_EPS, gamma=DEFAULT_GAMMA):
         x, A, hs, th = cache["x"], cache["A"], cache["hs"], cache["th"]
         eps = x.dtype.type(eps)
-        dh_T = np.ascontiguousarray(dh_T, dtype=x.dtype)
+        dh_T = _dh_T(dh_T, hs)
         g = {k: np.empty_like(v) for k, v in p.items()}
         dA = np.empty_like(A)
         dh0 = np.empty_like(hs[0])
@@ -320,7 +327,7 @@ class RNNCell(StackedGateCell):
         g = {k: np.empty_like(v) for k, v in p.items()}
         dh0 = np.empty_like(hs[0])
         da = _buffer(ws, "da", hs[1:].shape, hs.dtype)
-        dh_T = np.ascontiguousarray(dh_T, dtype=hs.dtype)
+        dh_T = _dh_T(dh_T, hs)
         with one_blas_thread():
             K_rnn.rnn_backward_cpu(g["weight_ih"], g["weight_hh"], g["bias_ih"], g["bias_hh"],
                                    dh0, da, dh_T, hs, x, p["weight_hh"])
@@ -398,7 +405,7 @@ class LSTMCell(StackedGateCell):
         g = {k: np.empty_like(v) for k, v in p.items()}
         dh0 = np.empty_like(hs[0])
         da = _buffer(ws, "da", gates.shape, gates.dtype)
-        dh_T = np.ascontiguousarray(dh_T, dtype=hs.dtype)
+        dh_T = _dh_T(dh_T, hs)
         dW = (g["weight_ih"], g["weight_hh"], g["bias_ih"], g["bias_hh"])
         with one_blas_thread():
             if self.peephole:
@@ -433,7 +440,7 @@ class GRUCell(StackedGateCell):
         x, hs, gates, hn = cache["x"], cache["hs"], cache["gates"], cache["hn"]
         g = {k: np.empty_like(v) for k, v in p.items()}
         dh0 = np.empty_like(hs[0])
-        dh_T = np.ascontiguousarray(dh_T, dtype=hs.dtype)
+        dh_T = _dh_T(dh_T, hs)
         with one_blas_thread():
             K_gru.gru_backward_cpu(g["weight_ih"], g["weight_hh"], g["bias_ih"], g["bias_hh"],
                                    dh0, _buffer(ws, "da", gates.shape, gates.dtype),

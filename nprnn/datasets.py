@@ -818,6 +818,7 @@ def get_task(name, data_dir=None, T=None, seed=DEFAULT_PERMUTATION_SEED, valid_s
     spec = task_spec(name)
     spec.shape(T)                                   # reject a bad T before any work
     seed = _check_nonneg_int("seed", seed)
+    valid_size = _check_nonneg_int("valid_size", valid_size)  # its upper bound needs the cache
     data_dir = resolve_data_dir(data_dir)
     path = cache_path(name, data_dir, seed)
     sources.remove_stale_temporaries(path.parent, "tmp")      # what killed builds left behind

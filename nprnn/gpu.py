@@ -27,7 +27,7 @@ against its CPU twin through this module, so a cell without GPU kernels fails th
 import numpy as np
 
 from . import cells
-from .cells import DEFAULT_EPS, DEFAULT_GAMMA, check_h0
+from .cells import DEFAULT_EPS, DEFAULT_GAMMA, check_state
 from .device import simulator_enabled
 from .kernels import antisym as K_euler
 from .kernels import gru as K_gru
@@ -249,7 +249,7 @@ def _gradients(out, p, B, n, dtype):
 def _initial_states(ws, x, n, h0):
     """hs (T+1, B, n) on the device with hs[0] = h_0 (zero unless given)."""
     T, B, _ = x.shape
-    check_h0(h0, B, n)
+    check_state("h0", h0, B, n)
     hs = _buffer(ws, "hs", (T + 1, B, n), x.dtype)
     if h0 is None:
         fill(hs[0], 0)
@@ -303,6 +303,7 @@ class EulerGPU(GPUCell):
         x, A, hs, th = cache["x"], cache["A"], cache["hs"], cache["th"]
         T, B, _ = x.shape
         n = A.shape[0]
+        check_state("dh_T", dh_T, B, n)
         dh_T = to_device(dh_T, x.dtype)
         g, dh0 = _gradients(out, p, B, n, x.dtype)
         # the antisymmetric models turn dA into dW; the others' dW is dA itself
@@ -373,6 +374,7 @@ class StackedGPU(GPUCell):
         x, hs = cache["x"], cache["hs"]
         T, B, _ = x.shape
         n = p["weight_hh"].shape[1]
+        check_state("dh_T", dh_T, B, n)
         dh_T = to_device(dh_T, x.dtype)
         g, dh0 = _gradients(out, p, B, n, x.dtype)
         dW = (g["weight_ih"], g["weight_hh"], g["bias_ih"], g["bias_hh"])

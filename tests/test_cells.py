@@ -5,6 +5,8 @@
 The GPU link (CPU kernels -> @cuda.jit kernels) is in test_cuda.py. Tests are parametrised over
 `nprnn.CELLS`, so a cell that is registered is a cell that is checked.
 """
+import re
+
 import numpy as np
 import pytest
 
@@ -342,10 +344,16 @@ def test_parameters_replaced_with_the_wrong_dtype_or_shape_are_named():
         model.forward(x)
 
 
-@pytest.mark.parametrize("name", ["antisym", "lstm"])
-def test_h0_must_hold_one_state_per_batch_row(name):
+@pytest.mark.parametrize("name", ["antisym", "antisym-gated", "rnn", "lstm", "gru"])
+def test_h0_and_dh_T_must_hold_one_state_per_batch_row(name):
+    """An (n,) vector is refused, not broadcast; a (B - 1, n) dh_T, not read past its end."""
     model = random_model(name)
     x, _ = batch()
     xt = np.ascontiguousarray(x.transpose(1, 0, 2))
     with pytest.raises(ValueError, match=r"h0 must have shape \(B, n\) = \(3, 5\), got \(5,\)"):
         model.cell.forward(model.cell_params(), xt, np.ones(N), **model.hyper)
+    _, cache = model.cell.forward(model.cell_params(), xt, None, **model.hyper)
+    for shape in [(N,), (2, N)]:
+        with pytest.raises(ValueError, match=r"dh_T must have shape \(B, n\) = \(3, 5\), got "
+                                             + re.escape(str(shape))):
+            model.cell.backward(model.cell_params(), cache, np.ones(shape), **model.hyper)

@@ -254,6 +254,16 @@ def test_a_task_dropped_or_failing_to_open_leaves_no_file_open(fake_mnist):
     gc.collect()
     assert open_descriptors() == before
 
+@pytest.mark.parametrize("kwargs, match", [(dict(valid_size=-1), "valid_size"),
+                                           (dict(valid_size=2.5), "valid_size"),
+                                           (dict(seed=-3), "seed")])
+def test_bad_arguments_are_refused_before_the_cache_is_built(fake_mnist, kwargs, match):
+    data_dir, _ = fake_mnist
+    with pytest.raises(ValueError, match=match):
+        get_task("mnist", data_dir=data_dir, progress=False, **kwargs)
+    assert not cache_path("mnist", data_dir).exists()
+
+
 def test_mnist_task_from_fake_files(fake_mnist):
     data_dir, arrays = fake_mnist
     task = get_task("mnist", data_dir=data_dir, valid_size=10)

@@ -237,10 +237,14 @@ def test_training_and_evaluation_on_cuda_take_batches_in_reused_buffers(tmp_path
     assert asked == [("train", "cuda", True), ("test", "cuda", True)]
 
 
-def test_h0_must_hold_one_state_per_batch_row_on_the_gpu_too():
+@pytest.mark.parametrize("name", ["antisym", "lstm"])
+def test_h0_and_dh_T_must_hold_one_state_per_batch_row_on_the_gpu_too(name):
     """As on the CPU (tests/test_cells.py): an (n,) vector is refused, not broadcast."""
-    model = nprnn.make_model("antisym", 3, 5, 4, dtype="float64", device="cuda")
+    model = nprnn.make_model(name, 3, 5, 4, dtype="float64", device="cuda")
     xt = gpu.to_device(np.zeros((2, 3, 3)))                         # (T, B, m)
+    cell, ws = gpu.gpu_cell(name), gpu.Workspace()
     with pytest.raises(ValueError, match=r"h0 must have shape \(B, n\) = \(3, 5\), got \(5,\)"):
-        gpu.gpu_cell("antisym").forward(model.cell_params(), xt, np.ones(5), "step",
-                                        gpu.Workspace(), **model.hyper)
+        cell.forward(model.cell_params(), xt, np.ones(5), "step", ws, **model.hyper)
+    _, cache = cell.forward(model.cell_params(), xt, None, "step", ws, **model.hyper)
+    with pytest.raises(ValueError, match=r"dh_T must have shape \(B, n\) = \(3, 5\), got \(2, 5\)"):
+        cell.backward(model.cell_params(), cache, np.ones((2, 5)), ws, **model.hyper)
