@@ -66,6 +66,15 @@ def test_float32_sigmoid_is_close_to_the_exact_value_and_float64_exact():
     np.testing.assert_allclose(_apply_sigmoid(a64), want, rtol=1e-15, atol=1e-300)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_nan_goes_through_tanh_and_sigmoid_and_infinities_saturate(dtype):
+    """A NaN pre-activation must give a NaN state, never a finite one that hides it (the GPU's
+    side of this, no min/max in the PTX, is in tests/test_ptx.py)."""
+    a = np.array([np.nan, np.inf, -np.inf], dtype=dtype)
+    np.testing.assert_array_equal(_apply_tanh(a), np.array([np.nan, 1, -1], dtype=dtype))
+    np.testing.assert_array_equal(_apply_sigmoid(a), np.array([np.nan, 1, 0], dtype=dtype))
+
+
 def test_float32_subnormal_gradients_are_flushed_to_zero():
     """flush_subnormal: float32 subnormals become 0 (they cost ~100 cycles per operation in the
     products of BPTT); normal numbers and all float64 values pass through unchanged."""

@@ -168,6 +168,23 @@ def test_kernel_compiles_to_ptx_for_sm90(ptx_target, module, name, kernel, dtype
                              f"float literal or an int mixed with float32?")
 
 
+def test_float32_tanh_and_sigmoid_keep_nan_on_the_gpu(ptx_target):
+    """PTX's min.f32/max.f32 return the other operand for a NaN (fminf/fmaxf): a clamp written
+    with min/max made tanh(NaN) = -1 and sigmoid(NaN) = 0 on the GPU alone, where a NaN state went
+    on as a finite one. The clamps must be comparisons (selp), which keep the NaN."""
+    from nprnn.kernels.common import sigmoid, tanh
+
+    def kernel(out, a):
+        out[0] = tanh(a[0])
+        out[1] = sigmoid(a[0])
+
+    if simulator_enabled():
+        pytest.skip("the CUDA simulator has no PTX compiler")
+    ptx, _ = cuda.compile_ptx(kernel, (numba.float32[:], numba.float32[:]), cc=CC)
+    dropping = sorted(set(re.findall(r"\b(?:min|max)(?:\.ftz)?\.f32\b", ptx)))
+    assert not dropping, f"float32 tanh/sigmoid clamp with {dropping}, which drop a NaN:\n{ptx}"
+
+
 def find_ptxas():
     """The ptxas of the nvidia-cuda-nvcc wheel, else one on PATH, else None."""
     try:

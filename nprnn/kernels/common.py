@@ -57,13 +57,17 @@ _HALF32 = np.float32(0.5)
 
 @njit
 def tanh_rational32(a):
-    """float32 tanh by the rational function above: branch-free, so loops over it vectorise."""
-    a = min(max(a, -_CLAMP32), _CLAMP32)
+    """float32 tanh by the rational function above: branch-free, so loops over it vectorise.
+
+    The clamps are comparisons (selects, no branches), not min/max: on the GPU numba-cuda turns
+    min/max into fminf/fmaxf, which return the other operand for a NaN, so tanh(NaN) was -1 there
+    and a NaN state passed as a finite one. A comparison with NaN is false and the NaN goes on."""
+    a = _CLAMP32 if a > _CLAMP32 else (-_CLAMP32 if a < -_CLAMP32 else a)
     y = a * a
     p = _P[0] + y * (_P[1] + y * (_P[2] + y * (_P[3] + y * (_P[4] + y * (_P[5] + y * _P[6])))))
     q = _Q[0] + y * (_Q[1] + y * (_Q[2] + y * (_Q[3] + y * (_Q[4] + y * (_Q[5] + y * _Q[6])))))
     r = a * p / q
-    return min(max(r, -_ONE32), _ONE32)
+    return _ONE32 if r > _ONE32 else (-_ONE32 if r < -_ONE32 else r)
 
 
 def tanh(a):
