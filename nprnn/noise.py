@@ -44,8 +44,9 @@ def _starts(x, t0, keys):
             or (keys < 0).any()):
         raise ValueError(f"need one row of non-negative integer keys per example: x has {B} "
                          f"rows, keys have shape {keys.shape} and dtype {keys.dtype}")
-    if not 0 <= t0 <= T:
-        raise ValueError(f"t0 must lie in [0, T = {T}], got {t0}")
+    if (isinstance(t0, (bool, np.bool_)) or not isinstance(t0, (int, np.integer))
+            or not 0 <= t0 <= T):
+        raise ValueError(f"t0 must be an integer in [0, T = {T}], got {t0!r}")
     return stream_starts(keys.astype(np.uint64))
 
 

@@ -81,8 +81,9 @@ def clip_scale(norm, clip):
     (Pascanu et al., 2013); clip = 0 turns clipping off (s = 1). A norm that is not finite (a
     gradient holding inf or nan) gives s = nan, which makes `Optimizer.step` skip the step: with
     s = clip / inf = 0 the update would compute 0 * inf = nan into the parameters."""
-    if clip < 0:
-        raise ValueError(f"clip must be >= 0 (0 turns clipping off), got {clip!r}")
+    if not (clip >= 0 and math.isfinite(clip)):
+        raise ValueError(f"clip must be a finite number >= 0 (0 turns clipping off), got "
+                         f"{clip!r}")
     if not math.isfinite(norm):
         return math.nan
     return K_optim.clip_factor(float(norm), float(clip))
@@ -279,7 +280,9 @@ class StepRecorder:
         copy_into(self._stats, stats)
 
     def record(self, losses, logits, y, grads):
-        """Account for one step (arrays on the device) and set `scale` for its update."""
+        """Account for one step (arrays on the device) and set `scale` for its update: losses
+        (B,), logits (B, K), y (B,) integer labels."""
+        self._check_step(losses, logits, y)
         if self.device == "cuda":
             self._gpu.fill(self._total, 0.0)
             record = K_optim.record_step_gpu
@@ -288,6 +291,20 @@ class StepRecorder:
             record = K_optim.record_step_cpu
         _add_squares(self._total, grads)
         record(self._stats, self.scale, losses, logits, y, self._total, self.clip)
+
+    def _check_step(self, losses, logits, y):
+        """The kernels have no bounds checks: they read B = logits.shape[0] losses and labels."""
+        B = logits.shape[0] if len(logits.shape) == 2 else None
+        if B is None or losses.shape != (B,) or y.shape != (B,):
+            raise ValueError(f"need losses (B,), logits (B, K) and y (B,); got losses "
+                             f"{losses.shape}, logits {logits.shape}, y {y.shape}")
+        if np.dtype(y.dtype).kind not in "iu":
+            raise ValueError(f"y must hold integer labels, got dtype {y.dtype}")
+        where = "GPU" if self.device == "cuda" else "host"
+        for name, a in (("losses", losses), ("logits", logits), ("y", y)):
+            if memory_of(a) != where:
+                raise ValueError(f"{name} is in {memory_of(a)} memory; this recorder runs on "
+                                 f"the {self.device} device and needs it in {where} memory")
 
     def read(self):
         """The running totals: dict of FIELDS (ints for the counts), plus `first_bad` (None, or

@@ -3,6 +3,8 @@ float64 NumPy version of the same formulas (edge words included), the N(0, 1) di
 reproducibility from keys."""
 import math
 
+import re
+
 import numpy as np
 import pytest
 from scipy import stats
@@ -129,8 +131,10 @@ def test_fill_gaussian_rejects_bad_arguments():
         noise.fill_gaussian(np.zeros((2, 3, 4), np.float32), 0, np.zeros((3, 1), int))
     with pytest.raises(ValueError, match="one row of non-negative integer keys per example"):
         noise.fill_gaussian(np.zeros((2, 3, 4), np.float32), 0, -np.ones((2, 1), int))
-    with pytest.raises(ValueError, match="t0 must lie in"):
-        noise.fill_gaussian(np.zeros((2, 3, 4), np.float32), 4, np.zeros((2, 1), int))
+    for t0 in (4, -1, 2.7, True):                 # past T = 3, negative, not an integer
+        with pytest.raises(ValueError, match=r"t0 must be an integer in \[0, T = 3\], got "
+                                             + re.escape(repr(t0))):
+            noise.fill_gaussian(np.zeros((2, 3, 4), np.float32), t0, np.zeros((2, 1), int))
     with pytest.raises(ValueError, match="float32 device array"):
         noise.fill_gaussian_device(np.zeros((2, 3, 4), np.float32), 0, np.zeros((2, 1), int))
 

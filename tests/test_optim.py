@@ -81,8 +81,9 @@ def test_global_norm_and_clip_scale():
     assert clip_scale(5.0, 1.0) == pytest.approx(0.2)
     assert clip_scale(5.0, 10.0) == 1.0          # already short enough
     assert clip_scale(5.0, 0.0) == 1.0           # clipping off
-    with pytest.raises(ValueError, match="clip must be >= 0"):
-        clip_scale(5.0, -1.0)
+    for clip in (-1.0, math.nan, math.inf):
+        with pytest.raises(ValueError, match=f"clip must be a finite number >= 0.*got {clip}"):
+            clip_scale(5.0, clip)
     # float32 squares that would overflow a float32 sum are accumulated in float64
     big = {"a": np.full(4, 1e20, dtype=np.float32)}
     assert global_norm(big) == pytest.approx(2e20, rel=1e-6)
@@ -249,3 +250,21 @@ def test_step_recorder_sums_what_the_loop_reports_and_sets_the_clipping_factor()
     assert got["bad_loss"] == np.inf and got["bad_norm"] == 5.0 and np.isnan(rec.scale[0])
     with pytest.raises(ValueError, match="clip must be a finite number >= 0"):
         StepRecorder("cpu", clip=-1.0)
+
+
+def test_step_recorder_refuses_a_step_whose_shapes_disagree():
+    """The record kernel reads B = logits.shape[0] losses and labels without bounds checks: a
+    shorter losses or y was read past its end, and the garbage marked the run bad."""
+    rec = StepRecorder("cpu")
+    grads = {"a": np.ones(3)}
+    logits, losses, y = np.zeros((4, 10)), np.ones(4), np.zeros(4, dtype=np.int64)
+    for bad, match in [((np.ones(1), logits, y), r"losses \(1,\), logits \(4, 10\), y \(4,\)"),
+                       ((losses, logits, y[:2]), r"y \(2,\)"),
+                       ((losses, logits[0], y), r"logits \(10,\)"),
+                       ((losses, logits, y.astype(np.float64)), "integer labels, got dtype "
+                                                                "float64")]:
+        with pytest.raises(ValueError, match=match):
+            rec.record(*bad, grads)
+    assert rec.read()["steps"] == 0
+    rec.record(losses, logits, y, grads)
+    assert rec.read()["steps"] == 1 and rec.read()["first_bad"] is None
