@@ -89,13 +89,7 @@ class Model:
         if not isinstance(x, np.ndarray):
             raise TypeError(f"x must be a numpy array of shape (B, T, {self.input_size}), "
                             f"got {type(x).__name__}")
-        if x.ndim != 3 or x.shape[2] != self.input_size or x.shape[0] == 0 or x.shape[1] == 0:
-            raise ValueError(f"x must have shape (B, T, m) with B, T >= 1 and "
-                             f"m = input_size = {self.input_size}; got shape {x.shape}")
-        if not np.issubdtype(x.dtype, np.floating):
-            raise TypeError(f"x must hold floating-point values (float32 or float64), got "
-                            f"dtype {x.dtype}; scale integer pixels first, e.g. "
-                            f"x.astype('float32') / 255")
+        self._check_x_shape_and_dtype(x)
         given = x
         if x.dtype not in (np.float32, np.float64):            # float16, longdouble
             with np.errstate(over="ignore"):                   # said below, with the value
@@ -112,6 +106,17 @@ class Model:
                              f"x[{b}, {t}, {j}] = {given[b, t, j]}")
         return xt
 
+    def _check_x_shape_and_dtype(self, x):
+        """x (B, T, m) of floats, on either device."""
+        shape = tuple(x.shape)
+        if len(shape) != 3 or shape[2] != self.input_size or shape[0] == 0 or shape[1] == 0:
+            raise ValueError(f"x must have shape (B, T, m) with B, T >= 1 and "
+                             f"m = input_size = {self.input_size}; got shape {shape}")
+        if not np.issubdtype(x.dtype, np.floating):
+            raise TypeError(f"x must hold floating-point values (float32 or float64), got "
+                            f"dtype {x.dtype}; scale integer pixels first, e.g. "
+                            f"x.astype('float32') / 255")
+
     def _check_device_x(self, x):
         """A device array x (B, T, m), as `Task.batches(device="cuda")` yields, -> time-major
         (T, B, m) on the device. Not scanned for NaN or Inf (that would mean a copy to the host);
@@ -119,13 +124,7 @@ class Model:
         if self.device != "cuda":
             raise TypeError("x is a GPU array but this model is on the cpu: make the model with "
                             "device='cuda', or pass x.copy_to_host()")
-        shape = tuple(x.shape)
-        if len(shape) != 3 or shape[2] != self.input_size or shape[0] == 0 or shape[1] == 0:
-            raise ValueError(f"x must have shape (B, T, m) with B, T >= 1 and "
-                             f"m = input_size = {self.input_size}; got shape {shape}")
-        if not np.issubdtype(x.dtype, np.floating):
-            raise TypeError(f"x must hold floating-point values (float32 or float64), got dtype "
-                            f"{x.dtype}")
+        self._check_x_shape_and_dtype(x)
         from . import gpu
         return gpu.time_major(x, self.dtype, self._workspace)
 

@@ -66,7 +66,10 @@ def sgd_momentum_element(p, v, g, i, lr, momentum, s):
 
 
 def adagrad_element(p, G, g, i, lr, delta, s):
-    """G_i = G_i + (s g_i)**2 ; p_i = p_i - lr s g_i / (sqrt(G_i) + delta) (in place)."""
+    """G_i = G_i + (s g_i)**2 ; p_i = p_i - lr s g_i / (sqrt(G_i) + delta) (in place).
+
+    G has the parameters' dtype: in float32 one |s g_i| above 1.8e19 makes G_i infinite, and p_i
+    never moves again. Gradient clipping (s) is what keeps g_i that far from such values."""
     gi = s * g[i]
     G[i] += gi * gi
     p[i] -= lr * gi / (math.sqrt(G[i]) + delta)

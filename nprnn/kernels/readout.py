@@ -70,9 +70,9 @@ def readout_backward_cpu(dW_out, db_out, dh, dlogits, h, W_out):
 
 
 # ------------------------------------------------------------------------------------------
-# GPU twins: one thread per output element; host functions take the CPU twins' arguments
-# (device arrays) and keyword-only launch options. K is small (10), so one thread per row
-# does a whole softmax.
+# GPU twins: one thread per output element, except the softmax: K is small (10), so one thread
+# per row does a whole softmax. Host functions take the CPU twins' arguments (device arrays) and
+# keyword-only launch options.
 # ------------------------------------------------------------------------------------------
 
 @cuda.jit
