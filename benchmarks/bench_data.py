@@ -3,10 +3,11 @@
     python benchmarks/bench_data.py [--data-dir DIR] [--tasks mnist,pmnist,mnist-noise,padded-mnist]
                                     [--synthetic cifar10,cifar10-noise] [--device cpu|cuda]
 
-For each task: the time to open its cache (checks included), the median time to produce one
-training batch and one test batch of B sequences (read the images from the HDF5 file, scale them,
-draw the noise), and the median time of one training step of the antisymmetric RNN (n=128,
-float32, forward + BPTT, `Model.loss_and_grad`) on such a batch, with the ratio batch / step.
+For each task: the time to open its cache when it is already built (checks included, files in
+the OS's page cache), the median time to produce one training batch and one test batch of B
+sequences (read the images from the HDF5 file, scale them, draw the noise), and the median time of
+one training step of the antisymmetric RNN (n=128, float32, forward + BPTT, `Model.step_arrays`
+as the training loop calls it) on such a batch, with the ratio batch / step.
 "floor/step" is the floor under any batch: allocating a fresh float32 array of the batch's shape
 and writing it once, over the same step time. "in loop" is what batches add to a run of training
 steps (`Model.step_arrays`, as the training loop calls it, one wait at the end): its time with a
@@ -29,6 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import numba                                             # noqa: E402
 import numpy as np                                       # noqa: E402
 
 import nprnn                                             # noqa: E402
@@ -55,7 +57,9 @@ def time_batches_and_step(next_train, next_test, next_loop, m, K, B, n, batches,
     next_train(), next_test()                            # first touch of the output memory
     model = nprnn.make_model("antisym", m, n, K, dtype="float32", device=device)
     x, y = next_train()
-    model.loss_and_grad(x, y)                            # compile (cached on disk) and warm up
+
+    def step():
+        model.step_arrays(x, y)
 
     def run(next_batch):
         """`batches` steps, each on next_batch(), timed to the end of the last."""
@@ -65,12 +69,12 @@ def time_batches_and_step(next_train, next_test, next_loop, m, K, B, n, batches,
         sync()
         return time.perf_counter() - start
 
+    run(lambda: (x, y)), run(next_loop)                  # compile (cached on disk), allocate
     train_t, test_t, step_t, added = [], [], [], []
     for _ in range(steps):
         train_t.append(median_time(next_train, batches, sync, warmup=False))
         test_t.append(median_time(next_test, batches, sync, warmup=False))
-        step_t.append(median_time(lambda: model.loss_and_grad(x, y), 1, sync,
-                                  warmup=False))
+        step_t.append(median_time(step, 1, sync, warmup=False))
         fixed = run(lambda: (x, y))
         added.append(run(next_loop) / fixed - 1)
     write_s = (median_time(lambda: np.empty(x.shape, np.float32).fill(0), batches,
@@ -87,11 +91,13 @@ def bench_task(name, data_dir, B, n, batches, steps, T, device):
     start = time.perf_counter()
     task = get_task(name, data_dir=data_dir, T=T, progress=False)
     open_s = time.perf_counter() - start
-    train_iter = task.batches("train", B, seed=0, epoch=0, device=device)
-    test_iter = task.batches("test", B, device=device)
-    loop_iter = itertools.chain.from_iterable(         # as the training loop: epoch after epoch
-        task.batches("train", B, seed=0, epoch=e, device=device, reuse=device == "cuda")
-        for e in itertools.count(1))
+
+    def epochs(split, **kwargs):                         # one epoch after another, never ending
+        return itertools.chain.from_iterable(task.batches(split, B, epoch=e, device=device,
+                                                          drop_last=True, **kwargs)
+                                             for e in itertools.count())
+    train_iter, test_iter = epochs("train", seed=0), epochs("test")
+    loop_iter = epochs("train", seed=1, reuse=device == "cuda")     # as the training loop
     r = time_batches_and_step(lambda: next(train_iter), lambda: next(test_iter),
                               lambda: next(loop_iter), task.m, task.num_classes, B, n, batches,
                               steps, device)
@@ -130,8 +136,9 @@ def bench_synthetic(name, B, n, batches, steps, T, device):
 
 
 def bench_noise(B=128, T=1000, m=28, repeats=5, device="cpu"):
-    """ns per float32 N(0, 1) draw, on all CPU threads: nprnn.noise (keyed streams, Box-Muller)
-    and NumPy's Generator (one thread, ziggurat); on cuda also nprnn.noise on the GPU."""
+    """ns per float32 N(0, 1) draw: nprnn.noise (keyed streams, Box-Muller) on numba's threads
+    and NumPy's Generator (ziggurat) on one thread, as each is used; on cuda also nprnn.noise on
+    the GPU."""
     x = np.zeros((B, T, m), dtype=np.float32)
     keys = np.column_stack([np.ones(B, int), np.arange(B)])
     on_gpu = None
@@ -188,8 +195,13 @@ def main():
             filter(None, args.tasks.split(","))]
     rows += [(bench_synthetic, name, {}) for name in filter(None, args.synthetic.split(","))]
     for bench, name, extra in rows:
-        r = bench(name, B=args.batch_size, n=args.hidden, batches=args.batches, steps=args.steps,
-                  T=args.T if name in noisy else None, device=args.device, **extra)
+        try:
+            r = bench(name, B=args.batch_size, n=args.hidden, batches=args.batches,
+                      steps=args.steps, T=args.T if name in noisy else None, device=args.device,
+                      **extra)
+        except sources.DataError as exc:                  # no raw files: say so, time the rest
+            print(f"{name:<14} skipped: {str(exc).splitlines()[0]}", flush=True)
+            continue
         print(f"{r['task']:<14} {r['T']:>5} {r['m']:>4} {r['open']:>8} "
               f"{1e3 * r['train_s']:>10.1f}ms {1e3 * r['test_s']:>9.1f}ms "
               f"{1e3 * r['step_s']:>7.1f}ms {100 * r['train_s'] / r['step_s']:>10.1f}% "
@@ -200,8 +212,10 @@ def main():
     if args.synthetic:
         print("* random images of the task's shape through its layout and noise: all of a batch "
               "but reading the images from the cache")
-    print(f"N(0, 1) float32 draws: nprnn.noise {ours:.1f} ns, numpy Generator.standard_normal "
-          f"{theirs:.1f} ns" + (f", nprnn.noise on the GPU {on_gpu:.3f} ns" if on_gpu else ""))
+    threads = numba.get_num_threads()
+    print(f"N(0, 1) float32 draws: nprnn.noise {ours:.1f} ns on {threads} "
+          f"thread{'s' * (threads != 1)}, numpy Generator.standard_normal {theirs:.1f} ns on 1 thread"
+          + (f", nprnn.noise on the GPU {on_gpu:.3f} ns" if on_gpu else ""))
     print(f"load average at the end: {os.getloadavg()[0]:.1f}")
 
 

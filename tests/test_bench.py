@@ -123,6 +123,34 @@ def test_data_benchmark_runs_at_tiny_sizes(monkeypatch, capsys):
     assert any(line.startswith("N(0, 1) float32 draws: nprnn.noise") for line in out)
 
 
+def test_data_benchmark_goes_past_an_epoch_and_skips_a_task_without_files(monkeypatch, capsys):
+    """A split shorter than the batches timed is read epoch after epoch (it ended in
+    StopIteration at B >= 400 on MNIST's test set); a task whose raw files cannot be had is
+    reported as skipped and the others are still timed."""
+    import runpy
+
+    from nprnn import datasets, sources
+    rng = np.random.default_rng(0)
+    x = rng.random((6, 5, 1)).astype(np.float32)
+    small = datasets.ArrayTask("small", x, np.arange(6) % 2, x[:3], np.arange(3) % 2, 2)
+
+    def get_task(name, **kwargs):
+        if name == "mnist":
+            raise sources.DataUnavailable("MNIST: files not found in nowhere/mnist\nplace them")
+        return small
+
+    monkeypatch.setattr(datasets, "get_task", get_task)
+    monkeypatch.setattr(sys, "argv", ["bench_data.py", "--tasks", "mnist,pmnist", "--synthetic",
+                                      "", "--batch-size", "2", "--hidden", "3", "--batches", "2",
+                                      "--steps", "2", "--T", "40"])
+    runpy.run_path(os.path.join(os.path.dirname(__file__), "..", "benchmarks", "bench_data.py"),
+                   run_name="__main__")
+    out = capsys.readouterr().out.splitlines()
+    assert "mnist          skipped: MNIST: files not found in nowhere/mnist" in out
+    assert [line.split()[:3] for line in out if line.startswith("pmnist")] == [["pmnist", "5",
+                                                                               "1"]]
+
+
 def test_a_pytorch_without_cuda_is_no_gpu_yardstick(monkeypatch):
     import types
     fake = types.SimpleNamespace(cuda=types.SimpleNamespace(is_available=lambda: False))
