@@ -214,7 +214,8 @@ def main():
               "but reading the images from the cache")
     threads = numba.get_num_threads()
     print(f"N(0, 1) float32 draws: nprnn.noise {ours:.1f} ns on {threads} "
-          f"thread{'s' * (threads != 1)}, numpy Generator.standard_normal {theirs:.1f} ns on 1 thread"
+          f"thread{'s' * (threads != 1)}, numpy Generator.standard_normal {theirs:.1f} ns on "
+          f"1 thread"
           + (f", nprnn.noise on the GPU {on_gpu:.3f} ns" if on_gpu else ""))
     print(f"load average at the end: {os.getloadavg()[0]:.1f}")
 
