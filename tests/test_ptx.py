@@ -4,10 +4,11 @@ This runs without a GPU: `numba.cuda.compile_ptx` needs only NVVM, which the num
 wheels bring. The simulator accepts some Python that the real compiler rejects (and the other
 way round), so this catches a kernel that passes the simulator tests but could not run on a GPU.
 
-Kernels are found by scanning the modules below for @cuda.jit kernels (device functions are
-compiled inside the kernels that call them), so a new kernel is compiled here without being
-listed. Argument types follow from the argument names, which the kernels use consistently
-(ARG_KINDS); a kernel with a new argument name fails here until the name is added.
+Kernels are found by scanning every module of nprnn.kernels and nprnn.gpu for @cuda.jit kernels
+(device functions are compiled inside the kernels that call them), so a new kernel is compiled
+here without being listed; their number is checked against the kernel decorators in the source.
+Argument types follow from the argument names, which the kernels use consistently (ARG_KINDS); a
+kernel with a new argument name fails here until the name is added.
 
 One numba-cuda detail: while compiling a kernel, numba-cuda compiles the functions it calls
 (our `common.py` scalar math, `@overload`s, `@cuda.jit(device=True)` helpers) as device functions
@@ -24,10 +25,12 @@ kernel's registers are checked against the most threads per block it may be laun
 import functools
 import importlib
 import os
+import pkgutil
 import re
 import shutil
 import subprocess
 import types
+from pathlib import Path
 
 import numba
 import numpy as np
@@ -39,13 +42,14 @@ pytest.importorskip("numba_cuda", reason="compiling to PTX needs numba-cuda: "
                                          "pip install -e '.[cuda]'")
 from numba import cuda  # noqa: E402
 
+import nprnn  # noqa: E402
 from nprnn.device import cuda_available, simulator_enabled
 from nprnn.kernels.gpu_common import MAX_THREADS_PER_BLOCK
 
 CC = (9, 0)
-MODULES = ["nprnn.kernels.gpu_common", "nprnn.kernels.antisym", "nprnn.kernels.readout",
-           "nprnn.kernels.rnn", "nprnn.kernels.lstm", "nprnn.kernels.gru",
-           "nprnn.kernels.optim", "nprnn.kernels.noise", "nprnn.kernels.layout"]
+NPRNN = Path(nprnn.__file__).parent
+MODULES = ["nprnn.gpu"] + [f"nprnn.kernels.{m.name}" for m in pkgutil.iter_modules(
+    [str(NPRNN / "kernels")])]
 
 # argument name -> kind: "1", "2", "3" a C-contiguous array of the model dtype with that many
 # dimensions; "f" a scalar of the model dtype; "f64" a Python float; "i" a Python int;
@@ -72,13 +76,11 @@ OVERRIDES = {("matmul_tn_partial_kernel", "A"): "2", ("matmul_tn_partial_kernel"
 
 
 def kernels():
-    """(module name, kernel name, dispatcher) of every @cuda.jit kernel in MODULES."""
+    """(module name, kernel name, dispatcher) of every @cuda.jit kernel in MODULES (a module
+    that fails to import fails here: its kernels must not drop out of the checks unseen)."""
     found = []
     for mod_name in MODULES:
-        try:
-            mod = importlib.import_module(mod_name)
-        except ImportError:
-            continue
+        mod = importlib.import_module(mod_name)
         for name, obj in vars(mod).items():
             if (isinstance(obj, numba.cuda.dispatcher.CUDADispatcher)
                     and not obj.targetoptions.get("device") and obj.py_func.__module__ == mod_name):
@@ -119,6 +121,11 @@ def test_kernels_were_found():
     if simulator_enabled():
         pytest.skip("the CUDA simulator has no PTX compiler")
     names = {name for _, name, _ in KERNELS}
+    # a kernel is a function under @cuda.jit (without device=True) or @persistent_kernel
+    decorated = sum(len(re.findall(r"^@(?:cuda\.jit|persistent_kernel)$", path.read_text(), re.M))
+                    for path in NPRNN.rglob("*.py"))
+    assert len(KERNELS) == decorated, (f"the scan found {len(KERNELS)} kernels, the source "
+                                       f"decorates {decorated}: {sorted(names)}")
     for expected in ("euler_forward_persistent_kernel", "euler_backward_step_kernel",
                      "readout_backward_kernel", "matmul_tn_partial_kernel",
                      "lstm_backward_persistent_kernel", "gru_forward_step_kernel",

@@ -21,7 +21,13 @@ launch can race):
                  another (blocks never wait for each other);
   barriers       the threads of a block pass different sequences of barriers (a barrier in a
                  branch or loop that some threads skip: undefined behaviour on a GPU, where the
-                 simulator may simply go on).
+                 simulator may simply go on). Every thread that starts counts, also one that
+                 returns before touching any array: an early `return` ahead of a barrier is
+                 reported too, though recent GPUs let exited threads out of barriers.
+
+A slice assignment (`a[i, :] = v`) is logged as a write of each element it covers, and a slice
+read as the elements then read from it; the elements an array-to-array slice copy reads from its
+source are not logged (no kernel of nprnn copies that way).
 
 `check.launches` lists one Launch(kernel, problems, shared, global_) per launch, with the
 numbers of shared and global accesses seen; `check.assert_clean()` raises with the problems. It
@@ -66,6 +72,7 @@ class RaceCheck:
         get, put = array_class.__getitem__, array_class.__setitem__
         shared_array = self.kernelapi.FakeCUDAShared.array
         sync = self.kernel.BlockThread.syncthreads
+        run = self.kernel.BlockThread.run
         launch = self.kernel.FakeCUDAKernel.__call__
 
         def logged_get(array, index):
@@ -93,6 +100,11 @@ class RaceCheck:
             sync(thread)
             thread._racecheck_epoch = getattr(thread, "_racecheck_epoch", 0) + 1
 
+        def started_run(thread):
+            # a thread that passes no barrier and touches nothing is still one of its block's
+            check._barriers.setdefault((tuple(thread.blockIdx), tuple(thread.threadIdx)), [])
+            return run(thread)
+
         def judged_launch(kernel, *args):
             if kernel._device or check.kernel._kernel_context:
                 return launch(kernel, *args)     # a device function called inside a kernel
@@ -109,6 +121,7 @@ class RaceCheck:
         self._patch(array_class, "__setitem__", logged_put)
         self._patch(self.kernelapi.FakeCUDAShared, "array", logged_shared_array)
         self._patch(self.kernel.BlockThread, "syncthreads", counted_sync)
+        self._patch(self.kernel.BlockThread, "run", started_run)
         self._patch(self.kernel.FakeCUDAKernel, "__call__", judged_launch)
         return self
 
@@ -124,11 +137,15 @@ class RaceCheck:
         if not isinstance(thread, self.kernel.BlockThread):
             return                               # host code reading a result
         address = _address(array._ary, index)
-        if address is None:
-            return                               # a slice: its elements are logged when read
-        self._log.append((getattr(array, "_racecheck_shared", False), tuple(thread.blockIdx),
-                          tuple(thread.threadIdx), getattr(thread, "_racecheck_epoch", 0),
-                          write, address))
+        if address is not None:
+            addresses = [address]
+        elif write:
+            addresses = _slice_addresses(array._ary, index)
+        else:
+            return                               # a slice read: its elements are logged when read
+        entry = (getattr(array, "_racecheck_shared", False), tuple(thread.blockIdx),
+                 tuple(thread.threadIdx), getattr(thread, "_racecheck_epoch", 0), write)
+        self._log.extend(entry + (a,) for a in addresses)
 
     # -- judging one launch --------------------------------------------------------------------
     def _judge(self):
@@ -176,6 +193,17 @@ class RaceCheck:
             lines = [f"{b.kernel}: {len(b.problems)} problem(s), e.g. {b.problems[:3]}"
                      for b in bad]
             raise AssertionError("races or barrier mismatches:\n  " + "\n  ".join(lines))
+
+
+def _slice_addresses(a, index):
+    """The byte addresses of the elements that a[index] = ... writes, for a basic (view) index."""
+    view = a[index]
+    if not np.shares_memory(view, a):
+        raise NotImplementedError(f"racecheck: index {index!r} is not a view of its array")
+    start = view.__array_interface__["data"][0]
+    offsets = sum(np.arange(size).reshape((-1,) + (1,) * (view.ndim - 1 - d)) * stride
+                  for d, (size, stride) in enumerate(zip(view.shape, view.strides)))
+    return [start + int(o) for o in np.ravel(offsets)]
 
 
 def _address(a, index):

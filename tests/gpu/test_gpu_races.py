@@ -55,6 +55,23 @@ def every_block_writes_kernel(out):
         out[0] = cuda.blockIdx.x
 
 
+@cuda.jit
+def early_exit_kernel(out, exit_early):
+    """Threads 2 and 3 return before the barrier (and before touching anything), when asked."""
+    i = cuda.threadIdx.x
+    if exit_early and i >= 2:
+        return
+    cuda.syncthreads()
+    out[i] = i
+
+
+@cuda.jit
+def slice_write_kernel(out, rows):
+    """Thread i writes the whole row rows[i] of out by a slice assignment."""
+    i = cuda.threadIdx.x
+    out[rows[i], :] = i
+
+
 def run_checked(launch):
     with RaceCheck() as check:
         launch()
@@ -79,6 +96,25 @@ def test_the_checker_finds_a_barrier_that_some_threads_skip():
     check = run_checked(lambda: branch_barrier_kernel[1, 4](dev(np.zeros(4))))
     [problem] = check.launches[0].problems
     assert "pass different barriers ([0, 1] barriers per thread)" in problem
+
+
+def test_the_checker_counts_threads_that_return_before_a_barrier():
+    check = run_checked(lambda: early_exit_kernel[1, 4](dev(np.zeros(4)), True))
+    [problem] = check.launches[0].problems
+    assert "pass different barriers ([0, 1] barriers per thread)" in problem
+    run_checked(lambda: early_exit_kernel[1, 4](dev(np.zeros(4)), False)).assert_clean()
+
+
+def test_the_checker_sees_each_element_of_a_slice_assignment():
+    out = dev(np.zeros((3, 2)))
+    shared_row = run_checked(lambda: slice_write_kernel[1, 2](out, dev(np.array([1, 1]))))
+    [launch] = shared_row.launches
+    assert launch.global_ == 2 + 2 * 2                     # rows[i] read, two elements written
+    assert len(launch.problems) == 2 and all("written by threads [(0, 0, 0), (1, 0, 0)]" in p
+                                             for p in launch.problems)
+    out = dev(np.zeros((3, 2)))
+    run_checked(lambda: slice_write_kernel[1, 2](out, dev(np.array([0, 2])))).assert_clean()
+    np.testing.assert_array_equal(out.copy_to_host(), [[0, 0], [0, 0], [1, 1]])
 
 
 def test_the_checker_finds_blocks_writing_one_address():
