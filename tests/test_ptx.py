@@ -192,6 +192,19 @@ def test_float32_tanh_and_sigmoid_keep_nan_on_the_gpu(ptx_target):
     assert not dropping, f"float32 tanh/sigmoid clamp with {dropping}, which drop a NaN:\n{ptx}"
 
 
+@pytest.mark.parametrize("out_dtype, x_dtype", [("float64", "float32"), ("float32", "float64")])
+def test_time_major_converts_between_dtypes_in_ptx(ptx_target, out_dtype, x_dtype):
+    """The one kernel launched with two dtypes (Model.forward of a float64 model on float32
+    batches, and the other way round): the names-to-types scan above gives all arrays one."""
+    if simulator_enabled():
+        pytest.skip("the CUDA simulator has no PTX compiler")
+    from nprnn.kernels.layout import time_major_kernel
+    out_t, x_t = (numba.from_dtype(np.dtype(d))[:, :, ::1] for d in (out_dtype, x_dtype))
+    ptx, _ = cuda.compile_ptx(time_major_kernel.py_func, (out_t, x_t), cc=CC)
+    convert = "cvt.f64.f32" if out_dtype == "float64" else "cvt.rn.f32.f64"
+    assert convert in ptx, f"no {convert} in the PTX of time_major_kernel({out_dtype}, {x_dtype})"
+
+
 def find_ptxas():
     """The ptxas of the nvidia-cuda-nvcc wheel, else one on PATH, else None."""
     try:
