@@ -37,15 +37,16 @@ def batch(seed=1, dtype=np.float64):
     return rng.standard_normal((B, T, M)).astype(dtype), rng.integers(0, K, size=B)
 
 
-def reference_loss_and_grads(model, x, y):
+def reference_loss_and_grads(model, x, y, return_logits=False):
     """The whole model through the float64 oracle: cell, readout, loss, and BPTT."""
     p = model.cell_params()
     h_T, cache = model.cell.reference_forward(p, x, **model.hyper)
-    loss, _, rcache = reference.readout_loss(h_T, model.params["W_out"], model.params["b_out"], y)
+    loss, logits, rcache = reference.readout_loss(h_T, model.params["W_out"],
+                                                  model.params["b_out"], y)
     dW_out, db_out, dh_T = reference.readout_backward(rcache)
     grads, _ = model.cell.reference_backward(p, cache, dh_T, **model.hyper)
     grads.update(W_out=dW_out, b_out=db_out)
-    return loss, grads
+    return (loss, grads, logits) if return_logits else (loss, grads)
 
 
 @pytest.mark.parametrize("name", CELL_NAMES)
@@ -91,10 +92,11 @@ def test_kernel_bptt_matches_finite_differences(name):
 def test_kernels_match_reference_float64(name):
     model = random_model(name)
     x, y = batch()
-    ref_loss, ref_grads = reference_loss_and_grads(model, x, y)
+    ref_loss, ref_grads, ref_logits = reference_loss_and_grads(model, x, y, return_logits=True)
     loss, grads, logits = model.loss_and_grad(x, y, return_logits=True)
     assert abs(loss - ref_loss) < 1e-12
-    np.testing.assert_allclose(logits, model.forward(x), rtol=0, atol=1e-14)
+    np.testing.assert_allclose(logits, ref_logits, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(model.forward(x), ref_logits, rtol=0, atol=1e-12)
     for key in model.params:
         assert relative_error(grads[key], ref_grads[key]) < 1e-10, key
 
@@ -112,6 +114,48 @@ def test_kernels_match_reference_float64(name):
     np.testing.assert_allclose(dh0, ref_dh0, rtol=1e-10, atol=1e-12)
     for key in p:
         assert relative_error(g[key], ref_g[key]) < 1e-10, key
+
+
+@pytest.mark.parametrize("name", CELL_NAMES)
+def test_initial_state_gradient_matches_finite_differences(name):
+    """dL/dh_0 from a non-zero h_0, for L = sum(c o h_T) with a random c (so dL/dh_T = c), by the
+    reference and by the kernels, against central differences of the reference's h_T. (Training
+    starts from h_0 = 0, so the model-level checks above never see this path.)"""
+    model = random_model(name)
+    x, _ = batch()
+    rng = np.random.default_rng(6)
+    h0, c = rng.standard_normal((B, N)), rng.standard_normal((B, N))
+    p = model.cell_params()
+
+    def loss():
+        return float((c * model.cell.reference_forward(p, x, h0=h0, **model.hyper)[0]).sum())
+
+    numeric = numerical_gradient(loss, h0)
+    _, ref_cache = model.cell.reference_forward(p, x, h0=h0, **model.hyper)
+    _, ref_dh0 = model.cell.reference_backward(p, ref_cache, c, **model.hyper)
+    _, cache = model.cell.forward(p, np.ascontiguousarray(x.transpose(1, 0, 2)), h0,
+                                  **model.hyper)
+    _, dh0 = model.cell.backward(p, cache, c, **model.hyper)
+    assert relative_error(ref_dh0, numeric) < 1e-6
+    assert relative_error(dh0, numeric) < 1e-6
+
+
+@pytest.mark.parametrize("name", CELL_NAMES)
+def test_kernels_match_reference_over_several_row_slices_and_blocks(name):
+    """The CPU kernels split the batch into slices of SLICE_ROWS rows and the stacked T*B rows of
+    the weight-gradient products into blocks of BLOCK_ROWS; the tiny batch above fits in one of
+    each. Here B = 2 * SLICE_ROWS + 2 (a ragged third slice) and T*B > BLOCK_ROWS."""
+    from nprnn.kernels.common import BLOCK_ROWS, SLICE_ROWS
+    Bb, Tb = 2 * SLICE_ROWS + 2, BLOCK_ROWS // (2 * SLICE_ROWS + 2) + 2
+    assert Tb * Bb > BLOCK_ROWS
+    model = random_model(name)
+    rng = np.random.default_rng(7)
+    x, y = 0.5 * rng.standard_normal((Bb, Tb, M)), rng.integers(0, K, size=Bb)
+    ref_loss, ref_grads = reference_loss_and_grads(model, x, y)
+    loss, grads = model.loss_and_grad(x, y)
+    assert abs(loss - ref_loss) < 1e-12
+    for key in model.params:
+        assert relative_error(grads[key], ref_grads[key]) < 1e-10, key
 
 
 @pytest.mark.parametrize("name", CELL_NAMES)
