@@ -54,8 +54,9 @@ def test_array_task_epoch_covers_train_once_and_resumes_identically():
     assert len(resumed) == 2
     for (xa, ya), (xb, yb) in zip(batches[3:], resumed):
         assert np.array_equal(xa, xb) and np.array_equal(ya, yb)
-    assert not np.array_equal(task.order("train", 1, 2), task.order("train", 1, 3))
-    assert not np.array_equal(task.order("train", 1, 2), task.order("train", 2, 2))
+    # every (seed, epoch) pair its own order, also where seed + epoch agree
+    orders = {(sd, ep): tuple(task.order("train", sd, ep)) for sd in range(4) for ep in range(4)}
+    assert len(set(orders.values())) == len(orders)
 
 
 def test_array_task_valid_split_is_held_out_and_fixed():
@@ -277,6 +278,12 @@ def test_mnist_task_from_fake_files(fake_mnist):
                            ("train", "valid")])
     assert sorted(map(bytes, seen)) == sorted(map(bytes, PIXELS[arrays["train_images"]]
                                                   .reshape(60, 784, 1)))
+    # in shuffled batches each label stays with its image (the images are all different)
+    label_of = {bytes(PIXELS[img].reshape(784, 1)): lab
+                for img, lab in zip(arrays["train_images"], arrays["train_labels"])}
+    assert len(label_of) == 60
+    for x, y in task.batches("train", 16, seed=4, epoch=1):
+        assert [label_of[bytes(row)] for row in x] == y.tolist()
     info = task.info()
     assert info["label_counts"]["test"] == np.bincount(arrays["test_labels"], minlength=10).tolist()
     assert info["cache"]["format_version"] == datasets.CACHE_FORMAT_VERSION

@@ -34,6 +34,19 @@ def test_sgd_momentum_zero_is_plain_sgd_and_scale_multiplies_gradient():
     np.testing.assert_allclose(p["w"], [[0.75, 2.25], [2.5, 4.0]], rtol=0, atol=1e-15)
 
 
+def test_sgd_momentum_with_a_clipping_scale_matches_hand_computed_steps():
+    # the scale s multiplies the gradient entering the velocity, not the stored velocity:
+    # p = [2], lr = 0.1, momentum 0.9; g = [4] with s = 0.5, then g = [1] with s = 0.25:
+    #   step 1: v = 0.9 * 0 + 0.5 * 4 = 2            p = 2 - 0.2 = 1.8
+    #   step 2: v = 0.9 * 2 + 0.25 * 1 = 2.05        p = 1.8 - 0.205 = 1.595
+    p = {"w": np.array([2.0])}
+    opt = SGD(p, lr=0.1, momentum=0.9)
+    for g, s, ep, ev in [(4.0, 0.5, 1.8, 2.0), (1.0, 0.25, 1.595, 2.05)]:
+        opt.step(p, {"w": np.array([g])}, scale=s)
+        np.testing.assert_allclose(p["w"], [ep], rtol=0, atol=1e-14)
+        np.testing.assert_allclose(opt.slots["velocity"]["w"], [ev], rtol=0, atol=1e-14)
+
+
 def test_adagrad_matches_hand_computed_steps():
     # G0 = 0.1, delta = 1e-7, lr = 0.1; gradients [0.3, -0.4] then [0.1, 0.2]:
     #   step 1: G = [0.1 + 0.09, 0.1 + 0.16] = [0.19, 0.26]
