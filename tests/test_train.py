@@ -203,6 +203,24 @@ def test_sigint_then_resume_is_bit_identical(tmp_path, reference_run, optimizer)
     assert signal.getsignal(signal.SIGINT) is handler          # the caller's handler is back
 
 
+def test_a_float64_run_with_clipping_resumes_bit_identical(tmp_path):
+    """The same in float64 with gradient clipping on (the runs above are float32 without): a
+    checkpoint that rounded float64 parameters or state through float32 would show here."""
+    config = dict(CONFIG, dtype="float64", clip=0.5, optimizer="sgd")
+
+    def interrupt(it, loss):
+        if it == 13:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    train(config, tmp_path / "whole", task=toy_task(), **quiet())
+    assert train(config, tmp_path / "split", task=toy_task(),
+                 **quiet(callback=interrupt))["stopped"] == "SIGINT"
+    train(out=tmp_path / "split", resume=True, task=toy_task(), **quiet())
+    assert load_checkpoint(tmp_path / "split")["params"]["W"].dtype == np.float64
+    assert_same_state(tmp_path / "split", tmp_path / "whole")
+    assert records(tmp_path / "split") == records(tmp_path / "whole")
+
+
 def test_crash_between_checkpoints_then_resume_is_bit_identical(tmp_path, reference_run):
     """A process that dies at iteration 17 (last checkpoint at 15) leaves metrics lines past the
     checkpoint; resume cuts them and continues as if nothing happened."""
