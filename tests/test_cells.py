@@ -243,6 +243,34 @@ def test_parameter_counts_match_the_paper():
     assert model.num_params() == 128 * 127 // 2 + 128 + 128 + 1290
 
 
+def expected_params(name, m, n, K=10):
+    """Trainable scalars by each model's equations (README, Models), worked out here by hand."""
+    readout = K * n + K
+    per_gate = n * m + n * n + 2 * n                     # weight_ih, weight_hh, bias_ih, bias_hh
+    return readout + {
+        "antisym": n * (n - 1) // 2 + n * m + n,         # strict upper triangle of W, V_h, b_h
+        "antisym-gated": n * (n - 1) // 2 + 2 * (n * m + n),
+        "ablation": n * n + 2 * (n * m + n),
+        "feedback": n * n + n * m + n,
+        "rnn": per_gate, "lstm": 4 * per_gate, "peephole-lstm": 4 * per_gate + 3 * n,
+        "gru": 3 * per_gate}[name]
+
+
+@pytest.mark.parametrize("name", CELL_NAMES)
+def test_exact_parameter_counts_and_the_params_command(name):
+    """The README's counts, exactly: the model's, and what `cli.py params` prints."""
+    from click.testing import CliRunner
+
+    import cli
+    for m, n in [(1, 128), (3, 196), (3, 256)]:
+        assert nprnn.make_model(name, m, n, 10).num_params() == expected_params(name, m, n)
+    out = CliRunner().invoke(cli.cli, ["params"]).output
+    row = next(line.split() for line in out.splitlines()[::-1] if line.split()[:1] == [name])
+    assert row[1] == f"{expected_params(name, 1, 128):,}"
+    assert expected_params("lstm", 1, 128) == 68_362                  # the README's table
+    assert expected_params("ablation", 3, 196) == 41_954
+
+
 @pytest.mark.parametrize("name", CELL_NAMES)
 def test_parameter_names_shapes_and_dtypes(name):
     m, n = 3, 6
@@ -268,6 +296,52 @@ def test_paper_initialisation_statistics():
     a, b = (nprnn.make_model("antisym", 2, 8, 3, seed=s) for s in (4, 4))
     for key in a.params:
         np.testing.assert_array_equal(a.params[key], b.params[key])
+
+
+def gate_blocks(a, k):
+    """The k stacked gate blocks of a weight or bias, in PyTorch's order."""
+    return np.split(a, k)
+
+
+@pytest.mark.parametrize("name, gates", [("rnn", "h"), ("lstm", "ifgo"), ("peephole-lstm", "ifgo"),
+                                         ("gru", "rzn")])
+def test_paper_initialisation_of_the_stacked_cells(name, gates):
+    """Appendix C for every gate block: weight_ih N(0, 1/m), weight_hh N(0, sigma_w^2/n), biases 0
+    but the LSTM's forget gate, whose bias_ih block is 1; peepholes 0."""
+    m, n, sigma_w = 60, 300, 2.0
+    p = nprnn.make_model(name, m, n, 10, sigma_w=sigma_w, dtype="float64").params
+    k = len(gates)
+    for gate, w_ih, w_hh, b_ih, b_hh in zip(gates, *(gate_blocks(p[key], k) for key in
+                                                    ("weight_ih", "weight_hh", "bias_ih",
+                                                     "bias_hh"))):
+        assert abs(w_ih.var() * m - 1) < 0.05, gate
+        assert abs(w_hh.var() / (sigma_w ** 2 / n) - 1) < 0.02, gate
+        assert abs(w_ih.mean()) < 0.01 and abs(w_hh.mean()) < 0.01, gate
+        want = 1.0 if "lstm" in name and gate == "f" else 0.0
+        assert np.all(b_ih == want) and np.all(b_hh == 0), gate
+    for key in ("w_ci", "w_cf", "w_co"):
+        assert key not in p or np.all(p[key] == 0)
+
+
+@pytest.mark.parametrize("name", ["lstm", "peephole-lstm"])
+def test_critical_initialisation_follows_appendix_d4(name):
+    """Gilboa et al. D.4 per gate (i, f, g, o): weight_ih N(0, nu^2/m), weight_hh N(0, sigma^2/n),
+    bias_ih = mu, bias_hh = 0, peepholes 0; the values written out here from the paper."""
+    nu2, sigma2, mu = {"lstm": ((1, 0, 1, 0), (1e-5, 1e-5, 1e-5, 1), (0, 1, 0, 0)),
+                       "peephole-lstm": ((0, 0, 0, 0), (1e-5,) * 4, (0, 5, 0, 0))}[name]
+    m, n = 60, 300
+    p = nprnn.make_model(name, m, n, 10, init="critical", sigma_w=7.0, dtype="float64").params
+    for gate, w_ih, w_hh, b_ih, b_hh, v_in, v_rec, bias in zip(
+            "ifgo", *(gate_blocks(p[key], 4) for key in ("weight_ih", "weight_hh", "bias_ih",
+                                                         "bias_hh")), nu2, sigma2, mu):
+        if v_in == 0:
+            assert np.all(w_ih == 0), gate
+        else:
+            assert abs(w_ih.var() / (v_in / m) - 1) < 0.05, gate
+        assert abs(w_hh.var() / (v_rec / n) - 1) < 0.02, gate          # sigma_w is ignored
+        assert np.all(b_ih == bias) and np.all(b_hh == 0), gate
+    for key in ("w_ci", "w_cf", "w_co"):
+        assert key not in p or np.all(p[key] == 0)
 
 
 # ----------------------------------------------------------------------------------------------
