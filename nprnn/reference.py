@@ -35,7 +35,8 @@ def _h0(x, n, h0):
 # ---------------------------------------------------------------------------------------------
 
 def antisym_matrix(W, gamma):
-    """A = W - W^T - gamma I: antisymmetric up to the diffusion term (eq. 12)."""
+    """A = W - W^T - gamma I: antisymmetric up to the diffusion term (eq. 12; the paper's W_h is
+    our W)."""
     return W - W.T - gamma * np.eye(W.shape[0])
 
 
@@ -92,6 +93,7 @@ def euler_backward(cache, dh_T):
         db_h += da.sum(axis=0)
         if gated:
             # forward was: z = sigmoid(zp),  zp = A h_prev + V_z x_t + b_z
+            # so:          dz = dh * eps * th ;  dzp = dz * z (1 - z) ;  dh_prev += dzp A ; ...
             dzp = dh * eps * th * z * (1.0 - z)
             dh_prev += dzp @ A
             dA += dzp.T @ h_prev

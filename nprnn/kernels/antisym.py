@@ -1,6 +1,7 @@
 """AntisymmetricRNN and its Euler-family relatives: forward pass and BPTT kernels.
 
-All four models of this family are one forward-Euler step of an ODE h' = f(h, x) (eq. 3):
+All four models of this family are one forward-Euler step (eq. 3) of an ODE h' = f(h, x)
+(eqs. 1, 8). The paper's W_h is our parameter W:
 
     (12) h_t = h_{t-1} + eps * tanh((W - W^T - gamma I) h_{t-1} + V_h x_t + b_h)
     (13) z_t = sigmoid((W - W^T - gamma I) h_{t-1} + V_z x_t + b_z)
@@ -16,7 +17,10 @@ into dW by `antisym_dW_cpu`; `cells.EulerCell` calls them (feedback uses W itsel
 
 Shapes: B batch, T time, m input size, n hidden size. Kernels are time-major: x is (T, B, m) so
 that the rows of one step are contiguous, and hs is (T+1, B, n) with hs[0] = h_0 given by the
-caller (zero in the models).
+caller (zero in the models). The paper writes one state as a column, A h; the kernels hold a
+batch of states as the rows of a (B, n) array, where the same product is h A^T ("row form"). So
+the backward line dh_{t-1} += A^T da_t (column form, in the GPU docstrings) is dh += da_t A in
+row form (the CPU code): the same numbers.
 
 How the CPU work is split (the standard recipe, on threads that own batch rows):
   1. one large matrix product for the input projections of all T steps, (T*B, m) @ (m, n);

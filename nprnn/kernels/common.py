@@ -1,8 +1,10 @@
 """Scalar math shared by the CPU (`@numba.njit`) and GPU (`@numba.cuda.jit`) twins.
 
-Each function here works on one scalar. It is compiled with `numba.njit`, and numba-cuda can call
-such a function from inside a `@cuda.jit` kernel as well, so the math exists exactly once and the
-twins differ only in how they split the work.
+Each function of the first part works on one scalar. It is compiled with `numba.njit`, and
+numba-cuda can call such a function from inside a `@cuda.jit` kernel as well, so the math exists
+exactly once and the twins differ only in how they split the work. The floating-point mode
+switches (flush_denormals) and, in the second part, the row-splitting helpers that the CPU twins
+share (row_slice, matmul_tn_rows, ...) work on arrays.
 
 Derivatives are written in terms of the *output* of the nonlinearity, because that is what the
 forward pass stores for BPTT:
@@ -20,8 +22,8 @@ multiply-add, which LLVM turns into AVX code: Lambert's continued fraction
     tanh a = a / (1 + a^2 / (3 + a^2 / (5 + ... + a^2 / 25)))
 
 multiplied out into tanh a ~ a P(a^2) / Q(a^2) with the integer coefficients below, for |a| <= 9
-(beyond, tanh a rounds to +-1 in float32). Its largest relative error in float32 is below 5e-7,
-a few units in the last place (`tests/test_common.py` measures it). float64 — the precision of the
+(beyond, tanh a is within 1 ulp of +-1 in float32). Its largest relative error in float32 is
+below 5e-7, a few units in the last place (`tests/test_common.py` measures it). float64 — the precision of the
 gradient checks — keeps the exact `math.tanh`, so float64 kernels agree with the reference to
 rounding.
 """

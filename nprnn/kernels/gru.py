@@ -6,7 +6,8 @@
     h_t = (1 - z) o n_t + z o h_{t-1}
 
 Parameters follow nn.GRU's layout: W_ih = weight_ih (3n, m), W_hh = weight_hh (3n, n),
-b_ih = bias_ih (3n,), b_hh = bias_hh (3n,); rows [k n, (k+1) n) hold gate k of (r, z, n).
+b_ih = bias_ih (3n,), b_hh = bias_hh (3n,); rows [k n, (k+1) n) hold gate k of (r, z, n) (the
+third block, PyTorch's "n", is the candidate n_t, not the size n).
 Unlike the LSTM's, the two biases of the candidate are not interchangeable: b_hn sits inside
 r o (...), so the kernels keep hn_t = W_hn h_{t-1} + b_hn of every step for BPTT, and the input
 side and the hidden side of the candidate get different pre-activation gradients:
@@ -40,8 +41,9 @@ from .gpu_common import (TILE, cuda, load_block_rows, persistent_kernel,
 # The unit's math, shared by the CPU and the GPU twins
 # ------------------------------------------------------------------------------------------
 # h_t = (1 - z) n_t + z h_{t-1} is computed as n_t + z (h_{t-1} - n_t), the same value: a literal
-# 1 is a float64 to numba, so `1 - z` would turn a float32 kernel's arithmetic into float64
-# (tests/test_precision.py checks that no kernel does so by accident).
+# 1 is an int64 to numba, and an int64 with a float32 gives a float64, so `1 - z` would turn a
+# float32 kernel's arithmetic into float64 (tests/test_precision.py checks that no kernel does so
+# by accident).
 
 @njit_inline
 def gru_unit(gi_r, gi_z, gi_n, gh_r, gh_z, hn, h_prev):
@@ -130,6 +132,9 @@ def gru_backward_cpu(dW_ih, dW_hh, db_ih, db_hh, dh0, dgi, dgh, dh_T, hs, gates,
         dh = dh0[b0:b1]
         dWh = np.empty((b1 - b0, n), dtype=dh0.dtype)
         for t in range(T - 1, -1, -1):
+            # forward was: (r, z, n_t, h_t) from gi_t, gh_t and h_{t-1} (gru_unit)
+            # so:          dgi_t, dgh_t by gru_unit_backward; dh keeps z o dh_t, the part of
+            #              dh_{t-1} that skips W_hh (its W_hh part is added below)
             for b in range(b0, b1):
                 k = b - b0
                 for j in range(n):

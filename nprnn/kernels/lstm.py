@@ -7,7 +7,8 @@ Standard LSTM (PyTorch's nn.LSTM; the baseline of the paper's Tables 1 and 2):
     c_t = f o c_{t-1} + i o g
     h_t = o o tanh(c_t)
 
-Peephole LSTM (Gers et al., 2002; the model of Gilboa et al., 2019): the gates also see the cell
+Peephole LSTM (Gers et al., 2002; Gilboa et al. 2019 use another peephole form, see
+`cells.LSTMCell`): the gates also see the cell
 state through diagonal weights w_ci, w_cf, w_co (n,), and the output gate sees the NEW one:
 
     i = sigmoid(a_i + w_ci o c_{t-1}),  f = sigmoid(a_f + w_cf o c_{t-1})
@@ -141,7 +142,8 @@ def _backward(dW_ih, dW_hh, db_ih, db_hh, dh0, da, dh_T, hs, cs, gates, x, W_hh,
         b0, b1 = row_slice(c, S, B)
         mode = flush_denormals(dh0)      # float32: subnormals to zero (common.py)
         dh = dh0[b0:b1]
-        dc = np.zeros((b1 - b0, n), dtype=dh0.dtype)     # the running dL/dc_t; dL/dc_T = 0
+        # dc: the part of dL/dc_t that arrives through c_{t+1}; none does at t = T
+        dc = np.zeros((b1 - b0, n), dtype=dh0.dtype)
         for t in range(T - 1, -1, -1):
             for b in range(b0, b1):
                 r = b - b0
@@ -385,7 +387,7 @@ def lstm_forward_persistent_kernel(hs, cs, gates, x, W_ih, WT, b_ih, b_hh, w_ci,
 def lstm_backward_persistent_kernel(dh0, da, dh_T, cs, gates, W_hh, w_ci, w_cf, w_co, peephole,
                                     rows):
     """BPTT through all T steps of the (peephole) LSTM in one launch (lstm_unit_backward, then
-    dh_{t-1} = da_t W_hh in row form; dL/dc_T = 0).
+    dh_{t-1} = da_t W_hh in row form; the dL/dc_t arriving through c_{t+1} starts at 0).
 
     Written (=): dh0 (B, n), da (T, B, 4n). Read: dh_T (B, n), cs (T+1, B, n), gates, W_hh (4n, n),
     w_c* (n,). Work split as in the forward kernel. Shared memory: the rows' dL/dh and dL/dc
@@ -399,7 +401,7 @@ def lstm_backward_persistent_kernel(dh0, da, dh_T, cs, gates, W_hh, w_ci, w_cf, 
     dh = smem[:rows * n]
     dc = smem[rows * n:2 * rows * n]
     dbuf = smem[2 * rows * n:10 * rows * n]              # two copies of (rows, 4n)
-    for r in range(rows):                                # dL/dh_T in, dL/dc_T = 0
+    for r in range(rows):                  # dL/dh_T in; nothing arrives through c_{T+1}
         b = b0 + r
         if b < B:
             for j in range(tid, n, nthreads):
@@ -526,7 +528,7 @@ def _forward_persistent(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, w_ci, w_cf, w_
 def _backward_steps(dh0, da, dh_T, cs, gates, W_hh, w_ci, w_cf, w_co, peephole, block):
     T, B, n = cs.shape[0] - 1, cs.shape[1], cs.shape[2]
     grid, block = step_grid(B, n, block)
-    dc = scratch("lstm_dc", (B, n), dh0.dtype)     # the running dL/dc_t; dL/dc_T = 0
+    dc = scratch("lstm_dc", (B, n), dh0.dtype)     # dL/dc_t through c_{t+1}: 0 at t = T
     fill(dc, 0)
     dh0.copy_to_device(dh_T)              # the running dL/dh_t lives in dh0; it ends as dL/dh_0
     for t in range(T - 1, -1, -1):

@@ -54,6 +54,9 @@ def softmax_xent_cpu(losses, dlogits, logits, y):
 
     Written (=): losses (B,) = -log p[b, y_b]; dlogits (B, K) = (p - onehot(y)) / B.
     Read: logits (B, K), y (B,) integer labels in [0, K).
+
+    With p_bk = exp(l_bk) / sum_j exp(l_bj), loss_b = log sum_j exp(l_bj) - l_{b,y_b}, so
+    d loss_b / d l_bk = p_bk - [k = y_b]; the mean over the batch divides that by B.
     """
     for b in range(logits.shape[0]):
         softmax_xent_row_cpu(losses, dlogits, logits, y, b)
@@ -64,6 +67,7 @@ def readout_backward_cpu(dW_out, db_out, dh, dlogits, h, W_out):
     """Written (=): dW_out (K, n), db_out (K,), dh (B, n) = dL/dh_T.
     Read: dlogits (B, K), h (B, n), W_out (K, n)."""
     # forward was: logits = h W_out^T + b_out
+    # so:          dW_out = dlogits^T h ;  db_out = sum_b dlogits ;  dh = dlogits W_out
     np.dot(dlogits.T, h, dW_out)
     db_out[:] = dlogits.sum(axis=0)
     np.dot(dlogits, W_out, dh)
