@@ -23,9 +23,9 @@ multiply-add, which LLVM turns into AVX code: Lambert's continued fraction
 
 multiplied out into tanh a ~ a P(a^2) / Q(a^2) with the integer coefficients below, for |a| <= 9
 (beyond, tanh a is within 1 ulp of +-1 in float32). Its largest relative error in float32 is
-below 5e-7, a few units in the last place (`tests/test_common.py` measures it). float64 — the precision of the
-gradient checks — keeps the exact `math.tanh`, so float64 kernels agree with the reference to
-rounding.
+below 5e-7, a few units in the last place (`tests/test_common.py` measures it). float64 — the
+precision of the gradient checks — keeps the exact `math.tanh`, so float64 kernels agree with the
+reference to rounding.
 """
 import math
 import platform
