@@ -6,7 +6,8 @@ run in a subprocess when there is no GPU). Anywhere else they skip, naming the r
 
 Sizes are tiny on purpose (the simulator runs every GPU thread as a Python thread) and chosen
 to leave ragged edges everywhere: n = 6 units over blocks of 4 threads, B = 3 rows over blocks
-of 2 rows, so every kernel runs several blocks and some threads find nothing to do.
+of 2 rows, so every kernel runs several blocks and some threads find nothing to do. T = 4 differs
+from B = 3, so that a kernel that mixes up the time and batch axes fails.
 """
 import numpy as np
 import pytest
@@ -19,7 +20,7 @@ requires_cuda = pytest.mark.skipif(
     not CUDA_OK, reason=f"no CUDA target ({CUDA_WHY}); without a GPU tests/test_cuda.py runs "
                         f"these tests under the CUDA simulator")
 
-T, B, M, N = 3, 3, 2, 6          # time steps, batch rows, input size, hidden units
+T, B, M, N = 4, 3, 2, 6          # time steps, batch rows, input size, hidden units
 STEP_BLOCK = (4, 2)              # version 1: 4 units x 2 rows per block -> 2 x 2 blocks
 THREADS, ROWS = 4, 2             # version 2: 4 threads per block, 2 rows per block -> 2 blocks
 TILE = 8                         # matmul_tn_gpu tile in the cell tests (it has its own test)

@@ -17,8 +17,8 @@ CELLS = {"rnn": (rnn, "rnn", 1), "lstm": (lstm, "lstm", 4),
          "peephole-lstm": (lstm, "peephole_lstm", 4), "gru": (gru, "gru", 3)}
 
 
-def options(version, backward):
-    opts = dict(block=STEP_BLOCK) if version == "step" else dict(rows=ROWS, threads=THREADS)
+def options(version, backward, rows=ROWS):
+    opts = dict(block=STEP_BLOCK) if version == "step" else dict(rows=rows, threads=THREADS)
     return dict(opts, tile=TILE) if backward else opts
 
 
@@ -92,7 +92,7 @@ CASES = [(cell, dtype, version) for cell in CELLS for dtype in DTYPES
 
 
 @pytest.mark.parametrize("cell, dtype, version", CASES)
-def test_baseline_forward_and_backward_match_cpu(cell, dtype, version):
+def test_baseline_forward_and_backward_match_cpu(cell, dtype, version, rows=ROWS):
     module, prefix, _ = CELLS[cell]
     p, fw, bw = problem(cell, dtype)
     d = {k: dev(v) for k, v in p.items()}
@@ -104,23 +104,30 @@ def test_baseline_forward_and_backward_match_cpu(cell, dtype, version):
             start[0] = v[0]
         fw_gpu[k] = dev(start)
     gpu_function(module, prefix, "forward", version)(*forward_args(cell, fw_gpu, d),
-                                                     **options(version, False))
+                                                     **options(version, False, rows))
     for k, want in fw.items():
         assert_close(fw_gpu[k], want, dtype, k)
     # backward, from the CPU's forward results
     fw_dev = {k: dev(v) for k, v in fw.items()}
     bw_gpu = {k: empty_like(v) for k, v in bw.items()}
     gpu_function(module, prefix, "backward", version)(*backward_args(cell, bw_gpu, fw_dev, d),
-                                                      **options(version, True))
+                                                      **options(version, True, rows))
     for k, want in bw.items():
         assert_close(bw_gpu[k], want, dtype, k)
 
 
+@pytest.mark.parametrize("cell", list(CELLS))
+@pytest.mark.parametrize("rows", [1, 3])
+def test_persistent_kernels_at_other_rows_per_block(cell, rows):
+    """rows = 1 is what `gpu.LAUNCH` uses; 3 rows per block leave a block with one row of 3."""
+    test_baseline_forward_and_backward_match_cpu(cell, "float64", "persistent", rows=rows)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("splits", [1, 4])
+@pytest.mark.parametrize("splits", [1, 5])
 def test_peephole_gradients_over_slices_of_rows(dtype, splits):
     """The peephole gradients summed over S slices of the T*B rows (the cell tests are too small
-    for more than one slice; with S = 4 and 9 rows the last slice is empty) equal the CPU sums."""
+    for more than one slice; with S = 5 and 12 rows the last slice is empty) equal the CPU sums."""
     rng = np.random.default_rng(1)
     da, cs = rand(rng, (T, B, 4 * N), dtype), rand(rng, (T + 1, B, N), dtype)
     want = [np.einsum("tbj,tbj->j", da[:, :, g * N:(g + 1) * N].astype(np.float64),

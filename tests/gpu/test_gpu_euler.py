@@ -57,10 +57,10 @@ def problem(dtype, gated, structure, seed=0, T=T):
     return p, fw, bw, eps
 
 
-def launch_options(version, structure, backward):
+def launch_options(version, structure, backward, rows=ROWS):
     if version == "step":
         return dict(block=STEP_BLOCK, tile=TILE) if backward else dict(block=STEP_BLOCK)
-    opts = dict(skew=structure == "skew", rows=ROWS, threads=THREADS)
+    opts = dict(skew=structure == "skew", rows=rows, threads=THREADS)
     return dict(opts, tile=TILE) if backward else opts
 
 
@@ -80,14 +80,22 @@ def test_step_version_for_any_number_of_steps(steps):
     check("float64", True, "skew", "step", steps)
 
 
-def check(dtype, gated, structure, version, T):
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("rows", [1, 3])
+def test_persistent_kernels_at_other_rows_per_block(rows, gated):
+    """rows = 1 is what `gpu.LAUNCH` uses; 3 rows per block leave a block with one row of 3.
+    (The state copies in shared memory are placed by rows: ROWS = 2 alone hid a wrong offset.)"""
+    check("float64", gated, "skew", "persistent", T, rows=rows)
+
+
+def check(dtype, gated, structure, version, T, rows=ROWS):
     p, fw, bw, eps = problem(dtype, gated, structure, T=T)
     d = {k: dev(v) for k, v in p.items()}
     suffix = "_persistent" if version == "persistent" else ""
     # forward: hs[0] given, the rest written
     hs = dev(np.concatenate([fw["hs"][:1], np.zeros_like(fw["hs"][1:])]))
     th, z = empty_like(fw["th"]), empty_like(fw["z"])
-    opts = launch_options(version, structure, backward=False)
+    opts = launch_options(version, structure, backward=False, rows=rows)
     if gated:
         getattr(K, "euler_gated_forward_gpu" + suffix)(hs, th, z, d["x"], d["A"], d["V_h"],
                                                        d["b_h"], d["V_z"], d["b_z"], eps, **opts)
@@ -100,7 +108,7 @@ def check(dtype, gated, structure, version, T):
     # backward, from the CPU's forward results
     hs, th, z = dev(fw["hs"]), dev(fw["th"]), dev(fw["z"])
     g = {k: empty_like(v) for k, v in bw.items()}
-    opts = launch_options(version, structure, backward=True)
+    opts = launch_options(version, structure, backward=True, rows=rows)
     if gated:
         getattr(K, "euler_gated_backward_gpu" + suffix)(
             g["dA"], g["dV_h"], g["db_h"], g["dV_z"], g["db_z"], g["dh0"], g["da"], g["dzp"],
@@ -142,8 +150,9 @@ def test_matmul_tn_and_column_sums(dtype):
     rng = np.random.default_rng(2)
     A, Bm = rand(rng, (11, 6), dtype), rand(rng, (11, 5), dtype)
     C = gpu_common.cuda.device_array((6, 5), dtype=dtype)
-    gpu_common.matmul_tn_gpu(C, dev(A), dev(Bm), tile=4, splits=3)
-    assert_close(C, A.T @ Bm, dtype, "A^T B")
+    for splits in (3, 2):                   # chunks of 4 rows (one tile), of 6 (1.5 tiles)
+        gpu_common.matmul_tn_gpu(C, dev(A), dev(Bm), tile=4, splits=splits)
+        assert_close(C, A.T @ Bm, dtype, f"A^T B, {splits} splits")
     db = gpu_common.cuda.device_array(6, dtype=dtype)
     gpu_common.column_sums_gpu(db, dev(A), tile=4)
     assert_close(db, A.sum(axis=0), dtype, "column sums")

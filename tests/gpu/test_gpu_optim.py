@@ -13,8 +13,9 @@ SIZE = 37
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_sum_squares_matches_cpu(dtype):
-    g = rand(np.random.default_rng(4), (SIZE,), dtype)
+@pytest.mark.parametrize("size", [SIZE, 301])       # 301 > 64 blocks x 4 threads: a grid stride
+def test_sum_squares_matches_cpu(dtype, size):
+    g = rand(np.random.default_rng(4), (size,), dtype)
     out = np.array([0.25])                      # accumulates: += onto what is there
     K.sum_squares_cpu(out, g)
     out_gpu = dev(np.array([0.25]))

@@ -1,6 +1,7 @@
 """GPU twins of nprnn/kernels/readout.py against their CPU twins: the linear readout, the softmax
-cross-entropy with its gradient, and the readout's backward. B = 3 rows, K = 4 classes and n = 6
-units over blocks of 2 x 2, 2 and 4 x 2 threads: every kernel runs several ragged blocks."""
+cross-entropy with its gradient, and the readout's backward. B = 3 rows, K = 4 or 2 classes (more
+and fewer than the rows: the backward kernel's threads cover max(B, K) rows) and n = 6 units over
+blocks of 2 x 2, 2 and 4 x 2 threads: every kernel runs several ragged blocks."""
 import numpy as np
 import pytest
 
@@ -8,16 +9,16 @@ from gpu_testing import B, DTYPES, N, assert_close, dev, empty_like, rand, requi
 from nprnn.kernels import readout as K
 
 pytestmark = requires_cuda
-NUM_CLASSES = 4
 
 
+@pytest.mark.parametrize("classes", [4, 2])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_readout_forward_loss_and_backward_match_cpu(dtype):
+def test_readout_forward_loss_and_backward_match_cpu(dtype, classes):
     rng = np.random.default_rng(3)
-    h, W_out = rand(rng, (B, N), dtype), rand(rng, (NUM_CLASSES, N), dtype)
-    b_out = rand(rng, (NUM_CLASSES,), dtype)
-    y = np.array([3, 0, 2], dtype=np.int64)
-    logits = np.empty((B, NUM_CLASSES), dtype)
+    h, W_out = rand(rng, (B, N), dtype), rand(rng, (classes, N), dtype)
+    b_out = rand(rng, (classes,), dtype)
+    y = np.array([3, 0, 2], dtype=np.int64) % classes
+    logits = np.empty((B, classes), dtype)
     K.readout_forward_cpu(logits, h, W_out, b_out)
     logits_gpu = empty_like(logits)
     K.readout_forward_gpu(logits_gpu, dev(h), dev(W_out), dev(b_out), block=(2, 2))
