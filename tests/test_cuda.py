@@ -98,7 +98,6 @@ def test_cuda_without_a_gpu_is_a_clear_error_not_a_driver_traceback():
     assert model.device == "cpu"
 
 
-
 @pytest.mark.skipif(HAS_GPU, reason="a GPU is present: .ci/gpu would run its checks")
 def test_the_gpu_checks_stop_at_once_without_a_gpu(tmp_path):
     """.ci/gpu (the GPU session's checks) says why it cannot run, and runs nothing."""
@@ -107,10 +106,18 @@ def test_the_gpu_checks_stop_at_once_without_a_gpu(tmp_path):
                                                  os.environ.get("PATH", "")]))
     proc = subprocess.run(["bash", str(repo / ".ci" / "gpu"), str(tmp_path / "logs")],
                           capture_output=True, text=True, env=env, timeout=120)
-    assert proc.returncode == 1
+    assert proc.returncode == 100                    # not a count of failed steps
     assert proc.stderr.strip().startswith(".ci/gpu: no GPU to check: ")
     assert device.cuda_available()[1] in proc.stderr
     assert list((tmp_path / "logs").iterdir()) == []
+    # a step name it does not know stops it before anything runs (a typo used to run nothing
+    # and exit 0); step names are space-separated
+    proc = subprocess.run(["bash", str(repo / ".ci" / "gpu"), str(tmp_path / "logs")],
+                          capture_output=True, text=True, timeout=120,
+                          env=dict(env, GPU_STEPS="tests,bench"))
+    assert proc.returncode == 100
+    assert proc.stderr.startswith(".ci/gpu: unknown step 'tests,bench' in GPU_STEPS")
+
 
 # -- persistent kernels: what fits in a block's shared memory ------------------------------
 
