@@ -15,7 +15,7 @@ from nprnn.kernels import gpu_common
 
 pytestmark = requires_cuda
 
-EPS, GAMMA = 0.5, 0.1            # a large eps so that h moves visibly in 3 steps
+EPS, GAMMA = 0.5, 0.1            # a large eps so that h moves visibly in T = 4 steps
 
 
 def matrix(rng, structure, dtype):
