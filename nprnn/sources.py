@@ -298,7 +298,8 @@ IDX_UBYTE = 0x08
 
 
 def parse_idx(data, path="<bytes>"):
-    """The array stored in the IDX bytes `data` (already decompressed): uint8 of the header's shape.
+    """The array stored in the IDX bytes `data` (already decompressed): uint8 of the header's shape,
+    a read-only view of `data` (no copy of 47 MB of images; `.copy()` it to write to it).
 
     Raises RawFormatError naming `path` for a wrong magic number, an element type other than
     unsigned byte, or a body shorter or longer than the header announces."""
