@@ -103,6 +103,14 @@ def test_figure1_panels():
     for p in panels:
         assert p["states"].shape == (5, 3, 2)
         np.testing.assert_array_equal(p["states"][0], A.INITIAL_STATES)
+    # each panel's matrix, in order: (a) Gaussian (seed), (b) identity, (c) reflection (seed),
+    # (d) rotation (seed + 1), (e)-(h) the feedback matrices
+    want = [A.gaussian_matrix(4), np.eye(2), A.random_reflection(4), A.random_rotation(5)]
+    want += [W for _, W in A.FEEDBACK_MATRICES.values()]
+    got = [np.array(p["W"]) for p in A.figure1(steps=2, seed=4)]
+    assert len(got) == len(want) == 8
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
 
 
 def test_figure5_is_figure1_plus_input_inside_the_tanh():
@@ -254,6 +262,26 @@ def make_run(root, name, model="antisym", task="mnist", iterations=(0, 10, 20), 
     text = "\n".join(json.dumps(r) for r in lines) + "\n" + (extra or "")
     (d / "metrics.jsonl").write_text(text)
     return d
+
+
+def test_learning_curves_draw_what_the_run_logged(tmp_path, monkeypatch):
+    """The accuracy panel holds the evaluation split only, the loss panel both splits, with the
+    logged values (a plot of the wrong split still made a PNG)."""
+    pytest.importorskip("matplotlib")
+    from nprnn import plotting
+    made = []
+    figure = plotting._figure
+    monkeypatch.setattr(plotting, "_figure", lambda **kw: made.append(figure(**kw)) or made[-1])
+    runs = A.read_runs([make_run(tmp_path, "a")])
+    plotting.plot_learning_curves(runs, tmp_path / "c.png")
+    ax_loss, ax_acc = made[0].axes
+    label = runs[0]["label"]
+
+    def lines(ax):
+        return {ln.get_label(): list(ln.get_ydata()) for ln in ax.get_lines()}
+    assert lines(ax_acc) == {f"{label}, test": [0.1, 0.1 + 10 / 30, 0.1 + 20 / 30]}
+    assert lines(ax_loss) == {f"{label}, train": [2.3, 2.3 / 11, 2.3 / 21],
+                              f"{label}, test": [2.4, 2.4 / 11, 2.4 / 21]}
 
 
 def test_read_runs(tmp_path):

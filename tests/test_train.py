@@ -28,14 +28,27 @@ sys.path.insert(0, ROOT)
 import cli  # noqa: E402  (cli.py lives at the repository root)
 
 
-def toy_task(seed=0, name="toy", m=2, num_train=64):
-    """num_train training and 32 test sequences (T=6, m), label (x_0[0] > 0) + (x_0[1] > 0)."""
+def toy_task(seed=0, name="toy", m=2, num_train=64, cls=ArrayTask, valid_size=0):
+    """num_train training and 32 test sequences (T=6, m), label (x_0[0] > 0) + (x_0[1] > 0).
+    `cls`: ArrayTask or a subclass of it (one that records how it is asked for batches)."""
     rng = np.random.default_rng(seed)
 
     def make(N):
         x = rng.standard_normal((N, 6, m)).astype(np.float32)
         return x, ((x[:, 0, 0] > 0).astype(np.int64) + (x[:, 0, 1] > 0))
-    return ArrayTask(name, *make(num_train), *make(32), num_classes=3)
+    return cls(name, *make(num_train), *make(32), num_classes=3, valid_size=valid_size)
+
+
+class RecordingTask(ArrayTask):
+    """An ArrayTask that records every batches() call as (split, batch_size, seed, epoch, start)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.calls = []
+
+    def batches(self, split, batch_size, **kw):
+        self.calls.append((split, batch_size, kw.get("seed"), kw.get("epoch"), kw.get("start")))
+        return super().batches(split, batch_size, **kw)
 
 
 # 8 batches of 8 per epoch: N = 13 stops mid-epoch (epoch 1, batch 5), off every logging and
@@ -176,6 +189,80 @@ def test_a_task_that_does_not_fit_the_checkpoint_is_refused(tmp_path):
     train(dict(CONFIG, iterations=2), tmp_path, task=toy_task(), **quiet())
     with pytest.raises(TrainError, match=r"input size m=3.*does not fit.*m=2"):
         train(out=tmp_path, resume=True, task=toy_task(m=3), **quiet())
+
+
+# ----------------------------------------------------------------------------------------------
+# Options that must take effect (a mutation run found each one could be dropped unseen)
+# ----------------------------------------------------------------------------------------------
+
+def test_a_lower_learning_rate_on_resume_reaches_the_optimizer(tmp_path):
+    for name, given in (("same", dict(iterations=8)), ("lower", dict(iterations=8, lr=0.05))):
+        train(dict(CONFIG, iterations=4), tmp_path / name, task=toy_task(), **quiet())
+        train(out=tmp_path / name, resume=True, given=given, task=toy_task(), **quiet())
+    assert load_checkpoint(tmp_path / "lower")["optimizer"]["lr"] == 0.05
+    same, lower = (load_checkpoint(tmp_path / n)["params"]["W"] for n in ("same", "lower"))
+    assert not np.array_equal(same, lower)
+
+
+def test_resume_may_turn_clipping_on_and_clipping_changes_the_steps(tmp_path):
+    train(dict(CONFIG, iterations=2), tmp_path / "run", task=toy_task(), **quiet())
+    said = []
+    train(out=tmp_path / "run", resume=True, given=dict(clip=1.0, iterations=4),
+          task=toy_task(), echo=said.append, progress=False)
+    assert "resume: clip: 0.0 -> 1.0" in said
+    assert load_checkpoint(tmp_path / "run")["config"]["clip"] == 1.0
+    for name, clip in (("off", 0.0), ("on", 1e-3)):
+        train(dict(CONFIG, iterations=3, clip=clip), tmp_path / name, task=toy_task(), **quiet())
+    off, on = (load_checkpoint(tmp_path / n)["params"]["W"] for n in ("off", "on"))
+    assert not np.array_equal(off, on)
+
+
+def test_valid_size_holds_out_the_split_that_is_evaluated(tmp_path, monkeypatch):
+    asked = []
+
+    def get_task(name, valid_size=0, **kwargs):
+        asked.append(valid_size)
+        return toy_task(valid_size=valid_size)
+
+    monkeypatch.setattr(nprnn.datasets, "get_task", get_task)
+    train(dict(CONFIG, iterations=25, valid_size=16), tmp_path, **quiet())
+    assert asked == [16]
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["eval_split"] == "valid" and config["batches_per_epoch"] == 6    # 48 / 8
+    # every eval_every on valid, the last iteration too, and the test split once at the end
+    assert [(r["iteration"], r["split"], r["count"]) for r in records(tmp_path)
+            if r["split"] != "train"] == [(10, "valid", 16), (20, "valid", 16), (25, "valid", 16),
+                                          (25, "test", 32)]
+
+
+def test_the_seed_orders_the_data_and_eval_batch_size_sizes_the_evaluation(tmp_path):
+    task = toy_task(cls=RecordingTask)
+    train(dict(CONFIG, iterations=12, seed=7, eval_every=10, eval_batch_size=5), tmp_path,
+          task=task, **quiet())
+    assert [c for c in task.calls if c[0] == "train"] == [("train", 8, 7, 0, 0),
+                                                          ("train", 8, 7, 1, 0)]
+    assert {c[1] for c in task.calls if c[0] != "train"} == {5}
+
+
+def test_evaluate_checkpoint_scores_the_split_asked_for(tmp_path):
+    train(dict(CONFIG, iterations=2), tmp_path, task=toy_task(), **quiet())
+    result = evaluate_checkpoint(tmp_path, split="train", task=toy_task())
+    assert (result["split"], result["count"]) == ("train", 64)           # the test split has 32
+
+
+def test_a_checkpoint_of_another_format_or_version_is_refused(tmp_path):
+    import h5py
+
+    from nprnn.checkpoint import VERSION
+    train(dict(CONFIG, iterations=1), tmp_path, task=toy_task(), **quiet())
+    with h5py.File(tmp_path / "checkpoint.h5", "r+") as f:
+        f.attrs["version"] = VERSION + 1
+    with pytest.raises(CheckpointError, match=f"format version {VERSION + 1}; this nprnn reads"):
+        load_checkpoint(tmp_path)
+    with h5py.File(tmp_path / "checkpoint.h5", "r+") as f:
+        f.attrs["format"] = "something else"
+    with pytest.raises(CheckpointError, match="not an nprnn checkpoint"):
+        load_checkpoint(tmp_path)
 
 
 # ----------------------------------------------------------------------------------------------
