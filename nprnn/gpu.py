@@ -246,6 +246,13 @@ def _gradients(out, p, B, n, dtype):
     return g, _buffer(out, "dh0", (B, n), dtype)
 
 
+def _device_dh_T(dh_T, hs):
+    """dL/dh_T checked against the states hs (T+1, B, n), on the device in their dtype (the twin
+    of cells._dh_T)."""
+    check_state("dh_T", dh_T, *hs.shape[1:])
+    return to_device(dh_T, hs.dtype)
+
+
 def _initial_states(ws, x, n, h0):
     """hs (T+1, B, n) on the device with hs[0] = h_0 (zero unless given)."""
     T, B, _ = x.shape
@@ -303,8 +310,7 @@ class EulerGPU(GPUCell):
         x, A, hs, th = cache["x"], cache["A"], cache["hs"], cache["th"]
         T, B, _ = x.shape
         n = A.shape[0]
-        check_state("dh_T", dh_T, B, n)
-        dh_T = to_device(dh_T, x.dtype)
+        dh_T = _device_dh_T(dh_T, hs)
         g, dh0 = _gradients(out, p, B, n, x.dtype)
         # the antisymmetric models turn dA into dW; the others' dW is dA itself
         dA = _buffer(ws, "dA", A.shape, A.dtype) if self.cell.antisymmetric else g["W"]
@@ -374,8 +380,7 @@ class StackedGPU(GPUCell):
         x, hs = cache["x"], cache["hs"]
         T, B, _ = x.shape
         n = p["weight_hh"].shape[1]
-        check_state("dh_T", dh_T, B, n)
-        dh_T = to_device(dh_T, x.dtype)
+        dh_T = _device_dh_T(dh_T, hs)
         g, dh0 = _gradients(out, p, B, n, x.dtype)
         dW = (g["weight_ih"], g["weight_hh"], g["bias_ih"], g["bias_hh"])
         W_hh = p["weight_hh"]

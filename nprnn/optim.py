@@ -300,7 +300,7 @@ class StepRecorder:
                              f"{losses.shape}, logits {logits.shape}, y {y.shape}")
         if np.dtype(y.dtype).kind not in "iu":
             raise ValueError(f"y must hold integer labels, got dtype {y.dtype}")
-        where = "GPU" if self.device == "cuda" else "host"
+        where = memory_of(self._stats)
         for name, a in (("losses", losses), ("logits", logits), ("y", y)):
             if memory_of(a) != where:
                 raise ValueError(f"{name} is in {memory_of(a)} memory; this recorder runs on "
