@@ -160,6 +160,13 @@ def bench_noise(B=128, T=1000, m=28, repeats=5, device="cpu"):
     return 1e9 * ours / x.size, 1e9 * theirs / x.size, on_gpu
 
 
+def positive_int(text):
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data-dir", default=None,
@@ -167,17 +174,28 @@ def main():
     parser.add_argument("--tasks", default="mnist,pmnist,mnist-noise,padded-mnist")
     parser.add_argument("--synthetic", default="cifar10,cifar10-noise",
                         help="tasks timed on random images of their shape (no raw files needed)")
-    parser.add_argument("--batch-size", type=int, default=128)
-    parser.add_argument("--hidden", type=int, default=128)
-    parser.add_argument("--batches", type=int, default=5,
+    parser.add_argument("--batch-size", type=positive_int, default=128)
+    parser.add_argument("--hidden", type=positive_int, default=128)
+    parser.add_argument("--batches", type=positive_int, default=5,
                         help="batches timed per split and round (the median is kept)")
-    parser.add_argument("--steps", type=int, default=5,
+    parser.add_argument("--steps", type=positive_int, default=5,
                         help="rounds: each times --batches batches per split, then one step")
-    parser.add_argument("--T", type=int, default=None, help="T of the noise tasks")
+    parser.add_argument("--T", type=positive_int, default=None, help="T of the noise tasks")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                         help="where batches are made and steps run (cuda: batches made on the "
                              "GPU, as training on cuda makes them)")
     args = parser.parse_args()
+    rows = [(bench_task, name, dict(data_dir=args.data_dir)) for name in
+            filter(None, args.tasks.split(","))]
+    rows += [(bench_synthetic, name, {}) for name in filter(None, args.synthetic.split(","))]
+    T_of = {}                                            # --T applies to the noise tasks only
+    for _, name, _ in rows:                              # a bad name or T stops before any timing
+        try:
+            spec = task_spec(name)
+            T_of[name] = args.T if spec.noisy else None
+            spec.shape(T_of[name])
+        except ValueError as exc:
+            parser.error(str(exc))
 
     if args.device == "cuda":
         from nprnn.device import DeviceUnavailable, resolve_device
@@ -191,15 +209,10 @@ def main():
           f"{args.batches} batches + 1 step")
     print(f"{'task':<14} {'T':>5} {'m':>4} {'open':>8} {'train batch':>12} {'test batch':>11} "
           f"{'step':>9} {'batch/step':>11} {'floor/step':>11} {'in loop':>8}")
-    noisy = ("mnist-noise", "padded-mnist", "cifar10-noise")
-    rows = [(bench_task, name, dict(data_dir=args.data_dir)) for name in
-            filter(None, args.tasks.split(","))]
-    rows += [(bench_synthetic, name, {}) for name in filter(None, args.synthetic.split(","))]
     for bench, name, extra in rows:
         try:
             r = bench(name, B=args.batch_size, n=args.hidden, batches=args.batches,
-                      steps=args.steps, T=args.T if name in noisy else None, device=args.device,
-                      **extra)
+                      steps=args.steps, T=T_of[name], device=args.device, **extra)
         except sources.DataError as exc:                  # no raw files: say so, time the rest
             print(f"{name:<14} skipped: {str(exc).splitlines()[0]}", flush=True)
             continue

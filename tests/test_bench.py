@@ -151,6 +151,24 @@ def test_data_benchmark_goes_past_an_epoch_and_skips_a_task_without_files(monkey
                                                                                "1"]]
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--synthetic", "cifar10-noise", "--T", "30"], "needs an integer T >= 32"),
+    (["--tasks", "mnist,mnsit"], "unknown task 'mnsit'"),
+    (["--batches", "0"], "--batches: must be at least 1, got 0"),
+    (["--T", "-5"], "--T: must be at least 1, got -5"),
+])
+def test_data_benchmark_refuses_bad_arguments_before_timing(monkeypatch, capsys, args, message):
+    """A T too short for a noise task, or a misspelt task, stopped the table with a traceback
+    after the rows before it had been timed; now it is an argparse error, before any timing."""
+    import runpy
+    monkeypatch.setattr(sys, "argv", ["bench_data.py", "--tasks", "", "--synthetic", ""] + args)
+    with pytest.raises(SystemExit) as exc:
+        runpy.run_path(os.path.join(os.path.dirname(__file__), "..", "benchmarks",
+                                    "bench_data.py"), run_name="__main__")
+    out, err = capsys.readouterr()
+    assert exc.value.code == 2 and message in err and out == ""
+
+
 def test_a_pytorch_without_cuda_is_no_gpu_yardstick(monkeypatch):
     import types
     fake = types.SimpleNamespace(cuda=types.SimpleNamespace(is_available=lambda: False))
