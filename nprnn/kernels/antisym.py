@@ -36,8 +36,8 @@ import numpy as np
 from numba import prange
 
 from .common import (dsigmoid_from_y, dtanh_from_y, flush_denormals, matmul_nt_rows,
-                     matmul_tn_rows, njit, njit_parallel, num_slices, restore_fp_mode, row_slice,
-                     sigmoid, sum_rows, tanh)
+                     matmul_tn_rows, njit, njit_inline, njit_parallel, num_slices,
+                     restore_fp_mode, row_slice, sigmoid, sum_rows, tanh)
 from .gpu_common import (SHARED_BYTES_MAX, TILE, cdiv, column_sums_gpu, cuda, load_block_rows,
                          matmul_tn_gpu, persistent_grid, persistent_kernel, scratch, step_grid)
 
@@ -77,6 +77,55 @@ def antisym_dW_cpu(dW, dA):
 
 
 # ------------------------------------------------------------------------------------------
+# The unit's math, shared by the CPU and the GPU twins of every version
+# ------------------------------------------------------------------------------------------
+# The kernels below differ in how they form the pre-activations (a BLAS product, a loop over the
+# matrix in shared memory) and split the work; what one unit does with its pre-activations, and
+# the derivative of that, is written once here.
+
+@njit_inline
+def euler_unit(a, h_prev, eps):
+    """One unit of one step of (12), from its pre-activation a = A h_{t-1} + V_h x_t + b_h:
+        y = tanh(a) ;  h_t = h_{t-1} + eps y
+    Returns (y, h_t); y is kept for BPTT."""
+    y = tanh(a)
+    return y, h_prev + eps * y
+
+
+@njit_inline
+def euler_unit_backward(dh, y, eps):
+    """BPTT through euler_unit, given dh = dL/dh_t and y = tanh(a_t).
+
+    forward was: h_t = h_{t-1} + eps * y,  y = tanh(a_t)
+    so:          da_t = dh_t * eps * (1 - y**2)   (and dh_{t-1} += dh_t, left to the caller)
+    Returns da_t."""
+    return dh * eps * dtanh_from_y(y)
+
+
+@njit_inline
+def euler_gated_unit(a, zp, h_prev, eps):
+    """One unit of one step of (13), from a = A h_{t-1} + V_h x_t + b_h and
+    zp = A h_{t-1} + V_z x_t + b_z:
+        y = tanh(a) ;  z = sigmoid(zp) ;  h_t = h_{t-1} + eps z y
+    Returns (y, z, h_t); y and z are kept for BPTT."""
+    z = sigmoid(zp)
+    y = tanh(a)
+    return y, z, h_prev + eps * z * y
+
+
+@njit_inline
+def euler_gated_unit_backward(dh, y, z, eps):
+    """BPTT through euler_gated_unit, given dh = dL/dh_t, y = tanh(a_t), z = sigmoid(zp_t).
+
+    forward was: h_t = h_{t-1} + eps * z * y
+    so:          da_t  = dh_t * eps * z * (1 - y**2)
+                 dzp_t = dh_t * eps * y * z * (1 - z)   (and dh_{t-1} += dh_t, left to the caller)
+    Returns (da_t, dzp_t)."""
+    g = dh * eps
+    return g * z * dtanh_from_y(y), g * y * dsigmoid_from_y(z)
+
+
+# ------------------------------------------------------------------------------------------
 # CPU twins
 # ------------------------------------------------------------------------------------------
 
@@ -101,9 +150,10 @@ def euler_forward_cpu(hs, th, x, A, V_h, b_h, eps):
             np.dot(hs[t, b0:b1], A.T, Ah)
             for b in range(b0, b1):
                 for i in range(n):
-                    y = tanh(Ah[b - b0, i] + th[t, b, i] + b_h[i])   # a_t = A h + V_h x_t + b_h
+                    # a_t = A h_{t-1} + V_h x_t + b_h ;  h_t = h_{t-1} + eps tanh(a_t)
+                    y, h_new = euler_unit(Ah[b - b0, i] + th[t, b, i] + b_h[i], hs[t, b, i], eps)
                     th[t, b, i] = y
-                    hs[t + 1, b, i] = hs[t, b, i] + eps * y        # h_t = h_{t-1} + eps tanh(a_t)
+                    hs[t + 1, b, i] = h_new
 
 
 @njit_parallel
@@ -128,10 +178,10 @@ def euler_backward_cpu(dA, dV_h, db_h, dh0, da, dh_T, hs, th, x, A, eps):
         for t in range(T - 1, -1, -1):
             for b in range(b0, b1):
                 for i in range(n):
-                    # forward was: h_t = h_{t-1} + eps * tanh(a_t)
+                    # forward was: h_t = h_{t-1} + eps * tanh(a_t)            (euler_unit)
                     # so:          dh_{t-1} += dh_t ;  da_t = dh_t * eps * (1 - tanh(a_t)**2)
                     # (dh holds dh_t and becomes dh_{t-1} in place: the "+= dh_t" is free)
-                    da[t, b, i] = dh[b - b0, i] * eps * dtanh_from_y(th[t, b, i])
+                    da[t, b, i] = euler_unit_backward(dh[b - b0, i], th[t, b, i], eps)
             # forward was: a_t = h_{t-1} A^T + x_t V_h^T + b_h   (row form: rows are batch rows)
             # so:          dh_{t-1} += da_t A
             np.dot(da[t, b0:b1], A, dA_h)
@@ -164,12 +214,14 @@ def euler_gated_forward_cpu(hs, th, z, x, A, V_h, b_h, V_z, b_z, eps):
             np.dot(hs[t, b0:b1], A.T, Ah)
             for b in range(b0, b1):
                 for i in range(n):
-                    # z_t = sigma(A h + V_z x + b_z)
-                    zt = sigmoid(Ah[b - b0, i] + z[t, b, i] + b_z[i])
-                    y = tanh(Ah[b - b0, i] + th[t, b, i] + b_h[i])      # tanh(A h + V_h x + b_h)
+                    # z_t = sigma(A h + V_z x + b_z) ;  y_t = tanh(A h + V_h x + b_h)
+                    # h_t = h_{t-1} + eps z_t o y_t
+                    y, zt, h_new = euler_gated_unit(Ah[b - b0, i] + th[t, b, i] + b_h[i],
+                                                    Ah[b - b0, i] + z[t, b, i] + b_z[i],
+                                                    hs[t, b, i], eps)
                     z[t, b, i] = zt
                     th[t, b, i] = y
-                    hs[t + 1, b, i] = hs[t, b, i] + eps * zt * y   # h_t = h_{t-1} + eps z_t o tanh
+                    hs[t + 1, b, i] = h_new
 
 
 @njit_parallel
@@ -200,10 +252,12 @@ def euler_gated_backward_cpu(dA, dV_h, db_h, dV_z, db_z, dh0, da, dzp, ds,
                     # so:          dh_{t-1} += dh_t   (free: dh becomes dh_{t-1} in place)
                     #              da_t  = dh_t * eps * z_t * (1 - y_t**2)
                     #              dzp_t = dh_t * eps * y_t * z_t * (1 - z_t)
-                    g = dh[b - b0, i] * eps
-                    da[t, b, i] = g * z[t, b, i] * dtanh_from_y(th[t, b, i])
-                    dzp[t, b, i] = g * th[t, b, i] * dsigmoid_from_y(z[t, b, i])
-                    ds[t, b, i] = da[t, b, i] + dzp[t, b, i]
+                    #              (euler_gated_unit_backward)
+                    da_i, dzp_i = euler_gated_unit_backward(dh[b - b0, i], th[t, b, i],
+                                                            z[t, b, i], eps)
+                    da[t, b, i] = da_i
+                    dzp[t, b, i] = dzp_i
+                    ds[t, b, i] = da_i + dzp_i
             # forward was: a_t = A h_{t-1} + ..., zp_t = A h_{t-1} + ...  (both read A h_{t-1})
             # so:          dh_{t-1} += (da_t + dzp_t) A
             np.dot(ds[t, b0:b1], A, dA_h)
@@ -235,8 +289,10 @@ def euler_gated_backward_cpu(dA, dV_h, db_h, dV_z, db_z, dh0, da, dzp, ds,
 # dA = DA^T H, dV_h = DA^T X, db_h = DA^T 1, formed by `matmul_tn_gpu` (see gpu_common.py for
 # why a tiled product over the stored steps and not an accumulation inside the BPTT kernel).
 #
-# Host functions named like the CPU twins (`euler_forward_gpu`, ...) take the CPU twin's
-# arguments, all device arrays, followed by keyword-only launch options.
+# Every version computes a unit's step and its derivative with the functions the CPU twins
+# call (`euler_unit`, `euler_gated_unit` and their `_backward`s, above). Host functions named
+# like the CPU twins (`euler_forward_gpu`, ...) take the CPU twin's arguments, all device
+# arrays, followed by keyword-only launch options.
 
 @cuda.jit
 def antisym_matrix_kernel(A, W, gamma):
@@ -305,9 +361,9 @@ def euler_forward_step_kernel(hs, th, x, A, V_h, b_h, eps, t):
             a += A[i, j] * hs[t, b, j]
         for k in range(m):
             a += V_h[i, k] * x[t, b, k]
-        y = tanh(a)
+        y, h_new = euler_unit(a, hs[t, b, i], eps)
         th[t, b, i] = y
-        hs[t + 1, b, i] = hs[t, b, i] + eps * y
+        hs[t + 1, b, i] = h_new
 
 
 @cuda.jit
@@ -330,11 +386,10 @@ def euler_gated_forward_step_kernel(hs, th, z, x, A, V_h, b_h, V_z, b_z, eps, t)
         for k in range(m):
             a += V_h[i, k] * x[t, b, k]
             zp += V_z[i, k] * x[t, b, k]
-        zt = sigmoid(zp)
-        y = tanh(a)
+        y, zt, h_new = euler_gated_unit(a, zp, hs[t, b, i], eps)
         z[t, b, i] = zt
         th[t, b, i] = y
-        hs[t + 1, b, i] = hs[t, b, i] + eps * zt * y
+        hs[t + 1, b, i] = h_new
 
 
 @cuda.jit
@@ -356,8 +411,8 @@ def euler_backward_step_kernel(dh_prev, da, dh, th, A, eps, t):
     if b < B and i < n:
         acc = dh[b, i]
         for j in range(n):
-            acc += dh[b, j] * eps * dtanh_from_y(th[t, b, j]) * A[j, i]
-        da[t, b, i] = dh[b, i] * eps * dtanh_from_y(th[t, b, i])
+            acc += euler_unit_backward(dh[b, j], th[t, b, j], eps) * A[j, i]
+        da[t, b, i] = euler_unit_backward(dh[b, i], th[t, b, i], eps)
         dh_prev[b, i] = acc
 
 
@@ -380,13 +435,9 @@ def euler_gated_backward_step_kernel(dh_prev, da, dzp, ds, dh, th, z, A, eps, t)
     if b < B and i < n:
         acc = dh[b, i]
         for j in range(n):
-            g = dh[b, j] * eps
-            ds_j = (g * z[t, b, j] * dtanh_from_y(th[t, b, j])
-                    + g * th[t, b, j] * dsigmoid_from_y(z[t, b, j]))
-            acc += ds_j * A[j, i]
-        g = dh[b, i] * eps
-        da_i = g * z[t, b, i] * dtanh_from_y(th[t, b, i])
-        dzp_i = g * th[t, b, i] * dsigmoid_from_y(z[t, b, i])
+            da_j, dzp_j = euler_gated_unit_backward(dh[b, j], th[t, b, j], z[t, b, j], eps)
+            acc += (da_j + dzp_j) * A[j, i]
+        da_i, dzp_i = euler_gated_unit_backward(dh[b, i], th[t, b, i], z[t, b, i], eps)
         da[t, b, i] = da_i
         dzp[t, b, i] = dzp_i
         ds[t, b, i] = da_i + dzp_i
@@ -615,8 +666,7 @@ def euler_forward_persistent_kernel(hs, th, x, A, V_h, b_h, eps, skew, rows):
                     a = matvec_row(Msh, h, i, n, skew, diag, False) + b_h[i]
                     for k in range(m):
                         a += V_h[i, k] * x[t, b, k]
-                    y = tanh(a)
-                    h_new = h[i] + eps * y
+                    y, h_new = euler_unit(a, h[i], eps)
                     th[t, b, i] = y
                     hs[t + 1, b, i] = h_new
                     hbuf[nxt + r * n + i] = h_new
@@ -657,9 +707,7 @@ def euler_gated_forward_persistent_kernel(hs, th, z, x, A, V_h, b_h, V_z, b_z, e
                     for k in range(m):
                         a += V_h[i, k] * x[t, b, k]
                         zp += V_z[i, k] * x[t, b, k]
-                    zt = sigmoid(zp)
-                    y = tanh(a)
-                    h_new = h[i] + eps * zt * y
+                    y, zt, h_new = euler_gated_unit(a, zp, h[i], eps)
                     z[t, b, i] = zt
                     th[t, b, i] = y
                     hs[t + 1, b, i] = h_new
@@ -697,7 +745,7 @@ def euler_backward_persistent_kernel(dh0, da, dh_T, th, A, eps, skew, rows):
             b = b0 + r
             if b < B:
                 for i in range(tid, n, nthreads):
-                    g = dh[r * n + i] * eps * dtanh_from_y(th[t, b, i])
+                    g = euler_unit_backward(dh[r * n + i], th[t, b, i], eps)
                     da[t, b, i] = g
                     dbuf[cur + r * n + i] = g
         cuda.syncthreads()                        # da_t of the block's rows complete (and A)
@@ -745,9 +793,8 @@ def euler_gated_backward_persistent_kernel(dh0, da, dzp, ds, dh_T, th, z, A, eps
             b = b0 + r
             if b < B:
                 for i in range(tid, n, nthreads):
-                    g = dh[r * n + i] * eps
-                    da_i = g * z[t, b, i] * dtanh_from_y(th[t, b, i])
-                    dzp_i = g * th[t, b, i] * dsigmoid_from_y(z[t, b, i])
+                    da_i, dzp_i = euler_gated_unit_backward(dh[r * n + i], th[t, b, i],
+                                                            z[t, b, i], eps)
                     da[t, b, i] = da_i
                     dzp[t, b, i] = dzp_i
                     ds[t, b, i] = da_i + dzp_i
