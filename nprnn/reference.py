@@ -29,7 +29,8 @@ def _h0(x, n, h0):
 
 
 # ---------------------------------------------------------------------------------------------
-# The Euler ("feedback") family: antisym (12), antisym-gated (13), ablation (5.4), feedback (4).
+# The Euler ("feedback") family: antisym (eq. 12), antisym-gated (eq. 13), ablation (section
+# 5.4), feedback (section 4).
 # All four are h_t = h_{t-1} + eps * [z_t o] tanh(A h_{t-1} + V_h x_t + b_h) with a different
 # recurrent matrix A built from the parameter W; only the gated ones have z_t.
 # ---------------------------------------------------------------------------------------------

@@ -3,7 +3,10 @@
     r = sigmoid(W_ir x_t + b_ir + W_hr h_{t-1} + b_hr)               reset gate
     z = sigmoid(W_iz x_t + b_iz + W_hz h_{t-1} + b_hz)               update gate
     n_t = tanh(W_in x_t + b_in + r o (W_hn h_{t-1} + b_hn))          candidate
-    h_t = (1 - z) o n_t + z o h_{t-1}
+    h_t = (1 - z) o n_t + z o h_{t-1}                                (o: elementwise product)
+
+The reset gate acts after the product with W_hn, as in nn.GRU. Cho et al. (2014), and the GRU of
+Gilboa et al. (2019, Table 1), reset before it: tanh(W_in x_t + W_hn (r o h_{t-1}) + b).
 
 Parameters follow nn.GRU's layout: W_ih = weight_ih (3n, m), W_hh = weight_hh (3n, n),
 b_ih = bias_ih (3n,), b_hh = bias_hh (3n,); rows [k n, (k+1) n) hold gate k of (r, z, n) (the

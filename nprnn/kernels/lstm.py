@@ -4,15 +4,15 @@ Standard LSTM (PyTorch's nn.LSTM; the baseline of the paper's Tables 1 and 2):
 
     a_t = W_ih x_t + b_ih + W_hh h_{t-1} + b_hh          (4n pre-activations, blocks i, f, g, o)
     i = sigmoid(a_i),  f = sigmoid(a_f),  g = tanh(a_g),  o = sigmoid(a_o)
-    c_t = f o c_{t-1} + i o g
-    h_t = o o tanh(c_t)
+    c_t = f * c_{t-1} + i * g                            (products of vectors, written * or
+    h_t = o * tanh(c_t)                                  side by side, are elementwise)
 
 Peephole LSTM (Gers et al., 2002; Gilboa et al. 2019 use another peephole form, see
-`cells.LSTMCell`): the gates also see the cell
-state through diagonal weights w_ci, w_cf, w_co (n,), and the output gate sees the NEW one:
+`cells.LSTMCell`): the gates also see the cell state through diagonal weights w_ci, w_cf, w_co
+(n,), and the output gate sees the NEW one:
 
-    i = sigmoid(a_i + w_ci o c_{t-1}),  f = sigmoid(a_f + w_cf o c_{t-1})
-    o = sigmoid(a_o + w_co o c_t)
+    i = sigmoid(a_i + w_ci * c_{t-1}),  f = sigmoid(a_f + w_cf * c_{t-1})
+    o = sigmoid(a_o + w_co * c_t)
 
 Parameters follow nn.LSTM's layout: W_ih = weight_ih (4n, m), W_hh = weight_hh (4n, n),
 b_ih = bias_ih (4n,), b_hh = bias_hh (4n,); rows [k n, (k+1) n) hold gate k of (i, f, g, o).
