@@ -261,7 +261,8 @@ def simulate(out, figures, steps, eps, seed):
         for p in panels:
             ratios = "  ".join(f"{e / s:9.4g}" for s, e in zip(p["radius_start"],
                                                              p["radius_end"]))
-            click.echo(f"  {p['key']:<8} {p['kind']:<9} {ratios}")
+            panel = f"{p['key']} {p['matrix']}" if p["matrix"] else p["key"]
+            click.echo(f"  {panel:<8} {p['kind']:<9} {ratios}")
         if _plot_or_hint("plot_simulation", panels, stem.with_suffix(".png"), 4, caption):
             click.echo(f"  wrote {stem}.png")
         click.echo(f"  wrote {stem}.json, {stem}.csv{replacing}")

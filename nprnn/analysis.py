@@ -174,11 +174,13 @@ def radii(hs):
     return np.linalg.norm(hs, axis=-1)
 
 
-def _panel(key, title, kind, W, steps, eps, inputs=None):
-    """One panel's numbers: a JSON-able description plus the trajectories (steps+1, 3, 2)."""
+def _panel(key, title, kind, W, steps, eps, inputs=None, matrix=None):
+    """One panel's numbers: a JSON-able description plus the trajectories (steps+1, 3, 2).
+    key: the panel's letter in the paper's figure, or seed<s> in the appendix's per-seed
+    figures; matrix: the name of a named matrix (W+, W-, W0, Wdiff of section 4)."""
     hs = simulate(W, INITIAL_STATES, steps, kind, eps, inputs)
     r = radii(hs)
-    return dict(key=key, title=title, kind=kind, W=np.asarray(W).tolist(),
+    return dict(key=key, title=title, kind=kind, matrix=matrix, W=np.asarray(W).tolist(),
                 eps=eps if kind == "feedback" else None,
                 eigenvalues=[[float(z.real), float(z.imag)] for z in np.linalg.eigvals(W)],
                 determinant=float(np.linalg.det(W)),
@@ -199,7 +201,8 @@ def figure1(steps=SIM_STEPS, eps=SIM_EPS, seed=0):
         _panel("d", f"(d) rotation (seed {seed + 1}), det +1", "vanilla",
                random_rotation(seed + 1), steps, eps),
     ] + [
-        _panel(k, f"({letter}) feedback {k}, eig. {eigs}", "feedback", W, steps, eps)
+        _panel(letter, f"({letter}) feedback {k}, eig. {eigs}", "feedback", W, steps, eps,
+               matrix=k)
         for letter, (k, (eigs, W)) in zip("efgh", FEEDBACK_MATRICES.items())
     ]
 
@@ -219,8 +222,8 @@ def figure4(steps=SIM_STEPS, eps=SIM_EPS, gamma=GAMMA_FIG4, seeds=APPENDIX_SEEDS
 def figure5(steps=SIM_STEPS, eps=SIM_EPS, seed=0):
     """Figure 5: the four feedback matrices with x_t ~ N(0, I_2) inside the tanh."""
     x = np.random.default_rng(seed).standard_normal((steps,) + INITIAL_STATES.shape)
-    return [_panel(k, f"({letter}) {k}, eig. {eigs}, with input", "feedback", W, steps, eps,
-                   inputs=x)
+    return [_panel(letter, f"({letter}) {k}, eig. {eigs}, with input", "feedback", W, steps, eps,
+                   inputs=x, matrix=k)
             for letter, (k, (eigs, W)) in zip("abcd", FEEDBACK_MATRICES.items())]
 
 

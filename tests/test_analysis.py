@@ -111,6 +111,13 @@ def test_figure1_panels():
     assert len(got) == len(want) == 8
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
+    # panels are keyed by the paper's letters (the CSVs' panel column); the feedback matrices
+    # also by name
+    assert [p["key"] for p in panels] == list("abcdefgh")
+    assert [p["matrix"] for p in panels] == [None] * 4 + ["W+", "W-", "W0", "Wdiff"]
+    fig5 = A.figure5(steps=2)
+    assert [(p["key"], p["matrix"]) for p in fig5] == [("a", "W+"), ("b", "W-"), ("c", "W0"),
+                                                       ("d", "Wdiff")]
 
 
 def test_figure5_is_figure1_plus_input_inside_the_tanh():
@@ -361,6 +368,8 @@ def test_simulate_command(tmp_path):
     assert len(summary["panels"]) == 8 and summary["steps"] == 5
     lines = (tmp_path / "figure1.csv").read_text().splitlines()
     assert lines[0] == "figure,panel,trajectory,t,h1,h2,radius" and len(lines) == 1 + 8 * 3 * 6
+    assert sorted({line.split(",")[1] for line in lines[1:]}) == list("abcdefgh")
+    assert "\n  g W0     feedback" in out
 
 
 def test_jacobian_command(tmp_path):
