@@ -34,7 +34,8 @@ from .kernels import gru as K_gru
 from .kernels import lstm as K_lstm
 from .kernels import readout as K_readout
 from .kernels import rnn as K_rnn
-from .kernels.gpu_common import SHARED_BYTES_MAX, cuda, fill, is_device_array
+from .kernels.gpu_common import (SHARED_BYTES_MAX, cuda, device_array, device_copy, fill,
+                                 is_device_array, pinned_array)
 from .kernels.layout import copy_leading_steps_gpu, time_major_gpu
 
 VERSIONS = ("auto", "step", "persistent")
@@ -131,9 +132,9 @@ class _Slot:
         shape, dtype = tuple(int(s) for s in shape), np.dtype(dtype)
         nbytes = int(np.prod(shape)) * dtype.itemsize
         if nbytes == 0:                       # nothing to hold (and no bytes to view)
-            return cuda.device_array(shape, dtype=dtype)
+            return device_array(shape, dtype)
         if self.device is None or self.device.size < nbytes:
-            self.device = cuda.device_array(nbytes, dtype=np.uint8)
+            self.device = device_array(nbytes, np.uint8)
         return self.device[:nbytes].view(dtype).reshape(shape)
 
     def host_view(self, shape, dtype):
@@ -141,7 +142,7 @@ class _Slot:
         if nbytes == 0:
             return np.empty(shape, dtype=dtype)
         if self.host is None or self.host.size < nbytes:
-            self.host = cuda.pinned_array(nbytes, dtype=np.uint8)
+            self.host = pinned_array(nbytes, np.uint8)
         return self.host[:nbytes].view(dtype).reshape(shape)
 
 
@@ -163,7 +164,7 @@ def to_device(a, dtype=None, staging=None, name=None):
     a = np.ascontiguousarray(a, dtype=dtype)
     if staging is not None:
         return staging.upload(name, a)
-    return cuda.to_device(a)
+    return device_copy(a)
 
 
 def head_then_noise(head, T, keys, staging=None):
@@ -176,7 +177,7 @@ def head_then_noise(head, T, keys, staging=None):
     if not t0 <= T:         # checked before the copy: a kernel writing past x checks nothing
         raise ValueError(f"the head's {t0} steps do not fit in T = {T} steps")
     if staging is None:
-        x = cuda.device_array((B, T, m), dtype=np.float32)
+        x = device_array((B, T, m), np.float32)
     else:
         x = staging.buffer("x", (B, T, m), np.float32)
     if t0:
@@ -198,13 +199,13 @@ class Workspace(cells.Workspace):
     """Device buffers kept from call to call under a name (cells.Workspace on the GPU)."""
 
     def __init__(self):
-        super().__init__(allocate=cuda.device_array)
+        super().__init__(allocate=device_array)
 
 
 def _buffer(ws, name, shape, dtype):
     """A workspace buffer, or a fresh device array when there is no workspace."""
     if ws is None:
-        return cuda.device_array(tuple(int(s) for s in shape), dtype=np.dtype(dtype))
+        return device_array(tuple(int(s) for s in shape), np.dtype(dtype))
     return ws.get(name, shape, dtype)
 
 
@@ -521,8 +522,8 @@ def time_model(name, B=128, n=128, m=1, T=784, K=10, dtype="float32", versions=(
     resolve_device("cuda")
     model = make_model(name, m, n, K, seed=seed, dtype=dtype, device="cuda")
     rng = np.random.default_rng(seed)
-    x = cuda.to_device(rng.standard_normal((T, B, m)).astype(dtype))
-    y = cuda.to_device(rng.integers(0, K, size=B).astype(np.int64))
+    x = device_copy(rng.standard_normal((T, B, m)).astype(dtype))
+    y = device_copy(rng.integers(0, K, size=B).astype(np.int64))
     ws, out = Workspace(), Workspace()
     runner = gpu_cell(name)
     rows = []

@@ -93,7 +93,7 @@ def _full_like(p, value):
     """An array shaped like p, on p's device, filled with value."""
     if is_device_array(p):
         from . import gpu
-        a = gpu.cuda.device_array(p.shape, dtype=p.dtype)
+        a = gpu.device_array(p.shape, p.dtype)
         gpu.fill(a, value)
         return a
     return np.full_like(p, value)

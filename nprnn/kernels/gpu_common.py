@@ -28,6 +28,8 @@ compiles them as device functions and asks the *current device* for its compute 
 doing so, which fails on a machine without a GPU. `tests/test_ptx.py` answers that question with
 the target's compute capability (see `ptx_target` there); on a GPU nothing special is needed.
 """
+from contextlib import contextmanager
+
 import numpy as np
 
 from ..device import simulator_enabled
@@ -60,7 +62,8 @@ except ImportError as exc:                 # numba-cuda (or its CUDA bindings) i
     cuda = _NoCuda()
 
 # Shared memory a block may use without opting in to more (all GPUs since Kepler). H100 allows
-# up to 227 KiB per block after cudaFuncSetAttribute; numba-cuda 0.30 has no call for that.
+# up to 227 KiB per block after cuFuncSetAttribute; numba-cuda 0.30 has no public call for that
+# (only its private function handles, through cuda.bindings), so nprnn stays within 48 KiB.
 SHARED_BYTES_MAX = 48 * 1024
 MAX_THREADS_PER_BLOCK = 1024
 WARP = 32
@@ -167,6 +170,51 @@ def round_up(a, multiple):
 
 
 # ------------------------------------------------------------------------------------------
+# Allocation: the driver's out-of-memory error as a MemoryError
+# ------------------------------------------------------------------------------------------
+# numba-cuda reports a cuMemAlloc that fails twice (it frees what it had deferred and retries
+# once) as CudaAPIError, which is neither a MemoryError nor a RuntimeError; NumPy on the CPU
+# path raises MemoryError. Every device and page-locked allocation of nprnn goes through the
+# three functions below, so that a size too large for the GPU is reported as one too large for
+# the host is (cli.py: "not enough memory for this size ...; lower --hidden, ...").
+
+CUDA_ERROR_OUT_OF_MEMORY = 2               # the CUresult of a failed cuMemAlloc / cuMemHostAlloc
+
+
+@contextmanager
+def _allocating(shape, dtype, memory):
+    try:
+        yield
+    except Exception as exc:
+        if not (type(exc).__name__ == "CudaAPIError"
+                and getattr(exc, "code", None) == CUDA_ERROR_OUT_OF_MEMORY):
+            raise
+        shape = tuple(int(s) for s in np.atleast_1d(shape))
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        size = f"{nbytes / 2**20:,.1f} MiB" if nbytes >= 2**20 else f"{nbytes:,} bytes"
+        raise MemoryError(f"out of {memory} memory: {size} more, for an array of shape {shape} "
+                          f"and dtype {np.dtype(dtype)}, could not be allocated") from None
+
+
+def device_array(shape, dtype):
+    """cuda.device_array, out of memory raising MemoryError."""
+    with _allocating(shape, dtype, "GPU"):
+        return cuda.device_array(shape, dtype=dtype)
+
+
+def device_copy(a):
+    """cuda.to_device(a) (a NumPy array), out of memory raising MemoryError."""
+    with _allocating(a.shape, a.dtype, "GPU"):
+        return cuda.to_device(a)
+
+
+def pinned_array(shape, dtype):
+    """cuda.pinned_array (page-locked host memory), out of memory raising MemoryError."""
+    with _allocating(shape, dtype, "page-locked host"):
+        return cuda.pinned_array(shape, dtype=dtype)
+
+
+# ------------------------------------------------------------------------------------------
 # Scratch buffers: allocated once per (purpose, shape, dtype), reused by every later call
 # ------------------------------------------------------------------------------------------
 
@@ -180,7 +228,7 @@ def scratch(purpose, shape, dtype):
     key = (purpose, tuple(shape), np.dtype(dtype).str)
     a = _SCRATCH.get(key)
     if a is None:
-        a = cuda.device_array(shape, dtype=dtype)
+        a = device_array(shape, dtype)
         _SCRATCH[key] = a
     return a
 
@@ -190,7 +238,7 @@ def ones(N, dtype):
     key = ("ones", (N, 1), np.dtype(dtype).str)
     a = _SCRATCH.get(key)
     if a is None:
-        a = cuda.to_device(np.ones((N, 1), dtype=dtype))
+        a = device_copy(np.ones((N, 1), dtype=dtype))
         _SCRATCH[key] = a
     return a
 
