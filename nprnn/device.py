@@ -17,6 +17,7 @@ without a GPU. "auto" never picks it: it stands for speed.
 """
 import functools
 import importlib.util
+import os
 
 DEVICES = ("cpu", "cuda", "auto")
 
@@ -55,6 +56,10 @@ def cuda_available():
     try:
         if not cuda.is_available():
             err = cuda.cuda_error()
+            if err is not None and "CUDA_ERROR_NO_DEVICE" in str(err):   # the driver loads
+                visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+                return False, ("the CUDA driver reports no GPU" + (
+                    f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else ""))
             if err is not None:
                 return False, f"no usable CUDA driver ({_one_line(err)})"
             return False, ("the CUDA driver works but libNVVM was not found; "

@@ -58,6 +58,33 @@ def test_cuda_available_gives_a_one_line_reason():
     assert isinstance(ok, bool) and why and "\n" not in why
 
 
+@pytest.mark.parametrize("error, visible, says", [
+    ("Error at driver init: Call to cuInit results in CUDA_ERROR_NO_DEVICE (100)", "",
+     "the CUDA driver reports no GPU (CUDA_VISIBLE_DEVICES='')"),
+    ("Error at driver init: Call to cuInit results in CUDA_ERROR_NO_DEVICE (100)", None,
+     "the CUDA driver reports no GPU"),
+    ("CUDA driver library cannot be found", None,
+     "no usable CUDA driver (CUDA driver library cannot be found)"),
+])
+def test_a_driver_without_a_gpu_is_told_from_no_driver(monkeypatch, error, visible, says):
+    """cuInit fails with CUDA_ERROR_NO_DEVICE where the driver loads but sees no GPU (none
+    there, or CUDA_VISIBLE_DEVICES hides them all): that is not "no usable CUDA driver"."""
+    if importlib.util.find_spec("numba_cuda") is None or device.simulator_enabled():
+        pytest.skip("needs numba-cuda's real CUDA target")
+    from numba import cuda
+    monkeypatch.setattr(cuda, "is_available", lambda: False)
+    monkeypatch.setattr(cuda, "cuda_error", lambda: RuntimeError(error))
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    device.cuda_available.cache_clear()
+    try:
+        assert device.cuda_available() == (False, says)
+    finally:
+        device.cuda_available.cache_clear()
+
+
 def test_auto_resolves_to_cuda_exactly_when_a_gpu_is_usable():
     usable = device.cuda_available()[0] and not device.simulator_enabled()
     assert device.resolve_device("auto") == ("cuda" if usable else "cpu")
@@ -193,6 +220,18 @@ def test_step_grids_stay_within_a_gpus_grid():
     with pytest.raises(ValueError, match=f"B={MAX_GRID_Y + 1} .* at most {MAX_GRID_Y} rows"):
         step_grid(B=MAX_GRID_Y + 1, n=128, block=(128, 1))
     assert step_grid(B=MAX_GRID_Y + 1, n=128, block=(64, 2))[0] == (2, MAX_GRID_Y // 2 + 1)
+    # the readout's kernels put the batch on the grid's second dimension too (their grids were
+    # built without the check)
+    from nprnn.kernels import readout
+    B, K, n, rows = MAX_GRID_Y * 16 + 1, 10, 4, MAX_GRID_Y * 16
+
+    class Shape:                          # nothing is allocated or launched: refused before
+        def __init__(self, *shape):
+            self.shape = shape
+    with pytest.raises(ValueError, match=f"B={B} .* at most {rows} rows"):
+        readout.readout_forward_gpu(Shape(B, K), Shape(B, n), None, None)
+    with pytest.raises(ValueError, match=f"B={B} .* at most {MAX_GRID_Y * 8} rows"):
+        readout.readout_backward_gpu(None, None, None, Shape(B, K), Shape(B, n), None)
 
 
 class StrictDeviceArray:
@@ -230,3 +269,81 @@ def test_saved_state_is_copied_into_device_arrays_with_copy_to_device():
     for k, p in model.params.items():
         assert np.array_equal(p.copy_to_host(), saved[k])
         assert np.array_equal(opt.slots["accumulator"][k].copy_to_host(), saved[k] + 1)
+
+
+# -- out of GPU memory ----------------------------------------------------------------------
+
+def _failing(driver, code):
+    def allocate(*args, **kwargs):
+        raise driver.CudaAPIError(code, "Call to cuMemAlloc results in an error")
+    return allocate
+
+
+def test_out_of_gpu_memory_is_a_memory_error(monkeypatch):
+    """numba-cuda reports a failed cuMemAlloc as CudaAPIError, which is no MemoryError: the CLI
+    showed a driver traceback where a too-large size on the CPU gets "not enough memory for this
+    size; lower --hidden, ...". Every allocation of nprnn now raises MemoryError for it (the
+    simulator allocates with NumPy, so only a stand-in driver error can show this)."""
+    driver = pytest.importorskip("numba.cuda.cudadrv.driver")
+    from nprnn import gpu, optim
+    from nprnn.kernels import gpu_common as G
+    oom = driver.binding.CUresult.CUDA_ERROR_OUT_OF_MEMORY
+    other = driver.binding.CUresult.CUDA_ERROR_INVALID_VALUE
+    allocations = [
+        ("device_array", lambda: G.device_array((1024, 3), np.float32), "GPU"),
+        ("device_array", lambda: gpu.Workspace().get("hs", (5, 2, 3), np.float64), "GPU"),
+        ("device_array", lambda: G.scratch("test_oom", (2, 2), np.float32), "GPU"),
+        ("device_array", lambda: gpu.Staging().buffer("x", (2, 3), np.float32), "GPU"),
+        ("to_device", lambda: gpu.to_device(np.zeros((2, 3))), "GPU"),
+        ("pinned_array", lambda: gpu.Staging().upload("y", np.zeros(3)), "page-locked host"),
+    ]
+    for name, allocate, memory in allocations:
+        monkeypatch.setattr(G.cuda, name, _failing(driver, oom))
+        with pytest.raises(MemoryError, match=rf"^out of {memory} memory: [\d,.]+ (bytes|MiB) "
+                                              rf"more, for an array of shape \(.*\) and dtype"):
+            allocate()
+        monkeypatch.setattr(G.cuda, name, _failing(driver, other))   # other errors pass as they are
+        with pytest.raises(driver.CudaAPIError):
+            allocate()
+        monkeypatch.undo()
+    monkeypatch.setattr(G.cuda, "device_array", _failing(driver, oom))
+    with pytest.raises(MemoryError, match=r"12 bytes more, for an array of shape \(3,\) and "
+                                          r"dtype float32, could not"):
+        optim._full_like(_FakeDeviceArray((3,), np.float32), 0.1)
+    with pytest.raises(MemoryError, match=r": 8\.0 MiB more, for an array of shape \(1048576,\) "):
+        G.device_array(2**20, np.float64)
+
+
+class _FakeDeviceArray:
+    """Enough of a device array for optim._full_like to take the GPU branch."""
+
+    def __init__(self, shape, dtype):
+        self.shape, self.dtype = shape, np.dtype(dtype)
+
+    def copy_to_host(self):
+        raise AssertionError("not reached")
+
+
+def test_allocations_go_through_the_out_of_memory_wrappers():
+    """The wrappers help only if nothing allocates around them: no call of numba's allocators
+    anywhere in nprnn but inside gpu_common's device_array, device_copy and pinned_array."""
+    import ast
+    allocators = {"device_array", "to_device", "pinned_array", "device_array_like",
+                  "mapped_array", "managed_array"}
+    wrappers = {"device_array", "device_copy", "pinned_array"}
+    found = []
+    for path in sorted((ROOT / "nprnn").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        allowed = set()
+        if path.name == "gpu_common.py":
+            allowed = {id(node) for f in ast.walk(tree)
+                       if isinstance(f, ast.FunctionDef) and f.name in wrappers
+                       for node in ast.walk(f)}
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in allocators and id(node) not in allowed):
+                owner = node.func.value
+                if (owner.attr if isinstance(owner, ast.Attribute)
+                        else getattr(owner, "id", "")) == "cuda":
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not found, "allocations that bypass gpu_common's wrappers: " + ", ".join(found)

@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from .common import njit, njit_inline
-from .gpu_common import cdiv, cuda
+from .gpu_common import cdiv, cuda, step_grid
 
 
 def softmax_xent_row(losses, dlogits, logits, y, b):
@@ -134,8 +134,8 @@ def readout_backward_kernel(dW_out, db_out, dh, dlogits, h, W_out):
 def readout_forward_gpu(logits, h, W_out, b_out, *, block=(16, 16)):
     """Twin of readout_forward_cpu (device arrays): logits (B, K) written (=)."""
     B, K = logits.shape
-    readout_forward_kernel[(cdiv(K, block[0]), cdiv(B, block[1])), block](logits, h, W_out,
-                                                                          b_out)
+    grid, block = step_grid(B, K, block)          # (K, B) over (x, y); B checked against y's limit
+    readout_forward_kernel[grid, block](logits, h, W_out, b_out)
 
 
 def softmax_xent_gpu(losses, dlogits, logits, y, *, threads=128):
@@ -148,5 +148,5 @@ def readout_backward_gpu(dW_out, db_out, dh, dlogits, h, W_out, *, block=(32, 8)
     """Twin of readout_backward_cpu (device arrays): dW_out, db_out, dh written (=)."""
     B, K = dlogits.shape
     n = h.shape[1]
-    grid = (cdiv(n + 1, block[0]), cdiv(max(B, K), block[1]))
+    grid, block = step_grid(max(B, K), n + 1, block)     # (n + 1, max(B, K)) over (x, y)
     readout_backward_kernel[grid, block](dW_out, db_out, dh, dlogits, h, W_out)
