@@ -284,7 +284,11 @@ def test_out_of_gpu_memory_is_a_memory_error(monkeypatch):
     showed a driver traceback where a too-large size on the CPU gets "not enough memory for this
     size; lower --hidden, ...". Every allocation of nprnn now raises MemoryError for it (the
     simulator allocates with NumPy, so only a stand-in driver error can show this)."""
-    driver = pytest.importorskip("numba.cuda.cudadrv.driver")
+    if importlib.util.find_spec("numba_cuda") is None:
+        pytest.skip("numba-cuda is not installed (pip install -e '.[cuda]'): numba's old built-in "
+                    "numba.cuda has another driver module, and nprnn allocates nothing on a GPU")
+    from numba.cuda.cudadrv import driver
+
     from nprnn import gpu, optim
     from nprnn.kernels import gpu_common as G
     oom = driver.binding.CUresult.CUDA_ERROR_OUT_OF_MEMORY
