@@ -6,7 +6,8 @@
     resolve_device("cuda")         # "cuda", or DeviceUnavailable carrying the reason
 
 Nothing here lets a driver error escape as a traceback: `cuda_available` turns every failure
-(numba-cuda missing, no driver, no device, NVVM missing) into a one-line reason, and
+(numba-cuda missing, no driver, no device, NVVM missing, a kernel that cannot be compiled and
+run: `launch_check`) into a one-line reason, and
 `resolve_device("cuda")` raises DeviceUnavailable with that reason and what to do instead. The
 command line turns DeviceUnavailable into its usual error message.
 
@@ -71,7 +72,26 @@ def cuda_available():
         major, minor = device.compute_capability
     except Exception as exc:               # a driver that loads but fails on first use
         return False, f"CUDA initialisation failed ({_one_line(exc)})"
+    try:
+        launch_check()
+    except Exception as exc:               # NVVM, nvJitLink or the driver cannot build or run code
+        return False, (f"{name} (compute capability {major}.{minor}) is there, but a kernel "
+                       f"cannot be compiled and run on it ({_one_line(exc)})")
     return True, f"{name}, compute capability {major}.{minor}"
+
+
+def launch_check():
+    """Compile one of nprnn's kernels (gpu_common.fill), run it on one element and read the
+    element back. A GPU whose compiler libraries (NVVM, nvJitLink) or driver cannot build or
+    launch code is not usable: this finds out before any work starts, not at the first launch
+    of a training run. Raises what the failure raised."""
+    import numpy as np
+
+    from .kernels.gpu_common import device_array, fill
+    a = device_array(1, np.float32)
+    fill(a, 1.0)
+    if a.copy_to_host()[0] != 1.0:
+        raise RuntimeError("a kernel that writes 1.0 left another value")
 
 
 def resolve_device(device):

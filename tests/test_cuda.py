@@ -85,6 +85,36 @@ def test_a_driver_without_a_gpu_is_told_from_no_driver(monkeypatch, error, visib
         device.cuda_available.cache_clear()
 
 
+@pytest.mark.parametrize("launch_error, says", [
+    (None, (True, "Fake GPU, compute capability 9.0")),
+    ("NvvmSupportError: libNVVM cannot be found",
+     (False, "Fake GPU (compute capability 9.0) is there, but a kernel cannot be compiled and "
+             "run on it (NvvmSupportError: libNVVM cannot be found)")),
+])
+def test_a_gpu_is_usable_only_if_a_kernel_compiles_and_runs(monkeypatch, launch_error, says):
+    """A driver that finds a GPU is not enough: a broken NVVM or nvJitLink only shows when a
+    kernel is compiled, which used to be the first launch of a training run, as a traceback."""
+    if importlib.util.find_spec("numba_cuda") is None or device.simulator_enabled():
+        pytest.skip("needs numba-cuda's real CUDA target")
+    import types
+
+    from numba import cuda
+
+    def launch_check():
+        if launch_error:
+            raise RuntimeError(launch_error)
+    monkeypatch.setattr(cuda, "is_available", lambda: True)
+    monkeypatch.setattr(cuda, "gpus", [object()])
+    monkeypatch.setattr(cuda, "get_current_device", lambda: types.SimpleNamespace(
+        name=b"Fake GPU", compute_capability=(9, 0)))
+    monkeypatch.setattr(device, "launch_check", launch_check)
+    device.cuda_available.cache_clear()
+    try:
+        assert device.cuda_available() == says
+    finally:
+        device.cuda_available.cache_clear()
+
+
 def test_auto_resolves_to_cuda_exactly_when_a_gpu_is_usable():
     usable = device.cuda_available()[0] and not device.simulator_enabled()
     assert device.resolve_device("auto") == ("cuda" if usable else "cpu")
