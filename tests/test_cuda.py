@@ -58,6 +58,18 @@ def test_cuda_available_gives_a_one_line_reason():
     assert isinstance(ok, bool) and why and "\n" not in why
 
 
+@pytest.fixture
+def fresh_detection():
+    """cuda_available run afresh (it is cached per process) against numba-cuda's real target,
+    whose pieces a test replaces; cleared again afterwards, so that the next caller sees the
+    real machine."""
+    if importlib.util.find_spec("numba_cuda") is None or device.simulator_enabled():
+        pytest.skip("needs numba-cuda's real CUDA target")
+    device.cuda_available.cache_clear()
+    yield device.cuda_available
+    device.cuda_available.cache_clear()
+
+
 @pytest.mark.parametrize("error, visible, says", [
     ("Error at driver init: Call to cuInit results in CUDA_ERROR_NO_DEVICE (100)", "",
      "the CUDA driver reports no GPU (CUDA_VISIBLE_DEVICES='')"),
@@ -66,11 +78,10 @@ def test_cuda_available_gives_a_one_line_reason():
     ("CUDA driver library cannot be found", None,
      "no usable CUDA driver (CUDA driver library cannot be found)"),
 ])
-def test_a_driver_without_a_gpu_is_told_from_no_driver(monkeypatch, error, visible, says):
+def test_a_driver_without_a_gpu_is_told_from_no_driver(monkeypatch, fresh_detection, error,
+                                                      visible, says):
     """cuInit fails with CUDA_ERROR_NO_DEVICE where the driver loads but sees no GPU (none
     there, or CUDA_VISIBLE_DEVICES hides them all): that is not "no usable CUDA driver"."""
-    if importlib.util.find_spec("numba_cuda") is None or device.simulator_enabled():
-        pytest.skip("needs numba-cuda's real CUDA target")
     from numba import cuda
     monkeypatch.setattr(cuda, "is_available", lambda: False)
     monkeypatch.setattr(cuda, "cuda_error", lambda: RuntimeError(error))
@@ -78,11 +89,7 @@ def test_a_driver_without_a_gpu_is_told_from_no_driver(monkeypatch, error, visib
         monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     else:
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
-    device.cuda_available.cache_clear()
-    try:
-        assert device.cuda_available() == (False, says)
-    finally:
-        device.cuda_available.cache_clear()
+    assert fresh_detection() == (False, says)
 
 
 @pytest.mark.parametrize("launch_error, says", [
@@ -91,11 +98,10 @@ def test_a_driver_without_a_gpu_is_told_from_no_driver(monkeypatch, error, visib
      (False, "Fake GPU (compute capability 9.0) is there, but a kernel cannot be compiled and "
              "run on it (NvvmSupportError: libNVVM cannot be found)")),
 ])
-def test_a_gpu_is_usable_only_if_a_kernel_compiles_and_runs(monkeypatch, launch_error, says):
+def test_a_gpu_is_usable_only_if_a_kernel_compiles_and_runs(monkeypatch, fresh_detection,
+                                                           launch_error, says):
     """A driver that finds a GPU is not enough: a broken NVVM or nvJitLink only shows when a
     kernel is compiled, which used to be the first launch of a training run, as a traceback."""
-    if importlib.util.find_spec("numba_cuda") is None or device.simulator_enabled():
-        pytest.skip("needs numba-cuda's real CUDA target")
     import types
 
     from numba import cuda
@@ -108,11 +114,7 @@ def test_a_gpu_is_usable_only_if_a_kernel_compiles_and_runs(monkeypatch, launch_
     monkeypatch.setattr(cuda, "get_current_device", lambda: types.SimpleNamespace(
         name=b"Fake GPU", compute_capability=(9, 0)))
     monkeypatch.setattr(device, "launch_check", launch_check)
-    device.cuda_available.cache_clear()
-    try:
-        assert device.cuda_available() == says
-    finally:
-        device.cuda_available.cache_clear()
+    assert fresh_detection() == says
 
 
 def test_auto_resolves_to_cuda_exactly_when_a_gpu_is_usable():
@@ -343,19 +345,9 @@ def test_out_of_gpu_memory_is_a_memory_error(monkeypatch):
     monkeypatch.setattr(G.cuda, "device_array", _failing(driver, oom))
     with pytest.raises(MemoryError, match=r"12 bytes more, for an array of shape \(3,\) and "
                                           r"dtype float32, could not"):
-        optim._full_like(_FakeDeviceArray((3,), np.float32), 0.1)
+        optim._full_like(StrictDeviceArray(np.zeros(3, np.float32)), 0.1)
     with pytest.raises(MemoryError, match=r": 8\.0 MiB more, for an array of shape \(1048576,\) "):
         G.device_array(2**20, np.float64)
-
-
-class _FakeDeviceArray:
-    """Enough of a device array for optim._full_like to take the GPU branch."""
-
-    def __init__(self, shape, dtype):
-        self.shape, self.dtype = shape, np.dtype(dtype)
-
-    def copy_to_host(self):
-        raise AssertionError("not reached")
 
 
 def test_allocations_go_through_the_out_of_memory_wrappers():
