@@ -31,6 +31,14 @@ def _one_line(exc):
     return " ".join(str(exc).split()).rstrip(".") or type(exc).__name__
 
 
+def _no_gpu():
+    """Why cuda is unusable when the driver works but lists no GPU, with CUDA_VISIBLE_DEVICES if
+    set (an empty value hides every GPU)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return "the CUDA driver reports no GPU" + (
+        f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else "")
+
+
 def simulator_enabled():
     """Whether numba.cuda is Numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1 at import)."""
     try:
@@ -58,15 +66,13 @@ def cuda_available():
         if not cuda.is_available():
             err = cuda.cuda_error()
             if err is not None and "CUDA_ERROR_NO_DEVICE" in str(err):   # the driver loads
-                visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-                return False, ("the CUDA driver reports no GPU" + (
-                    f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else ""))
+                return False, _no_gpu()
             if err is not None:
                 return False, f"no usable CUDA driver ({_one_line(err)})"
             return False, ("the CUDA driver works but libNVVM was not found; "
                            "pip install 'numba-cuda[cu12]'")
         if len(cuda.gpus) == 0:
-            return False, "the CUDA driver reports no GPU"
+            return False, _no_gpu()
         device = cuda.get_current_device()
         name = device.name.decode() if isinstance(device.name, bytes) else str(device.name)
         major, minor = device.compute_capability

@@ -92,6 +92,16 @@ def test_a_driver_without_a_gpu_is_told_from_no_driver(monkeypatch, fresh_detect
     assert fresh_detection() == (False, says)
 
 
+def test_a_driver_that_lists_no_gpu_names_cuda_visible_devices(monkeypatch, fresh_detection):
+    """cuInit may succeed and still list no GPU; the reason is the same as for
+    CUDA_ERROR_NO_DEVICE, with the variable that can cause it."""
+    from numba import cuda
+    monkeypatch.setattr(cuda, "is_available", lambda: True)
+    monkeypatch.setattr(cuda, "gpus", [])
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")
+    assert fresh_detection() == (False, "the CUDA driver reports no GPU (CUDA_VISIBLE_DEVICES='7')")
+
+
 @pytest.mark.parametrize("launch_error, says", [
     (None, (True, "Fake GPU, compute capability 9.0")),
     ("NvvmSupportError: libNVVM cannot be found",
