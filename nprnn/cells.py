@@ -86,19 +86,34 @@ class Workspace:
     """Arrays kept from call to call under a name, so that a training loop allocates its
     activations once instead of every step (fresh arrays of ~100 MB cost ~10 ms of page faults
     per call at B=128, T=784, n=128). `allocate` is np.empty here and cuda.device_array on the
-    GPU. A buffer holds whatever its last user left there: a cache built in a workspace is valid
-    until the next forward pass that uses the same workspace."""
+    GPU.
+
+    A name's memory only grows. Asked for an array that fits in it (a smaller batch after a larger
+    one, as training at B=128 and evaluation at 256 with a short last batch alternate), `get`
+    hands out a view of its first bytes, so once the largest size has been seen nothing more is
+    allocated; the price is that the largest size stays held. A buffer holds whatever its last
+    user left there: a cache built in a workspace is valid until the next forward pass that uses
+    the same workspace."""
 
     def __init__(self, allocate=np.empty):
         self.allocate = allocate
-        self.buffers = {}
+        self.buffers = {}               # name -> (its memory as bytes, the array last handed out)
 
     def get(self, name, shape, dtype):
         shape, dtype = tuple(int(s) for s in shape), np.dtype(dtype)
-        a = self.buffers.get(name)
-        if a is None or a.shape != shape or a.dtype != dtype:
+        held = self.buffers.get(name)
+        if held is not None and held[1].shape == shape and held[1].dtype == dtype:
+            return held[1]
+        nbytes = int(np.prod(shape)) * dtype.itemsize
+        if nbytes == 0:                 # nothing to hold (and no bytes to view)
+            return self.allocate(shape, dtype=dtype)
+        if held is None or held[0].size < nbytes:
             a = self.allocate(shape, dtype=dtype)
-            self.buffers[name] = a
+            memory = a.reshape(a.size).view(np.uint8)
+        else:
+            memory = held[0]
+            a = memory[:nbytes].view(dtype).reshape(shape)
+        self.buffers[name] = (memory, a)
         return a
 
 

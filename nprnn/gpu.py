@@ -6,9 +6,10 @@ device arrays, and CUDA-event timings of every kernel version.
 
 What stays on the GPU: the parameters (`model.params` holds numba device arrays), the gradients,
 every activation BPTT needs, and the optimizer state, which kernels/optim.py's GPU twins update
-in place. Activations live in a per-model `Workspace`, allocated once and reused; the gradients
-of a training step (`model.step_arrays`) in a second one: a fresh device array costs a
-cudaMalloc, and numba frees dead ones in batches with cudaFree, which waits for the whole GPU.
+in place. Activations live in a per-model `Workspace`, allocated once for the largest batch seen
+and reused (evaluation's larger and shorter batches and training's share it); the gradients of
+a training step (`model.step_arrays`) in a second one: a fresh device array costs a cudaMalloc,
+and numba frees dead ones in batches with cudaFree, which waits for the whole GPU.
 Per step the batch and its labels go in, through a `Staging`: page-locked buffers and
 asynchronous copies, so that the host makes the next batch while the GPU runs this step; the loss
 stays on the GPU until the training loop reads its running totals.

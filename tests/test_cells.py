@@ -475,3 +475,54 @@ def test_h0_and_dh_T_must_hold_one_state_per_batch_row(name):
         with pytest.raises(ValueError, match=r"dh_T must have shape \(B, n\) = \(3, 5\), got "
                                              + re.escape(str(shape))):
             model.cell.backward(model.cell_params(), cache, np.ones(shape), **model.hyper)
+
+
+def test_a_workspace_grows_and_hands_out_views_of_what_it_holds():
+    """A smaller or differently typed array that fits is a view of the first bytes; a larger one
+    is new memory; names never share."""
+    made = []
+
+    def allocate(shape, dtype):
+        made.append((shape, np.dtype(dtype).name))
+        return np.empty(shape, dtype=dtype)
+    ws = nprnn.cells.Workspace(allocate)
+    a = ws.get("hs", (5, 4, 3), np.float32)
+    assert ws.get("hs", [5, 4, 3], "float32") is a
+    b = ws.get("hs", (5, 2, 3), np.float32)                # a smaller batch
+    c = ws.get("hs", (2, 3), np.float64)                   # another dtype that fits
+    assert (b.shape, b.dtype, c.shape, c.dtype) == ((5, 2, 3), np.float32, (2, 3), np.float64)
+    assert b.flags.c_contiguous and c.flags.c_contiguous and c.flags.aligned
+    assert np.shares_memory(a, b) and np.shares_memory(a, c)
+    assert made == [((5, 4, 3), "float32")]
+    d = ws.get("hs", (6, 4, 3), np.float32)                # larger: new memory
+    assert made[-1] == ((6, 4, 3), "float32") and not np.shares_memory(a, d)
+    assert ws.get("hs", (5, 4, 3), np.float32).base is not None   # now a view of d's memory
+    e = ws.get("dhs", (6, 4, 3), np.float32)
+    assert made[-1] == ((6, 4, 3), "float32") and not np.shares_memory(d, e)
+
+
+@pytest.mark.parametrize("name", CELL_NAMES)
+def test_training_and_evaluation_batch_sizes_alternate_without_allocating(name):
+    """Training at one B and evaluating at a larger one with a short last batch allocate no
+    activations once each size has been seen, and the views give what fresh arrays give."""
+    model, fresh = random_model(name), random_model(name)
+    x, y = batch(seed=1)
+    x_eval = np.random.default_rng(2).standard_normal((2 * B + 1, T, M))
+
+    def train_then_evaluate():
+        model.loss_and_grad(x, y)
+        model.forward(x_eval)
+        model.forward(x_eval[:2])
+    train_then_evaluate()
+    made = []
+    for ws in (model._workspace, model._inputs):
+        ws.allocate = lambda shape, dtype, allocate=ws.allocate: (
+            made.append(shape) or allocate(shape, dtype=dtype))
+    train_then_evaluate()
+    loss, grads = model.loss_and_grad(x, y)
+    assert made == []
+    loss_0, grads_0 = fresh.loss_and_grad(x, y)
+    assert loss == loss_0
+    for k in grads_0:
+        np.testing.assert_array_equal(grads[k], grads_0[k], err_msg=k)
+    np.testing.assert_array_equal(model.forward(x_eval[:2]), fresh.forward(x_eval[:2]))

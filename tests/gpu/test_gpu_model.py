@@ -91,6 +91,36 @@ def test_training_steps_reuse_their_gradient_buffers(name):
         gt.assert_close(kept[k], want1[k], "float64", f"grad {k} kept from loss_and_grad")
 
 
+@pytest.mark.parametrize("version", ["step", "persistent"])
+@pytest.mark.parametrize("name", ["antisym-gated", "gru"])
+def test_training_and_evaluation_batch_sizes_alternate_without_allocating(name, version):
+    """Training at one B and evaluating at a larger one with a short last batch allocate nothing
+    on the GPU once each size has been seen (each allocation and its batched free make the host
+    wait for the GPU), and what runs in the smaller views matches the CPU."""
+    cpu, dev = pair(name, "float64")
+    dev.gpu_version = version
+    x, y = data(0)
+    x_eval = np.random.default_rng(2).standard_normal((2 * gt.B + 1, gt.T, gt.M))
+
+    def train_then_evaluate():
+        dev.step_arrays(x, y)
+        dev.forward(x_eval)
+        dev.forward(x_eval[:2])
+    train_then_evaluate()
+    made = []
+    for ws in (dev._workspace, dev._step_grads):
+        ws.allocate = lambda shape, dtype, allocate=ws.allocate: (
+            made.append(shape) or allocate(shape, dtype=dtype))
+    train_then_evaluate()
+    assert made == []
+    loss_d, g_d = dev.loss_and_grad(x, y)
+    loss_c, g_c = cpu.loss_and_grad(x, y)
+    assert abs(loss_d - loss_c) <= 1e-12 * max(1.0, abs(loss_c))
+    for k in g_c:
+        gt.assert_close(g_d[k], g_c[k], "float64", f"grad {k}")
+    gt.assert_close(dev.forward(x_eval[:2]), cpu.forward(x_eval[:2]), "float64", "forward")
+
+
 def test_unknown_kernel_version_is_refused():
     _, dev = pair("antisym", "float64")
     dev.gpu_version = "fastest"
