@@ -262,3 +262,24 @@ def test_kernel_fits_its_largest_block_on_sm90(ptx_target, tmp_path, module, nam
         f"launch bound (gpu_common.persistent_kernel) and launch it within it. {where}")
     assert not any(spills), f"spills registers to local memory: {where}"
     assert smem is None or int(smem[1]) == 0, f"static shared memory: {where}"
+
+
+@pytest.mark.real_gpu
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("module, name, kernel", KERNELS, ids=[k[1] for k in KERNELS])
+def test_kernel_as_built_for_this_gpu_takes_its_largest_block(module, name, kernel, dtype):
+    """On a GPU: the kernel as numba-cuda builds it to launch, which may be linked by nvJitLink
+    with link-time optimisation rather than assembled by ptxas as above (so its registers can
+    differ), still takes its largest block, as the driver reports, and keeps nothing in local
+    memory (no kernel has a local array, so local memory would be spills)."""
+    if not cuda_available()[0]:
+        pytest.skip(f"needs a GPU: {cuda_available()[1]}")
+    bound = kernel.targetoptions.get("launch_bounds")
+    threads = bound[0] if bound else MAX_THREADS_PER_BLOCK
+    built = kernel.compile(arg_types(name, kernel.py_func, dtype))
+    where = (f"{module}.{name} ({dtype}): {built.regs_per_thread} registers per thread, "
+             f"{built.local_mem_per_thread} bytes of local memory")
+    assert built.max_threads_per_block >= threads, (
+        f"the driver allows {built.max_threads_per_block} threads per block, the launchers use up "
+        f"to {threads}. {where}")
+    assert built.local_mem_per_thread == 0, f"spills registers to local memory: {where}"
