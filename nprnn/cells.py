@@ -98,6 +98,7 @@ class Workspace:
     def __init__(self, allocate=np.empty):
         self.allocate = allocate
         self.buffers = {}               # name -> (its memory as bytes, the array last handed out)
+        self.allocations = 0            # buffers allocated so far (not views)
 
     def get(self, name, shape, dtype):
         shape, dtype = tuple(int(s) for s in shape), np.dtype(dtype)
@@ -108,6 +109,7 @@ class Workspace:
         if nbytes == 0:                 # nothing to hold (and no bytes to view)
             return self.allocate(shape, dtype=dtype)
         if held is None or held[0].size < nbytes:
+            self.allocations += 1
             a = self.allocate(shape, dtype=dtype)
             memory = a.reshape(a.size).view(np.uint8)
         else:
