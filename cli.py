@@ -401,6 +401,113 @@ def jacobian(out, models, gammas, lengths, hidden_size, input_size, eps, sigma_w
     click.echo(f"wrote {stem}.csv, {stem}.json{replacing}")
 
 
+# ----------------------------------------------------------------------------------------------
+# gates: what the gates of trained models do at each step
+# ----------------------------------------------------------------------------------------------
+
+@cli.command()
+@click.argument("runs", nargs=-1, required=True, type=click.Path(exists=True))
+@click.option("--out", required=True, type=click.Path(file_okay=False),
+              help="Folder for NAME.png/.csv/.json (created if missing).")
+@click.option("--name", default="gates", show_default=True, callback=_file_name,
+              help="File name (without extension) of the outputs in --out.")
+@click.option("--task", default=None,
+              help="Feed every run this task's test sequences [default: each run's own task].")
+@click.option("--T", "T", default=None, type=click.IntRange(min=1),
+              help="Sequence length of a noise-padded task [default: each run's].")
+@click.option("--data-dir", default=None, type=click.Path(file_okay=False),
+              help="Where the task's data is [default: each run's].")
+@click.option("--sequences", default=1000, show_default=True, type=click.IntRange(min=1),
+              help="Test sequences to pool over: the first of the order --seed shuffles.")
+@click.option("--batch-size", default=100, show_default=True, type=click.IntRange(min=1),
+              help="Sequences per forward pass (memory: T x B x the cell's gates).")
+@click.option("--seed", default=0, show_default=True, type=SEED,
+              help="Which test sequences are drawn (the same for every run of one task).")
+def gates(runs, out, name, task, T, data_dir, sequences, batch_size, seed):
+    """The gates of trained models, step by step.
+
+    RUNS are run folders or checkpoint files of `train` whose models have gates: z_t of
+    antisym-gated and ablation (eq. 13), i, f, o of the LSTMs, r, z of the GRU. Each runs
+    forward over test sequences of its task, in the dtype it was trained in. Writes NAME.csv
+    (the mean and standard deviation of every gate at every step, over sequences and units),
+    NAME.json (the same, and each gate over the image steps and over the noise steps of a
+    noise-padded task) and NAME.png, and prints the latter table."""
+    from nprnn import analysis
+    from nprnn.checkpoint import CheckpointError
+
+    out = _out_dir(out)                 # before the work: a bad --out is said at once
+    try:
+        built = []                      # every checkpoint checked before any task is read
+        for run, folder in zip(runs, analysis.distinct_names(runs)):
+            model, config = analysis.model_from_checkpoint(run, dtype=None)
+            analysis.require_gates(model, run)
+            built.append((run, analysis.checkpoint_label(model, folder), model, config))
+        results = []
+        for k, (run, label, model, config) in enumerate(built):
+            click.echo(f"[{k + 1}/{len(built)}] {label}", err=True)
+            results.append(_gates_of(run, label, model, config, task, T, data_dir, sequences,
+                                     batch_size, seed))
+    except (CheckpointError, OSError, ValueError) as e:
+        raise click.ClickException(str(e)) from None
+    except MemoryError as e:
+        raise _memory_error(e, "--batch-size or --T") from None
+    stem = out / name
+    replacing = _replacing(*(stem.with_suffix(e) for e in (".png", ".csv", ".json")))
+    analysis.write_csv(stem.with_suffix(".csv"), [
+        dict(label=r["label"], model=r["model"], task=r["task"], T=r["T"], gate=g, step=t + 1,
+             mean=s["mean"][t], std=s["std"][t])
+        for r in results for g, s in r["steps"].items() for t in range(r["T"])])
+    analysis.write_json(stem.with_suffix(".json"), dict(seed=seed, runs=results))
+    table = [(r["label"], f"{r['task']} T={r['T']}", s["gate"], f"{s['first']}-{s['last']}",
+              f"{s['mean']:.4f}", f"{s['std']:.4f}") for r in results for s in r["segments"]]
+    table.insert(0, ("run", "task", "gate", "steps", "mean", "std"))
+    widths = [max(len(row[k]) for row in table) for k in range(6)]
+    for row in table:
+        click.echo("  ".join(f"{v:<{w}}" if k < 4 else f"{v:>{w}}"
+                             for k, (v, w) in enumerate(zip(row, widths))).rstrip())
+    if _plot_or_hint("plot_gates", results, stem.with_suffix(".png")):
+        click.echo(f"wrote {stem}.png")
+    click.echo(f"wrote {stem}.csv, {stem}.json{replacing}")
+
+
+def _gates_of(run, label, model, config, task, T, data_dir, sequences, batch_size, seed):
+    """`gates`' numbers for one trained model: its gates over `sequences` test sequences of
+    `task` (default: the one it was trained on, with its T, permutation seed and data folder)."""
+    from nprnn import analysis
+    from nprnn.datasets import get_task
+    from nprnn.sources import DataError
+
+    own = task in (None, config.get("task"))
+    name = config.get("task") if own else task
+    if T is None and own:
+        T = config.get("T")
+    try:
+        with get_task(name, data_dir=data_dir or config.get("data_dir"), T=T,
+                      seed=config.get("perm_seed", 0) if own else 0) as t:
+            if t.m != model.input_size:
+                raise ValueError(f"task {t.name!r} has input size m={t.m}, but {run} is a model "
+                                 f"of input size m={model.input_size}: give a task it was "
+                                 f"trained on")
+            x = _first(t.batches("test", batch_size, seed=seed, shuffle=True), sequences)
+            stats, S = analysis.gate_statistics(model, x)
+    except DataError as e:
+        raise click.ClickException(f"task {name!r}: {e}") from None
+    return dict(label=label, checkpoint=str(run), model=model.name, task=t.name, T=t.T,
+                image_steps=t.image_steps, sequences=S,
+                segments=analysis.gate_segments(stats, t.image_steps),
+                steps={g: dict(mean=s["mean"].tolist(), std=s["std"].tolist())
+                       for g, s in stats.items()})
+
+
+def _first(batches, num):
+    """The x of the first `num` examples of an iterator of (x, y) batches."""
+    for x, _ in batches:
+        yield x[:num]
+        num -= len(x)
+        if num <= 0:
+            return
+
+
 @cli.command("plot")
 @click.argument("runs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
 @click.option("--out", required=True, type=click.Path(file_okay=False),

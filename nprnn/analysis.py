@@ -352,7 +352,8 @@ def task_sequences(task, num, split="test", seed=0):
 def model_from_checkpoint(path, dtype="float64"):
     """The trained model saved by `nprnn.train` in a run folder or checkpoint file, rebuilt from
     the checkpoint's configuration with its parameters cast to `dtype` (float64 by default, so
-    products of hundreds of step Jacobians keep their digits). Returns (model, config)."""
+    products of hundreds of step Jacobians keep their digits; None keeps the dtype it was
+    trained in). Returns (model, config)."""
     from .checkpoint import CheckpointError, load_checkpoint, load_params_into
     from .train import build_model
 
@@ -361,7 +362,7 @@ def model_from_checkpoint(path, dtype="float64"):
     for key in ("model", "input_size", "num_classes"):
         if key not in config:
             raise CheckpointError(f"{saved['path']} has no {key!r} in its configuration")
-    config.update(dtype=dtype, device="cpu")
+    config.update(dtype=dtype or config.get("dtype", "float32"), device="cpu")
     model = build_model(config, config["input_size"], config["num_classes"])
     params = {k: np.asarray(v, dtype=model.dtype) for k, v in saved["params"].items()}
     load_params_into(model, params, f"checkpoint {saved['path']}")
@@ -419,6 +420,81 @@ def jacobian_spectra(models, lengths, sequences, progress=None):
                              hidden_size=model.hidden_size, mean=float(mags.mean()),
                              std=float(mags.std()), min=float(mags.min()),
                              max=float(mags.max()), mean_log10_max=float(top.mean())))
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------
+# The gates of a trained model, step by step
+# ----------------------------------------------------------------------------------------------
+# Section 5.3 credits the input gate z_t of eq. (13) for the gated model's lead on noise-padded
+# CIFAR-10 but does not look at it. `gate_statistics` does, for every cell with gates
+# (`Cell.sigmoid_gates`): at each step t, the mean and standard deviation of a gate's values over
+# sequences and units. z_t near 0 (eq. 13) or an LSTM's i_t near 0 shuts the input out; an
+# LSTM's f_t near 1 keeps its cell state; a GRU keeps h_{t-1} where its z_t is near 1.
+
+def require_gates(model, source=None):
+    """ValueError, naming the models that have gates, unless `model`'s cell has some."""
+    if not model.cell.sigmoid_gates:
+        from .cells import CELLS
+        gated = [name for name, c in CELLS.items() if c.sigmoid_gates]
+        where = f"{source} holds a model" if source else "model"
+        raise ValueError(f"{where} {model.name!r}, which has no gates; the models with gates are "
+                         f"{', '.join(gated)}")
+
+
+def gate_statistics(model, batches):
+    """Each gate of a CPU model's cell at each step, pooled over sequences and the n units.
+
+    batches: an iterable of x (B, T, m), all of one T; each runs through the model's forward
+             kernels (`model.cell.forward`) in the model's dtype.
+    Returns (stats, S): stats = {gate: dict(mean=(T,), std=(T,))} in float64, in the order of
+    `model.cell.sigmoid_gates`, and S the number of sequences pooled.
+    """
+    require_gates(model)
+    cell, p = model.cell, model.cell_params()
+    T, S = None, 0
+    for x in batches:
+        x = np.asarray(x)
+        if x.ndim != 3 or x.shape[2] != model.input_size or x.shape[1] != (T or x.shape[1]):
+            want = f"(B, {T or 'T'}, {model.input_size})"
+            raise ValueError(f"every batch must have shape {want}; got {x.shape}")
+        if T is None:
+            T = x.shape[1]
+            sums = {g: np.zeros(T) for g in cell.sigmoid_gates}
+            squares = {g: np.zeros(T) for g in cell.sigmoid_gates}
+        xt = np.ascontiguousarray(x.transpose(1, 0, 2), dtype=model.dtype)   # time-major
+        _, cache = cell.forward(p, xt, None, **model.hyper)
+        values = cell.gate_values(cache)
+        for g, v in values.items():                      # v (T, B, n)
+            v = v.astype(np.float64)
+            sums[g] += v.sum(axis=(1, 2))
+            squares[g] += np.square(v).sum(axis=(1, 2))
+        S += x.shape[0]
+    if not S:
+        raise ValueError("no sequences: the batches were empty")
+    count = S * model.hidden_size
+    stats = {}
+    for g in sums:
+        mean = sums[g] / count
+        stats[g] = dict(mean=mean, std=np.sqrt(np.maximum(squares[g] / count - mean ** 2, 0.0)))
+    return stats, S
+
+
+def gate_segments(stats, image_steps):
+    """Each gate over the steps 1..image_steps (the image) and image_steps+1..T (the noise of a
+    noise-padded task, if any), pooled from `gate_statistics`' per-step numbers (every step
+    counts the same values): a list of dict(gate, first, last, mean, std), steps counted from 1."""
+    rows = []
+    for gate, s in stats.items():
+        T = len(s["mean"])
+        if not 1 <= image_steps <= T:
+            raise ValueError(f"image_steps must be in 1..T = {T}, got {image_steps}")
+        noise = [(image_steps + 1, T)] if image_steps < T else []
+        for first, last in [(1, image_steps)] + noise:
+            mean = s["mean"][first - 1:last]
+            second = np.mean(s["std"][first - 1:last] ** 2 + mean ** 2)     # E[v^2]
+            rows.append(dict(gate=gate, first=first, last=last, mean=float(mean.mean()),
+                             std=float(np.sqrt(max(second - mean.mean() ** 2, 0.0)))))
     return rows
 
 

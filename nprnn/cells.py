@@ -12,6 +12,10 @@ A cell is a recurrence h_t = f(h_{t-1}, x_t) over a whole sequence. Each entry o
                             batch-major x (B, T, m)
     grad_mask(name, n)      None, or a 0/1 array that the gradient of `name` already respects
                             (the strict upper triangle of an antisymmetric W)
+    sigmoid_gates           the cell's gates, values in (0, 1) that open and close: ("z",) of
+                            eq. 13, ("i", "f", "o") of the LSTMs, ("r", "z") of the GRU
+    gate_values(cache)      {gate: its values at every step, (T, B, n)}, views into a forward's
+                            cache (what `analysis.gate_statistics` reads)
 
 Tests iterate over `CELLS`, so a cell added here cannot arrive without its gradient checks.
 """
@@ -46,6 +50,7 @@ class Cell:
     summary = ""
     hyper = ()
     init_schemes = ("paper",)
+    sigmoid_gates = ()
 
     def shapes(self, m, n):
         raise NotImplementedError
@@ -70,6 +75,9 @@ class Cell:
 
     def backward(self, p, cache, dh_T, ws=None, **hyper):
         raise NotImplementedError
+
+    def gate_values(self, cache):
+        return {}
 
     def reference_forward(self, p, x, h0=None, **hyper):
         return getattr(reference, self.ref_name + "_forward")(p, x, h0=h0, **hyper)
@@ -161,6 +169,7 @@ class EulerCell(Cell):
         self.antisymmetric, self.gated = antisymmetric, gated
         self.diffusion = uses_gamma               # A has -gamma I (always, if antisymmetric)
         self.hyper = ("eps", "gamma") if uses_gamma else ("eps",)
+        self.sigmoid_gates = ("z",) if gated else ()
 
     def shapes(self, m, n):
         s = dict(W=(n, n), V_h=(n, m), b_h=(n,))
@@ -250,6 +259,9 @@ class EulerCell(Cell):
         g["W"] = self.dW(dA)
         return g, dh0
 
+    def gate_values(self, cache):
+        return {"z": cache["z"]} if self.gated else {}
+
 
 CELLS = {}
 
@@ -318,6 +330,12 @@ class StackedGateCell(Cell):
     def critical_init(self, rng, m, n, dtype):
         raise NotImplementedError(f"model {self.name!r} has no critical initialisation")
 
+    def gate_values(self, cache):
+        # the forward kernels store the activated blocks, gates[t] = (i, f, g, o) or (r, z, n)
+        n = cache["hs"].shape[2]
+        return {g: cache["gates"][:, :, k * n:(k + 1) * n] for k, g in enumerate(self.gates)
+                if g in self.sigmoid_gates}
+
     def _no_hyper(self, hyper):
         if hyper:
             raise ValueError(f"model {self.name!r} takes no hyperparameters, got "
@@ -368,6 +386,7 @@ class LSTMCell(StackedGateCell):
     """
 
     gates = ("i", "f", "g", "o")
+    sigmoid_gates = ("i", "f", "o")          # g is the candidate, tanh
     forget_gate = "f"
     init_schemes = ("paper", "critical")
     # Appendix D.4, per gate (i, f, g, o): input variance nu^2, recurrent variance sigma^2, bias mu
@@ -440,6 +459,7 @@ class GRUCell(StackedGateCell):
     (Appendix C's forget-gate bias is the LSTM's)."""
 
     gates = ("r", "z", "n")
+    sigmoid_gates = ("r", "z")               # n is the candidate, tanh
 
     def forward(self, p, x, h0=None, ws=None, **hyper):
         self._no_hyper(hyper)

@@ -155,6 +155,11 @@ class Task:
     def size(self, split):
         raise NotImplementedError
 
+    @property
+    def image_steps(self):
+        """How many of the first steps carry the example; noise fills the rest (none here)."""
+        return self.T
+
     @staticmethod
     def _defaults(split, shuffle, drop_last):
         train = split == "train"
@@ -420,6 +425,14 @@ class TaskSpec:
     def noisy(self):
         return LAYOUTS[self.layout][1]
 
+    def image_steps(self, T=None):
+        """How many of the first steps carry the image: every step of the pixel tasks, one per
+        row in rows-then-noise, the one step of image-then-noise. Noise fills the rest."""
+        if not self.noisy:
+            return self.shape(T)[0]
+        H = sources.SOURCES[self.source].image_shape[0]
+        return H if self.layout == "rows-then-noise" else 1
+
     def shape(self, T=None):
         """(T, m) of this task's sequences; T is an option of the noise tasks only."""
         H, W, C = sources.SOURCES[self.source].image_shape
@@ -431,7 +444,7 @@ class TaskSpec:
                                  f"{', '.join(t for t, s in TASKS.items() if s.noisy)} take T)")
             return LAYOUTS[self.layout][2](H, W, C, natural)
         T = self.default_T if T is None else T
-        first = H if self.layout == "rows-then-noise" else 1
+        first = self.image_steps()
         if isinstance(T, bool) or not isinstance(T, (int, np.integer)) or T < first:
             raise ValueError(f"task {self.name!r} needs an integer T >= {first} (the image takes "
                              f"{first} step{'s' * (first > 1)}), got T={T!r}")
@@ -732,6 +745,10 @@ class CachedTask(Task):
     def size(self, split):
         _check_split(split)
         return len(self._labels[split])
+
+    @property
+    def image_steps(self):
+        return self.spec.image_steps(self.T)
 
     def _read_images(self, file_split, rows):
         """uint8 (len(rows), H, W, C) for rows of the file's split, in the order of `rows`: by

@@ -150,3 +150,28 @@ def plot_learning_curves(runs, path, title=""):
     if title:
         fig.suptitle(title, fontsize=10)
     fig.savefig(path, dpi=110)
+
+
+def plot_gates(runs, path):
+    """Each run's gates against the step t: the mean over sequences and units, with a band of
+    one standard deviation, and a dotted line where the image ends and noise begins."""
+    fig = _figure(figsize=(10, 2.6 * len(runs) + 0.4), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(len(runs), 1, squeeze=False)[:, 0])
+    for ax, run in zip(axes, runs):
+        for k, (gate, s) in enumerate(run["steps"].items()):
+            t = np.arange(1, run["T"] + 1)
+            mean, std = np.asarray(s["mean"]), np.asarray(s["std"])
+            ax.plot(t, mean, color=f"C{k}", label=gate)
+            ax.fill_between(t, mean - std, mean + std, color=f"C{k}", alpha=0.2, linewidth=0)
+        if run["image_steps"] < run["T"]:
+            ax.axvline(run["image_steps"] + 0.5, color="0.4", linestyle=":", linewidth=1,
+                       label="image | noise")
+        ax.set_ylim(-0.02, 1.02)            # a gate held at 0 or 1 stays in sight
+        ax.set_xlim(1, max(run["T"], 2))
+        ax.set_ylabel("gate value")
+        ax.set_title(f"{run['label']} on {run['task']}, T={run['T']}: mean over "
+                     f"{run['sequences']} test sequences and the units, +- 1 std", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="lower right")
+    axes[-1].set_xlabel("step t")
+    fig.savefig(path, dpi=110)

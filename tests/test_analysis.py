@@ -553,3 +553,132 @@ def test_jacobian_refuses_a_task_that_does_not_fit_the_checkpoint(tmp_path, trai
     assert result.exit_code == 1 and result.exc_info[0] is SystemExit
     assert (f"task 'toy' has input size m=3, but checkpoint {trained_run} is a model of input "
             f"size m=2") in result.output
+
+
+# ----------------------------------------------------------------------------------------------
+# The gates of trained models (`gates`)
+# ----------------------------------------------------------------------------------------------
+
+GATED = ["antisym-gated", "ablation", "lstm", "peephole-lstm", "gru"]
+
+
+def oracle_gates(model, x):
+    """{gate: (T, B, n)} from the float64 NumPy oracle's forward pass (nprnn/reference.py)."""
+    _, cache = model.cell.reference_forward(model.cell_params(), x, **model.hyper)
+    if "zs" in cache:                                     # the Euler cells: z_t of eq. 13
+        return {"z": np.stack(cache["zs"])}
+    if "gates" in cache:                                  # the LSTMs: (i, f, g, o) per step
+        return {g: np.stack([s[k] for s in cache["gates"]]) for k, g in ((0, "i"), (1, "f"),
+                                                                        (3, "o"))}
+    return {g: np.stack([s[k] for s in cache["steps"]]) for k, g in ((0, "r"), (1, "z"))}
+
+
+def test_the_cells_with_gates():
+    assert [name for name, cell in nprnn.CELLS.items() if cell.sigmoid_gates] == GATED
+
+
+@pytest.mark.parametrize("name", GATED)
+def test_gate_statistics_pool_the_oracles_gates_over_batches_and_units(name):
+    model = tiny_model(name)
+    rng = np.random.default_rng(5)
+    for v in model.params.values():
+        if v.ndim == 1:                                   # biases and peepholes off zero too
+            v += 0.5 * rng.standard_normal(v.shape)
+    batches = [rng.standard_normal((3, 4, 2)), rng.standard_normal((2, 4, 2))]
+    stats, S = A.gate_statistics(model, iter(batches))
+    want = oracle_gates(model, np.concatenate(batches))  # (T, 5, n): pooled over both batches
+    assert S == 5 and list(stats) == list(model.cell.sigmoid_gates) == list(want)
+    for g, v in want.items():
+        np.testing.assert_allclose(stats[g]["mean"], v.mean(axis=(1, 2)), rtol=1e-12)
+        np.testing.assert_allclose(stats[g]["std"], v.std(axis=(1, 2)), rtol=1e-10)
+        assert np.ptp(stats[g]["mean"]) > 0 and stats[g]["std"].min() > 0   # not constant
+
+
+def test_gate_segments_pool_the_image_steps_and_the_noise_steps():
+    v = np.random.default_rng(0).random((6, 20))                # (T, values of one step)
+    stats = {"z": dict(mean=v.mean(axis=1), std=v.std(axis=1))}
+    image, noise = A.gate_segments(stats, image_steps=2)
+    assert (image["first"], image["last"], noise["first"], noise["last"]) == (1, 2, 3, 6)
+    for seg, part in ((image, v[:2]), (noise, v[2:])):
+        assert seg["mean"] == pytest.approx(part.mean(), rel=1e-12)
+        assert seg["std"] == pytest.approx(part.std(), rel=1e-10)
+    (whole,) = A.gate_segments(stats, image_steps=6)           # no noise: one segment
+    assert (whole["first"], whole["last"]) == (1, 6)
+    with pytest.raises(ValueError, match="image_steps must be in 1..T = 6, got 7"):
+        A.gate_segments(stats, image_steps=7)
+
+
+def test_gate_statistics_reject_models_without_gates_and_bad_batches():
+    with pytest.raises(ValueError, match="model 'antisym', which has no gates; the models with "
+                                         "gates are antisym-gated, ablation, lstm"):
+        A.gate_statistics(tiny_model("antisym"), [np.zeros((1, 3, 2))])
+    model = tiny_model("gru")
+    with pytest.raises(ValueError, match=r"shape \(B, 3, 2\); got \(1, 4, 2\)"):
+        A.gate_statistics(model, [np.zeros((1, 3, 2)), np.zeros((1, 4, 2))])
+    with pytest.raises(ValueError, match=r"shape \(B, T, 2\); got \(1, 3, 5\)"):
+        A.gate_statistics(model, [np.zeros((1, 3, 5))])
+    with pytest.raises(ValueError, match="no sequences"):
+        A.gate_statistics(model, [])
+
+
+@pytest.fixture
+def gated_noise_run(tmp_path, monkeypatch):
+    """antisym-gated trained for a few steps on mnist-noise at T = 30 (28 rows, 2 noise steps),
+    on fake MNIST (tests/fake_data.py: 60 training and 20 test digits)."""
+    import fake_data
+    from nprnn import sources
+    from nprnn.train import train
+
+    arrays = fake_data.write_fake_mnist(tmp_path / "data" / "mnist")
+    monkeypatch.setitem(sources.SOURCES, "mnist",
+                        fake_data.fake_idx_source(tmp_path / "data", arrays=arrays))
+    out = tmp_path / "runs" / "gated"
+    train(dict(model="antisym-gated", task="mnist-noise", T=30, hidden=3, iterations=4,
+               batch_size=8, eval_every=4, log_every=2, eps=0.5, gamma=0.1,
+               data_dir=str(tmp_path / "data")),
+          out=out, progress=False, echo=lambda *a: None)
+    return out
+
+
+def test_gates_command_on_a_noise_task(tmp_path, gated_noise_run):
+    from nprnn.datasets import get_task
+
+    out = run_cli(["gates", str(gated_noise_run), "--out", str(tmp_path / "g"),
+                   "--sequences", "7", "--batch-size", "3"])
+    assert run_cli(["gates", str(gated_noise_run), "--out", str(tmp_path / "g"), "--name", "b",
+                    "--sequences", "7", "--batch-size", "3"]).endswith(
+        f"wrote {tmp_path / 'g' / 'b'}.csv, {tmp_path / 'g' / 'b'}.json\n")
+    saved = json.loads((tmp_path / "g" / "gates.json").read_text())
+    (r,) = saved["runs"]
+    assert (r["task"], r["T"], r["image_steps"], r["sequences"]) == ("mnist-noise", 30, 28, 7)
+    # the first 7 test digits of seed 0's order, with the test noise, as `evaluate` sees them
+    model, _ = A.model_from_checkpoint(gated_noise_run, dtype=None)
+    assert model.dtype == np.float32                  # the dtype it was trained in
+    with get_task("mnist-noise", data_dir=tmp_path / "data", T=30) as task:
+        x, _ = next(task.batches("test", 7, seed=0, shuffle=True))
+    stats, _ = A.gate_statistics(model, [x])
+    np.testing.assert_allclose(r["steps"]["z"]["mean"], stats["z"]["mean"], rtol=1e-6)
+    segments = A.gate_segments(stats, 28)
+    assert [(s["first"], s["last"]) for s in r["segments"]] == [(1, 28), (29, 30)]
+    assert r["segments"][1]["mean"] == pytest.approx(segments[1]["mean"], rel=1e-6)
+    label = "antisym-gated gamma=0.1 (gated)"
+    assert f"[1/1] {label}" in out                    # stderr: which run is being measured
+    assert f"{label}  mnist-noise T=30  z     29-30" in out
+    lines = (tmp_path / "g" / "gates.csv").read_text().splitlines()
+    assert lines[0] == "label,model,task,T,gate,step,mean,std" and len(lines) == 1 + 30
+    if is_png(tmp_path / "g" / "gates.png"):
+        assert "wrote" in out and "gates.png" in out
+    else:
+        assert "pip install -e '.[plot]'" in out
+
+
+def test_gates_command_refuses_what_it_cannot_measure(tmp_path, trained_run, gated_noise_run):
+    result = CliRunner().invoke(cli, ["gates", str(gated_noise_run), str(trained_run), "--out",
+                                      str(tmp_path)])
+    assert result.exit_code == 1 and (f"{trained_run} holds a model 'antisym', which has no "
+                                      f"gates") in result.output
+    assert "[1/" not in result.output                 # said before any work
+    result = CliRunner().invoke(cli, ["gates", str(gated_noise_run), "--out", str(tmp_path),
+                                      "--task", "mnist"])
+    assert result.exit_code == 1 and (f"task 'mnist' has input size m=1, but {gated_noise_run} "
+                                      f"is a model of input size m=28") in result.output

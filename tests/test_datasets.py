@@ -181,6 +181,11 @@ def test_task_shapes_and_T_option(monkeypatch):
                       "mnist-sample": (784, 1)}
     assert TASKS["cifar10-noise"].shape(200) == (200, 96)
     assert TASKS["mnist"].shape(784) == (784, 1)
+    # the steps that carry the image; noise fills the rest of the noise tasks' T
+    assert {name: spec.image_steps() for name, spec in TASKS.items()} == {
+        "mnist": 784, "pmnist": 784, "cifar10": 1024, "cifar10-noise": 32, "padded-mnist": 1,
+        "mnist-noise": 28, "fashion-mnist": 784, "mnist-sample": 784}
+    assert TASKS["mnist-noise"].image_steps(T=30) == 28
     with pytest.raises(ValueError, match="fixed length T = 784"):
         TASKS["mnist"].shape(100)
     with pytest.raises(ValueError, match="T >= 32"):
@@ -350,6 +355,7 @@ def test_cifar_tasks_from_fake_tarball(tmp_path, monkeypatch):
     noisy = get_task("cifar10-noise", tmp_path, T=50)
     xn, _ = next(noisy.batches("test", 4))
     assert xn.shape == (4, 50, 96)
+    assert (task.image_steps, noisy.image_steps) == (1024, 32)
     assert np.array_equal(xn[:, :32], PIXELS[test_im].reshape(4, 32, 96))
 
 
