@@ -31,9 +31,10 @@ train:       a permutation of the training examples drawn from (seed, epoch), so
 valid, test: file order, the last batch may be smaller.
 `start` skips the first `start` batches of that order, so a run resumed in the middle of an epoch
 sees exactly the batches it would have seen. Noise is drawn per batch, never stored, each example
-from its own stream (nprnn.noise): in a training batch keyed by (seed, epoch, batch index,
-position in the batch), fresh every batch and reproducible; in validation and test keyed by the
-example's file and row, so every evaluation sees the same noise whatever the batch size.
+from its own stream (nprnn.noise): in a training batch (shuffled, of the train split) keyed by
+(seed, epoch, batch index, position in the batch), fresh every batch and reproducible; in every
+other batch (validation, test, and training examples taken in file order to be scored) keyed by
+the example's file and row, so every evaluation sees the same noise whatever the batch size.
 `batches(..., device="cuda")` makes the same batches on the GPU: the images are uploaded and the
 noise is drawn there (the same numbers to float32 rounding), for training on --device cuda; with
 reuse=True (what training uses) into buffers reused in turn, without waiting for the GPU.
@@ -87,12 +88,12 @@ def _check_split(split):
 MAX_SEED = 2**63 - 1          # seeds and positions become int64 keys of the noise streams
 
 
-def _check_nonneg_int(name, value):
-    """value as an int, checked to be in 0 .. 2**63 - 1 (seeds and positions become int64 keys of
-    the noise streams)."""
+def _check_int(name, value, minimum=0):
+    """value as an int, checked to be in minimum .. 2**63 - 1 (seeds and positions become int64
+    keys of the noise streams)."""
     if (isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer))
-            or not 0 <= value <= MAX_SEED):
-        raise ValueError(f"{name} must be an integer in 0 .. 2**63 - 1, got {value!r}")
+            or not minimum <= value <= MAX_SEED):
+        raise ValueError(f"{name} must be an integer in {minimum} .. 2**63 - 1, got {value!r}")
     return int(value)
 
 
@@ -130,7 +131,7 @@ def split_train_valid(num_train, valid_size):
     The `valid_size` validation examples are the first `valid_size` entries of
     splitmix64_permutation(num_train, VALID_SPLIT_SEED): random (so class-sorted files still give
     a mixed validation set) and the same examples on every run, machine and NumPy version."""
-    valid_size = _check_nonneg_int("valid_size", valid_size)
+    valid_size = _check_int("valid_size", valid_size)
     if valid_size >= num_train:
         raise ValueError(f"valid_size={valid_size} leaves no training examples: the training set "
                          f"has {num_train}; choose valid_size in [0, {num_train - 1}]")
@@ -144,9 +145,11 @@ class Task:
     """The interface every task offers; subclasses say how to build the batch for given examples.
 
     Attributes: name (str), T (steps), m (inputs per step), num_classes (K).
-    A subclass provides `size(split)` and `_make_batch(split, idx, seed, epoch, batch_index)`,
-    which returns x float32 (len(idx), T, m) C-contiguous and y int64 (len(idx),) for the examples
-    `idx` (positions within the split, in the order wanted)."""
+    A subclass provides `size(split)` and `_make_batch(split, idx, fresh)`, which returns x
+    float32 (len(idx), T, m) C-contiguous and y int64 (len(idx),) for the examples `idx`
+    (positions within the split, in the order wanted). `fresh` is (seed, epoch, batch index)
+    for a training batch, whose noise (if the task has any) is drawn fresh for it, and None
+    for a batch to be scored, whose examples each get their own noise."""
 
     name = "task"
     T = m = num_classes = 0
@@ -170,9 +173,7 @@ class Task:
         """Number of batches of `batch_size` in `split`: floor(N / B) if drop_last else ceil(N / B).
         drop_last defaults to True for train and False for valid/test."""
         _check_split(split)
-        B = _check_nonneg_int("batch_size", batch_size)
-        if B == 0:
-            raise ValueError("batch_size must be at least 1, got 0")
+        B = _check_int("batch_size", batch_size, minimum=1)
         _, drop_last = self._defaults(split, None, drop_last)
         N = self.size(split)
         return N // B if drop_last else -(-N // B)
@@ -188,8 +189,8 @@ class Task:
         N = self.size(split)
         if not shuffle:
             return np.arange(N, dtype=np.int64)
-        seed = _check_nonneg_int("seed", seed)
-        epoch = _check_nonneg_int("epoch", epoch)
+        seed = _check_int("seed", seed)
+        epoch = _check_int("epoch", epoch)
         return np.random.default_rng([seed, epoch]).permutation(N).astype(np.int64)
 
     def batches(self, split, batch_size, seed=0, epoch=0, start=0, shuffle=None, drop_last=None,
@@ -215,32 +216,37 @@ class Task:
             from .device import resolve_device
             resolve_device(device)     # DeviceUnavailable, saying why, when no GPU is usable
         _check_split(split)
-        B = _check_nonneg_int("batch_size", batch_size)
-        start = _check_nonneg_int("start", start)
-        seed = _check_nonneg_int("seed", seed)
-        epoch = _check_nonneg_int("epoch", epoch)
+        B = _check_int("batch_size", batch_size, minimum=1)
+        start = _check_int("start", start)
+        seed = _check_int("seed", seed)
+        epoch = _check_int("epoch", epoch)
         nb = self.num_batches(split, B, drop_last)
         if start > nb:
             raise ValueError(f"start={start} is past the end: {split!r} has {nb} batches of "
                              f"{B}")
         order = self.order(split, seed, epoch, shuffle)
+        training = split == "train" and self._defaults(split, shuffle, drop_last)[0]
+
+        def fresh(b):           # a training batch's own noise; None: each example's own
+            return (seed, epoch, b) if training else None
+
         # the checks above run at this call; the batches are made as they are asked for
         if device == "cpu":
-            return (self._make_batch(split, order[b * B:(b + 1) * B], seed, epoch, b)
+            return (self._make_batch(split, order[b * B:(b + 1) * B], fresh(b))
                     for b in range(start, nb))
         from . import gpu
         staging = gpu.Staging() if reuse else None
-        return (self._make_device_batch(split, order[b * B:(b + 1) * B], seed, epoch, b, staging)
+        return (self._make_device_batch(split, order[b * B:(b + 1) * B], fresh(b), staging)
                 for b in range(start, nb))
 
-    def _make_batch(self, split, idx, seed, epoch, batch_index):
+    def _make_batch(self, split, idx, fresh):
         raise NotImplementedError
 
-    def _make_device_batch(self, split, idx, seed, epoch, batch_index, staging=None):
+    def _make_device_batch(self, split, idx, fresh, staging=None):
         """The batch with x on the GPU (in a slot of `staging`, an nprnn.gpu.Staging, if given);
         a task that can build part of it there overrides this."""
         from . import gpu
-        x, y = self._make_batch(split, idx, seed, epoch, batch_index)
+        x, y = self._make_batch(split, idx, fresh)
         return gpu.to_device(x, staging=staging, name="x"), y
 
     def info(self):
@@ -273,9 +279,7 @@ class ArrayTask(Task):
 
     def __init__(self, name, x_train, y_train, x_test, y_test, num_classes, valid_size=0):
         self.name = str(name)
-        self.num_classes = _check_nonneg_int("num_classes", num_classes)
-        if self.num_classes < 2:
-            raise ValueError(f"num_classes must be at least 2, got {num_classes}")
+        self.num_classes = _check_int("num_classes", num_classes, minimum=2)
         x_train, y_train = self._check_pair("train", x_train, y_train)
         x_test, y_test = self._check_pair("test", x_test, y_test)
         if x_train.shape[1:] != x_test.shape[1:]:
@@ -305,7 +309,7 @@ class ArrayTask(Task):
         _check_split(split)
         return len(self._y[split])
 
-    def _make_batch(self, split, idx, seed, epoch, batch_index):
+    def _make_batch(self, split, idx, fresh):
         return self._x[split][idx], self._y[split][idx]       # fancy indexing copies: (B, T, m)
 
     def info(self):
@@ -326,7 +330,7 @@ NORMALISATION = "x = pixel / 255, in [0, 1] (float32)"
 
 # Noise keys (nprnn.noise): every example's noise is its own stream, keyed by
 #   training batch:   (NOISE_TRAIN, seed, epoch, batch index, position in the batch)
-#   valid/test:       (NOISE_EVAL, file, row)   file 0 = the training file, 1 = the test file
+#   scored example:   (NOISE_EVAL, file, row)   file 0 = the training file, 1 = the test file
 NOISE_TRAIN, NOISE_EVAL = 1, 2
 _FILE_CODE = dict(train=0, test=1)
 
@@ -769,14 +773,15 @@ class CachedTask(Task):
         images[order] = self._images[file_split][rows[order]]
         return images
 
-    def _make_batch(self, split, idx, seed, epoch, batch_index, device="cpu", staging=None):
+    def _make_batch(self, split, idx, fresh, device="cpu", staging=None):
         file_split, all_rows = self._rows[split]
         rows = all_rows[idx]
         images = self._read_images(file_split, rows)
         keys = None
         if self.spec.noisy:
             B = len(rows)
-            if split == "train":                        # fresh for every batch
+            if fresh is not None:                       # a training batch: fresh for it
+                seed, epoch, batch_index = fresh
                 keys = np.column_stack([np.full(B, NOISE_TRAIN), np.full(B, seed),
                                         np.full(B, epoch), np.full(B, batch_index),
                                         np.arange(B)])
@@ -786,8 +791,8 @@ class CachedTask(Task):
         x = sequences(self.spec.layout, images, self.T, self.permutation, keys, device, staging)
         return x, self._labels[split][idx]
 
-    def _make_device_batch(self, split, idx, seed, epoch, batch_index, staging=None):
-        return self._make_batch(split, idx, seed, epoch, batch_index, "cuda", staging)
+    def _make_device_batch(self, split, idx, fresh, staging=None):
+        return self._make_batch(split, idx, fresh, "cuda", staging)
 
     def info(self):
         out = super().info()
@@ -808,9 +813,10 @@ class CachedTask(Task):
             out["permutation"] = dict(seed=self.permutation_seed,
                                       first=self.permutation[:8].tolist())
         if self.spec.noisy:
-            out["noise"] = ("N(0, 1) float32 (nprnn.noise); train: fresh per batch, keyed by "
-                            "(seed, epoch, batch, position); valid/test: fixed per example, "
-                            "keyed by (file, row)")
+            out["noise"] = ("N(0, 1) float32 (nprnn.noise); training batches: fresh per "
+                            "batch, keyed by (seed, epoch, batch, position); scored examples "
+                            "(valid, test, train in file order): fixed per example, keyed by "
+                            "(file, row)")
         return out
 
     def close(self):
@@ -834,8 +840,8 @@ def get_task(name, data_dir=None, T=None, seed=DEFAULT_PERMUTATION_SEED, valid_s
     (DataUnavailable, whose message says which files to place where), damaged or wrong."""
     spec = task_spec(name)
     spec.shape(T)                                   # reject a bad T before any work
-    seed = _check_nonneg_int("seed", seed)
-    valid_size = _check_nonneg_int("valid_size", valid_size)  # its upper bound needs the cache
+    seed = _check_int("seed", seed)
+    valid_size = _check_int("valid_size", valid_size)  # its upper bound needs the cache
     data_dir = resolve_data_dir(data_dir)
     path = cache_path(name, data_dir, seed)
     sources.remove_stale_temporaries(path.parent, "tmp")      # what killed builds left behind

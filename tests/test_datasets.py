@@ -43,6 +43,23 @@ def test_array_task_shapes_sizes_and_dtypes():
     assert [len(y) for _, y in task.batches("test", 4)] == [4, 4, 3]
 
 
+@pytest.mark.parametrize("call, match", [
+    (lambda t: t.batches("test", 0), "batch_size must be an integer in 1 .. 2**63 - 1, got 0"),
+    (lambda t: t.batches("test", -1), "batch_size must be an integer in 1 .. 2**63 - 1, got -1"),
+    (lambda t: t.num_batches("test", 2.0), "batch_size must be an integer in 1 .. 2**63 - 1, "
+                                           "got 2.0"),
+    (lambda t: t.batches("train", 4, seed=-1), "seed must be an integer in 0 .. 2**63 - 1"),
+    (lambda t: t.batches("train", 4, start=13), "start=13 is past the end: 'train' has 12 batches"),
+    (lambda t: ArrayTask("x", t._x["test"], t._y["test"], t._x["test"], t._y["test"], 1),
+     "num_classes must be an integer in 2 .. 2**63 - 1, got 1"),
+])
+def test_task_arguments_say_what_is_allowed(call, match):
+    task = toy_task()
+    with pytest.raises(ValueError) as e:
+        call(task)
+    assert match in str(e.value)
+
+
 def test_array_task_epoch_covers_train_once_and_resumes_identically():
     task = toy_task(valid_size=10)
     batches = list(task.batches("train", 8, seed=1, epoch=2))
@@ -327,6 +344,12 @@ def test_noise_tasks_fresh_in_training_fixed_in_evaluation(fake_mnist):
     noise = np.concatenate([x[:, 28:] for x, _ in a])
     assert abs(noise.mean()) < 0.02 and abs(noise.std() - 1) < 0.02      # 36k N(0,1) samples
     assert not np.array_equal(t[0, 28:], t[1, 28:])
+    # training examples scored in file order (eval --split train): each its own noise too,
+    # the same for every batch size, so the score does not depend on it
+    s5, s60 = ([x for x, _ in task.batches("train", B, shuffle=False, drop_last=False)]
+               for B in (5, 60))
+    assert np.array_equal(np.concatenate(s5), np.concatenate(s60))
+    assert not np.array_equal(s60[0][0, 28:], s60[0][1, 28:])
 
 
 def test_padded_mnist_digit_then_noise(fake_mnist):
@@ -584,6 +607,12 @@ def test_cli_data_prepare_and_info(fake_mnist):
     assert r.exit_code == 0, r.output
     assert "not built" in r.output and "train-images-idx3-ubyte.gz" in r.output
     assert not cache_path("pmnist", data_dir).exists()           # info builds nothing
+    assert f"build it with: python cli.py data prepare --task pmnist --data-dir {data_dir}\n" \
+        in r.output
+    r = _run_cli("data", "info", "--task", "pmnist", "--data-dir", str(data_dir),
+                 "--perm-seed", "2")
+    assert ("pmnist-seed2.h5: not built" in r.output and f"build it with: python cli.py data "
+            f"prepare --task pmnist --data-dir {data_dir} --perm-seed 2\n" in r.output)
     r = _run_cli("data", "prepare", "--task", "pmnist", "--task", "mnist-noise",
                  "--data-dir", str(data_dir), "--perm-seed", "2")
     assert r.exit_code == 0, r.output
