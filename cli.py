@@ -6,6 +6,7 @@
 """
 import math
 import os
+import shlex
 import signal
 import sys
 import warnings
@@ -555,7 +556,8 @@ def plot_runs(runs, out, name):
 @click.option("--gamma", default=None, type=FiniteFloat(min=0),
               help="Diffusion gamma (grid: 0.001, 0.01, 0.1, 1) [default: 0.01].")
 @click.option("--sigma-w", default=1.0, show_default=True, type=FiniteFloat(min=0),
-              help="Recurrent init W ~ N(0, sigma_w^2 / n) (grid: 0, 1, 2, 4, 8, 16).")
+              help="Recurrent init W ~ N(0, sigma_w^2 / n) (grid: 0, 1, 2, 4, 8, 16); "
+                   "--init paper only.")
 @click.option("--init", default="paper", show_default=True,
               type=click.Choice(INIT_SCHEMES),
               help="Initialisation: Appendix C, or critical (LSTMs only).")
@@ -601,7 +603,8 @@ def plot_runs(runs, out, name):
 @click.option("--T", "T", default=None, type=click.IntRange(min=1),
               help="Sequence length of the noise-padded tasks.")
 @click.option("--progress/--no-progress", default=True, show_default=True,
-              help="Show the progress bar (on a terminal; one line per log interval otherwise).")
+              help="Show the progress bar (on a terminal; one line per log interval otherwise). "
+                   "Evaluations and a stop are reported either way.")
 def train(progress, out, resume, **options):
     """Train a model on a task; writes runs/NAME/config.json, metrics.jsonl, checkpoint.h5.
 
@@ -876,8 +879,10 @@ def data_info(task, data_dir, perm_seed, T, as_json):
                                   else found == "none"):
             instructions = source.instructions(datasets.resolve_data_dir(data_dir))
             click.echo("  " + instructions.replace("\n", "\n  "))
+        own_seed = spec.layout == "permuted" and perm_seed != datasets.DEFAULT_PERMUTATION_SEED
         click.echo(f"  build it with: python cli.py data prepare --task {task}"
-                   + (f" --data-dir {data_dir}" if data_dir else ""))
+                   + (f" --data-dir {shlex.quote(str(data_dir))}" if data_dir else "")
+                   + (f" --perm-seed {perm_seed}" if own_seed else ""))
         return
     try:
         with datasets.get_task(task, data_dir=data_dir, T=T, seed=perm_seed,

@@ -378,7 +378,8 @@ class LSTMCell(StackedGateCell):
     b_k ~ N(mu_k, rho_k^2) (section 4.1), and their gate r is our candidate gate g. Here W_k is a
     block of weight_hh with variance sigma_k^2 / n, U_k a block of weight_ih with variance
     nu_k^2 / m (the paper takes the input size equal to N; we use m), b_k = mu_k sits in bias_ih
-    (all rho_k^2 = 0, bias_hh = 0), and the peephole vectors are zero. sigma_w is ignored.
+    (all rho_k^2 = 0, bias_hh = 0), and the peephole vectors are zero. There is no sigma_w
+    (make_model refuses one other than 1).
     The paper's peephole LSTM feeds the cell state to the gates through full matrices W_k; ours
     feeds h_{t-1} through weight_hh and c through the diagonal peepholes, so the D.4 values are
     applied to weight_hh. D.4's values for the unrolled CIFAR-10 LSTM were found with

@@ -250,6 +250,9 @@ def make_model(name, input_size, hidden_size, num_classes=10, eps=None, gamma=No
     sigma_w = _real("sigma_w", sigma_w)
     if not np.isfinite(sigma_w) or sigma_w < 0:
         raise ValueError(f"sigma_w must be a finite number >= 0, got {sigma_w!r}")
+    if init == "critical" and sigma_w != 1.0:
+        raise ValueError(f"sigma_w = {sigma_w!r} has no effect with init 'critical', whose "
+                         f"variances are Gilboa et al.'s (D.4): leave sigma_w at 1")
     hyper = {}
     for key, value, default in (("eps", eps, DEFAULT_EPS), ("gamma", gamma, DEFAULT_GAMMA)):
         if key not in cell.hyper:

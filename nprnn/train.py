@@ -312,10 +312,11 @@ class StopSignals:
 
 class Progress:
     """A one-line progress bar on a terminal (redrawn at most 4 times a second); elsewhere (a log
-    file under nohup) one line per logging interval. Shows it/s, loss and running accuracy."""
+    file under nohup) one line per logging interval. Shows it/s, loss and running accuracy.
+    Disabled, it draws nothing and hands its messages (evaluations, a stop) to `echo`."""
 
-    def __init__(self, total, start, stream=None, enabled=True, width=24):
-        self.total, self.enabled, self.width = total, enabled, width
+    def __init__(self, total, start, stream=None, enabled=True, width=24, echo=print):
+        self.total, self.enabled, self.width, self.echo = total, enabled, width, echo
         self.stream = stream or sys.stderr
         self.tty = enabled and hasattr(self.stream, "isatty") and self.stream.isatty()
         self.t0, self.i0, self.last_draw = time.perf_counter(), start, 0.0
@@ -361,11 +362,13 @@ class Progress:
             self.last_draw = now
 
     def message(self, text):
-        """A line of text that does not collide with the bar."""
-        if self.enabled:
-            self.stream.write(("\n" if self.tty else "") + text + "\n")
-            self.stream.flush()
-            self.last_draw = 0.0
+        """A line of text that does not collide with the bar (`echo`'s, without a bar)."""
+        if not self.enabled:
+            self.echo(text)
+            return
+        self.stream.write(("\n" if self.tty else "") + text + "\n")
+        self.stream.flush()
+        self.last_draw = 0.0
 
 
 # ----------------------------------------------------------------------------------------------
@@ -522,7 +525,7 @@ def train(config=None, out="runs/run", resume=False, given=None, task=None, echo
         saved_at[0] = prog["iteration"]
 
     log = MetricsLog(out / METRICS, keep_until=prog["iteration"] if resume else None)
-    bar = Progress(total, prog["iteration"], enabled=progress)
+    bar = Progress(total, prog["iteration"], enabled=progress, echo=echo)
     t_start, elapsed0 = time.perf_counter(), prog["elapsed"]
 
     def elapsed():

@@ -330,7 +330,7 @@ def test_critical_initialisation_follows_appendix_d4(name):
     nu2, sigma2, mu = {"lstm": ((1, 0, 1, 0), (1e-5, 1e-5, 1e-5, 1), (0, 1, 0, 0)),
                        "peephole-lstm": ((0, 0, 0, 0), (1e-5,) * 4, (0, 5, 0, 0))}[name]
     m, n = 60, 300
-    p = nprnn.make_model(name, m, n, 10, init="critical", sigma_w=7.0, dtype="float64").params
+    p = nprnn.make_model(name, m, n, 10, init="critical", dtype="float64").params
     for gate, w_ih, w_hh, b_ih, b_hh, v_in, v_rec, bias in zip(
             "ifgo", *(gate_blocks(p[key], 4) for key in ("weight_ih", "weight_hh", "bias_ih",
                                                          "bias_hh")), nu2, sigma2, mu):
@@ -338,7 +338,7 @@ def test_critical_initialisation_follows_appendix_d4(name):
             assert np.all(w_ih == 0), gate
         else:
             assert abs(w_ih.var() / (v_in / m) - 1) < 0.05, gate
-        assert abs(w_hh.var() / (v_rec / n) - 1) < 0.02, gate          # sigma_w is ignored
+        assert abs(w_hh.var() / (v_rec / n) - 1) < 0.02, gate
         assert np.all(b_ih == bias) and np.all(b_hh == 0), gate
     for key in ("w_ci", "w_cf", "w_co"):
         assert key not in p or np.all(p[key] == 0)
@@ -359,6 +359,8 @@ def test_unknown_model_and_bad_construction_arguments():
         nprnn.make_model("antisym", 1, 8, eps=-0.1)
     with pytest.raises(ValueError, match=r"init 'critical' is not available for model 'antisym'"):
         nprnn.make_model("antisym", 1, 8, init="critical")
+    with pytest.raises(ValueError, match=r"sigma_w = 7.0 has no effect with init 'critical'"):
+        nprnn.make_model("lstm", 1, 8, init="critical", sigma_w=7.0)   # D.4 sets the variances
     with pytest.raises(ValueError, match=r"'feedback' has no hyperparameter 'gamma'"):
         nprnn.make_model("feedback", 1, 8, gamma=0.1)
     with pytest.raises(ValueError, match=r"num_classes must be an integer >= 2, got 1"):

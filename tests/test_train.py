@@ -489,6 +489,11 @@ def test_cli_train_then_eval(tmp_path, toy_get_task):
     r = runner.invoke(cli.cli, ["train", "--out", out, "--resume", "--iterations", "40"])
     assert r.exit_code == 0, r.output
     assert "final test accuracy after 40" in r.output
+    # without the bar the evaluations are still said (a batch job's log needs them most)
+    r = runner.invoke(cli.cli, ["train", "--out", out, "--resume", "--iterations", "45",
+                                "--eval-every", "5", "--no-progress"])
+    assert r.exit_code == 0, r.output
+    assert "iteration 45: test loss" in r.output and "[#" not in r.output
 
 
 def test_the_permutation_seed_reaches_the_task_and_is_not_the_training_seed(tmp_path,
@@ -539,6 +544,11 @@ def test_the_progress_bar_shows_an_evaluation_in_progress_on_a_terminal_only():
     log = Progress(total=100, start=0, stream=io.StringIO())
     log.status("iteration 10: evaluating test, 256 / 1,000")
     assert log.stream.getvalue() == ""
+    said = []
+    quiet = Progress(total=100, start=0, stream=io.StringIO(), enabled=False, echo=said.append)
+    quiet.update(100, 0.5, 0.9, interval_end=True)
+    quiet.message("iteration 100: test loss 0.5")
+    assert quiet.stream.getvalue() == "" and said == ["iteration 100: test loss 0.5"]
 
 
 def test_train_and_evaluate_checkpoint_close_the_task_they_load(tmp_path, monkeypatch):
