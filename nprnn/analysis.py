@@ -455,7 +455,8 @@ def gate_statistics(model, batches):
     T, S = None, 0
     for x in batches:
         x = np.asarray(x)
-        if x.ndim != 3 or x.shape[2] != model.input_size or x.shape[1] != (T or x.shape[1]):
+        if (x.ndim != 3 or x.shape[2] != model.input_size
+                or (T is not None and x.shape[1] != T)):
             want = f"(B, {T or 'T'}, {model.input_size})"
             raise ValueError(f"every batch must have shape {want}; got {x.shape}")
         if T is None:
@@ -491,10 +492,11 @@ def gate_segments(stats, image_steps):
             raise ValueError(f"image_steps must be in 1..T = {T}, got {image_steps}")
         noise = [(image_steps + 1, T)] if image_steps < T else []
         for first, last in [(1, image_steps)] + noise:
-            mean = s["mean"][first - 1:last]
-            second = np.mean(s["std"][first - 1:last] ** 2 + mean ** 2)     # E[v^2]
-            rows.append(dict(gate=gate, first=first, last=last, mean=float(mean.mean()),
-                             std=float(np.sqrt(max(second - mean.mean() ** 2, 0.0)))))
+            means = s["mean"][first - 1:last]
+            mean = means.mean()
+            second = np.mean(s["std"][first - 1:last] ** 2 + means ** 2)    # E[v^2]
+            rows.append(dict(gate=gate, first=first, last=last, mean=float(mean),
+                             std=float(np.sqrt(max(second - mean ** 2, 0.0)))))
     return rows
 
 
