@@ -79,6 +79,10 @@ class Model:
                 raise ValueError(f"model.params[{k!r}] is a {memory_of(v)} array of shape "
                                  f"{tuple(v.shape)} and dtype {v.dtype}; this {self.device} model "
                                  f"needs shape {shape} and dtype {dtype}")
+            if isinstance(v, np.ndarray) and not v.flags.c_contiguous:
+                raise ValueError(f"model.params[{k!r}] is not C-contiguous (a transposed or "
+                                 f"strided view?); the kernels and optimizers need it so: "
+                                 f"np.ascontiguousarray(...)")
 
     def _check_x(self, x):
         """x as the kernels read it (time-major, the model's dtype), after checking it and the

@@ -32,6 +32,9 @@ def _flat(a, what, name):
     if not isinstance(a, np.ndarray) or not a.flags.c_contiguous:
         raise ValueError(f"{what} {name!r} must be a C-contiguous numpy array so that it can be "
                          f"updated in place")
+    if not a.flags.writeable:
+        raise ValueError(f"{what} {name!r} is read-only (a memory map, say), and the step "
+                         f"updates it in place: pass a writable copy, np.array(...)")
     return a.reshape(-1)
 
 

@@ -462,6 +462,10 @@ def test_parameters_replaced_with_the_wrong_dtype_or_shape_are_named():
     del model.params["bias_hh"]
     with pytest.raises(ValueError, match="model.params must hold"):
         model.forward(x)
+    model = random_model("rnn")                  # a readout stored as (n, K), then transposed
+    model.params["W_out"] = np.ascontiguousarray(model.params["W_out"].T).T
+    with pytest.raises(ValueError, match=r"model.params\['W_out'\] is not C-contiguous"):
+        model.loss_and_grad(x, y)
 
 
 @pytest.mark.parametrize("name", ["antisym", "antisym-gated", "rnn", "lstm", "gru"])

@@ -227,6 +227,10 @@ def test_bad_arguments_are_named():
     strided = {"w": np.zeros(6)[::2]}
     with pytest.raises(ValueError, match="C-contiguous"):
         SGD(strided, lr=0.1).step(strided, {"w": np.zeros(3)})
+    frozen = {"w": np.zeros(3)}
+    frozen["w"].flags.writeable = False
+    with pytest.raises(ValueError, match="parameter 'w' is read-only"):
+        SGD(frozen, lr=0.1).step(frozen, {"w": np.zeros(3)})
     with pytest.raises(ValueError, match="scale must be a number or a float64 array"):
         opt.step(p, {"w": np.zeros(3)}, scale=np.ones(2))
 
