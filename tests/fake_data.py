@@ -80,12 +80,10 @@ def fake_idx_source(directory, name="mnist", urls=None, title="fake MNIST", arra
                              homepage="http://example.invalid/")
 
 
-def install_fake_mnist(data_dir, arrays=None):
-    """Write fake MNIST into data_dir/mnist and register its source as SOURCES['mnist'] (for
-    subprocesses, which cannot use pytest's monkeypatch)."""
-    arrays = write_fake_mnist(Path(data_dir) / "mnist", arrays)
+def register_fake_mnist(data_dir, arrays=None):
+    """Register the source of the fake MNIST that write_fake_mnist(data_dir / "mnist") writes as
+    SOURCES['mnist'] (for subprocesses, which cannot use pytest's monkeypatch)."""
     sources.SOURCES["mnist"] = fake_idx_source(data_dir, arrays=arrays)
-    return arrays
 
 
 # ----------------------------------------------------------------------------------------------

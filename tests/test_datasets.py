@@ -481,7 +481,7 @@ sys.path.insert(0, {tests!r})
 import fake_data
 from nprnn import datasets
 data_dir, mode = pathlib.Path({data_dir!r}), {mode!r}
-fake_data.install_fake_mnist(data_dir)
+fake_data.register_fake_mnist(data_dir)      # _builder wrote the files
 real_write = datasets._write_split
 def write_and_wait(f, split, images, labels):
     real_write(f, split, images, labels)
@@ -499,6 +499,11 @@ print(task.size("train"), task.size("test"))
 
 
 def _builder(data_dir, mode):
+    """A process that builds the mnist cache from the fake MNIST in data_dir, written here
+    once: two builders writing the raw files too would race (one reading a file the other has
+    just truncated)."""
+    if not (Path(data_dir) / "mnist").is_dir():
+        fd.write_fake_mnist(Path(data_dir) / "mnist")
     code = BUILDER.format(tests=str(Path(__file__).parent), data_dir=str(data_dir), mode=mode)
     return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
