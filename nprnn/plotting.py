@@ -156,7 +156,7 @@ def plot_gates(runs, path):
     """Each run's gates against the step t: the mean over sequences and units, with a band of
     one standard deviation, and a dotted line where the image ends and noise begins."""
     fig = _figure(figsize=(10, 2.6 * len(runs) + 0.4), layout="constrained")
-    axes = np.atleast_1d(fig.subplots(len(runs), 1, squeeze=False)[:, 0])
+    axes = fig.subplots(len(runs), 1, squeeze=False)[:, 0]
     for ax, run in zip(axes, runs):
         for k, (gate, s) in enumerate(run["steps"].items()):
             t = np.arange(1, run["T"] + 1)
