@@ -90,6 +90,22 @@ class Cell:
         return self.name.replace("-", "_")
 
 
+def grown_view(memory, shape, dtype, allocate):
+    """(memory, a): `a` an array of `shape` and `dtype` over the first bytes of `memory`, a 1-d
+    uint8 view of a buffer (or None). Where memory is None or too small, `a` is allocated
+    afresh, allocate(shape, dtype=dtype), and its bytes are the memory returned, so memory only
+    grows. A zero-size `a` is always fresh (there are no bytes to view) and leaves memory as it
+    was. What `Workspace` and the slots of `gpu.Staging` hold their buffers with."""
+    shape, dtype = tuple(int(s) for s in shape), np.dtype(dtype)
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    if nbytes == 0:
+        return memory, allocate(shape, dtype=dtype)
+    if memory is None or memory.size < nbytes:
+        a = allocate(shape, dtype=dtype)
+        return a.reshape(a.size).view(np.uint8), a
+    return memory, memory[:nbytes].view(dtype).reshape(shape)
+
+
 class Workspace:
     """Arrays kept from call to call under a name, so that a training loop allocates its
     activations once instead of every step (fresh arrays of ~100 MB cost ~10 ms of page faults
@@ -110,20 +126,12 @@ class Workspace:
 
     def get(self, name, shape, dtype):
         shape, dtype = tuple(int(s) for s in shape), np.dtype(dtype)
-        held = self.buffers.get(name)
-        if held is not None and held[1].shape == shape and held[1].dtype == dtype:
-            return held[1]
-        nbytes = int(np.prod(shape)) * dtype.itemsize
-        if nbytes == 0:                 # nothing to hold (and no bytes to view)
-            return self.allocate(shape, dtype=dtype)
-        if held is None or held[0].size < nbytes:
-            self.allocations += 1
-            a = self.allocate(shape, dtype=dtype)
-            memory = a.reshape(a.size).view(np.uint8)
-        else:
-            memory = held[0]
-            a = memory[:nbytes].view(dtype).reshape(shape)
-        self.buffers[name] = (memory, a)
+        memory, last = self.buffers.get(name, (None, None))
+        if last is not None and last.shape == shape and last.dtype == dtype:
+            return last
+        grown, a = grown_view(memory, shape, dtype, self.allocate)
+        self.allocations += grown is not memory
+        self.buffers[name] = (grown, a)
         return a
 
 

@@ -130,21 +130,14 @@ class _Slot:
         self.device = self.host = self.copied = None
 
     def device_view(self, shape, dtype):
-        shape, dtype = tuple(int(s) for s in shape), np.dtype(dtype)
-        nbytes = int(np.prod(shape)) * dtype.itemsize
-        if nbytes == 0:                       # nothing to hold (and no bytes to view)
-            return device_array(shape, dtype)
-        if self.device is None or self.device.size < nbytes:
-            self.device = device_array(nbytes, np.uint8)
-        return self.device[:nbytes].view(dtype).reshape(shape)
+        self.device, a = cells.grown_view(self.device, shape, dtype, device_array)
+        return a
 
     def host_view(self, shape, dtype):
-        nbytes = int(np.prod(shape)) * dtype.itemsize
-        if nbytes == 0:
+        if 0 in shape:                        # nothing to pin (cuMemHostAlloc of 0 bytes)
             return np.empty(shape, dtype=dtype)
-        if self.host is None or self.host.size < nbytes:
-            self.host = pinned_array(nbytes, np.uint8)
-        return self.host[:nbytes].view(dtype).reshape(shape)
+        self.host, a = cells.grown_view(self.host, shape, dtype, pinned_array)
+        return a
 
 
 def _event():
