@@ -164,12 +164,23 @@ def _memory_error(error, lower, note=""):
     return click.ClickException(f"not enough memory for this size{detail}; lower {lower}{note}")
 
 
+# What running out of memory looks like besides MemoryError: numpy's refusal of a shape whose
+# size overflows, and PyTorch's allocators (RuntimeError; torch.OutOfMemoryError on the GPU).
+_OUT_OF_MEMORY = ("array is too big", "maximum allowed dimension exceeded", "out of memory",
+                  "can't allocate memory")
+
+
 @contextmanager
 def _enough_memory(lower):
-    """A MemoryError inside becomes _memory_error(e, lower)."""
+    """A MemoryError inside, or a ValueError or RuntimeError that says memory ran out (numpy,
+    PyTorch), becomes _memory_error(e, lower)."""
     try:
         yield
     except MemoryError as e:
+        raise _memory_error(e, lower) from None
+    except (ValueError, RuntimeError) as e:
+        if not any(words in str(e).lower() for words in _OUT_OF_MEMORY):
+            raise
         raise _memory_error(e, lower) from None
 
 
@@ -744,7 +755,10 @@ def bench(models, B, T, m, n, dtype, repeat, with_torch, device):
     Prints medians of --repeat runs after a warm-up run. The last column is nprnn's time over
     PyTorch's (below 1: nprnn is faster). Install PyTorch with `pip install torch` for it."""
     from nprnn import bench as B_
-    names = list(nprnn.CELLS) if models == ["all"] else models
+    if "all" in models and models != ["all"]:
+        raise click.BadParameter(f"'all' stands alone, got {','.join(models)!r}",
+                                 param_hint="--model")
+    names = list(nprnn.CELLS) if models == ["all"] else list(dict.fromkeys(models))
     unknown = [s for s in names if s not in nprnn.CELLS]
     if unknown:
         raise click.BadParameter(f"unknown model(s) {', '.join(unknown)}; choose from "

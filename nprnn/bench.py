@@ -12,9 +12,11 @@ GFLOP/s counts the matrix products only (the elementwise work is small beside th
     forward   2 T B n (k_rec n + k_in m)          k_rec, k_in = n-wide blocks of the recurrent and
     backward  2 T B n (2 k_rec n + k_in m)        input products (1 for antisym, 4 for lstm, ...)
 
-Subnormal numbers are flushed to zero on both sides (`torch.set_flush_denormal(True)`; nprnn's
-kernels flush float32 subnormal gradients, see `kernels/common.py`): without it, PyTorch's LSTM
-backward at T = 784 runs over ten times slower, which would flatter nprnn.
+In float32, subnormal numbers are flushed to zero on both sides (`torch.set_flush_denormal(True)`
+while PyTorch is timed; nprnn's kernels flush float32 subnormal gradients, see
+`kernels/common.py`): without it, PyTorch's LSTM backward at T = 784 runs over ten times slower,
+which would flatter nprnn. In float64 neither side flushes. The mode is set back afterwards, so
+nprnn's later rows are timed as the first.
 
 PyTorch is an optional yardstick (`pip install torch`); nprnn never imports it elsewhere.
 """
@@ -124,9 +126,17 @@ def bench_torch(name, B, T, m, n, dtype, repeat, seed=0, device="cpu"):
     """PyTorch doing the same work on `device` ("cpu" or "cuda"); None where PyTorch has no
     counterpart (peephole-lstm). On "cuda", rnn, lstm and gru are cuDNN's kernels."""
     import torch
-    # PyTorch's fastest setting on the CPU: gradients that die away over hundreds of steps reach
-    # the subnormal range, where each operation is ~100x slower (nprnn flushes them too).
-    torch.set_flush_denormal(True)
+    # PyTorch's fastest setting on the CPU in float32: gradients that die away over hundreds of
+    # steps reach the subnormal range, where each operation is ~100x slower (nprnn's float32
+    # kernels flush them too; its float64 kernels do not, nor does PyTorch then).
+    torch.set_flush_denormal(dtype == "float32")
+    try:
+        return _bench_torch(torch, name, B, T, m, n, dtype, repeat, seed, device)
+    finally:
+        torch.set_flush_denormal(False)     # the thread's mode, as numba's kernels found it
+
+
+def _bench_torch(torch, name, B, T, m, n, dtype, repeat, seed, device):
     tdtype = getattr(torch, dtype)
     gen = torch.Generator().manual_seed(seed)
     if name in ("rnn", "lstm", "gru"):
@@ -183,15 +193,15 @@ def format_table(rows):
     w = max([len("implementation")] + [len(r["impl"]) for r in rows])
     lines = [f"{'model':<14} {'implementation':<{w}} {'forward ms':>10} {'fwd+bwd ms':>10} "
              f"{'GFLOP/s':>8} {'fwd+bwd vs PyTorch':>18}"]
+    def shown(value, form):                     # "-" for what was not measured (nan)
+        return form.format(value) if value is not None and np.isfinite(value) else "-"
     for r in rows:
         note = f"  {r['note']}" if r.get("note") else ""
-        if not np.isfinite(r["fwd_bwd"]):                   # a version that did not run
-            lines.append(f"{r['model']:<14} {r['impl']:<{w}} {'-':>10} {'-':>10} {'-':>8} "
-                         f"{'-':>18}{note}")
-            continue
-        ratio = f"{r['ratio']:.2f}x" if "ratio" in r else "-"
-        lines.append(f"{r['model']:<14} {r['impl']:<{w}} {r['forward'] * 1e3:>10.1f} "
-                     f"{r['fwd_bwd'] * 1e3:>10.1f} {r['gflops']:>8.1f} {ratio:>18}{note}")
+        lines.append(f"{r['model']:<14} {r['impl']:<{w}} "
+                     f"{shown(r['forward'] * 1e3, '{:.1f}'):>10} "
+                     f"{shown(r['fwd_bwd'] * 1e3, '{:.1f}'):>10} "
+                     f"{shown(r.get('gflops'), '{:.1f}'):>8} "
+                     f"{shown(r.get('ratio'), '{:.2f}x'):>18}{note}")
     return "\n".join(lines)
 
 
@@ -210,7 +220,7 @@ def run_gpu(names, B, T, m, n, dtype="float32", repeat=5, with_torch=True, seed=
                                 seed=seed):
             row = dict(model=name, impl=f"nprnn cuda, {r['version']}", note=r["note"],
                        forward=r["forward_ms"] / 1e3, fwd_bwd=r["forward_backward_ms"] / 1e3)
-            row["gflops"] = f_all / row["fwd_bwd"] / 1e9
+            row["gflops"] = f_all / row["fwd_bwd"] / 1e9              # nan: not measured
             if theirs is not None:
                 row["ratio"] = row["fwd_bwd"] / theirs["fwd_bwd"]
             elif with_torch and not row["note"]:

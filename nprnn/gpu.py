@@ -524,18 +524,22 @@ def time_model(name, B=128, n=128, m=1, T=784, K=10, dtype="float32", versions=(
     for version in versions:
         row = dict(model=name, version=version, B=B, n=n, m=m, T=T, dtype=str(dtype),
                    forward_ms=float("nan"), forward_backward_ms=float("nan"), note="")
-        for backward in (False, True):
-            if version == "persistent" and not runner.persistent_fits(n, dtype, backward):
-                row["note"] = (f"persistent {'BPTT' if backward else 'forward'} does not fit in "
-                               f"shared memory at n={n}, {dtype}; 'auto' runs 'step' there")
-        if not row["note"]:
+        misfits = [] if version == "step" else [
+            label for label, backward in (("forward", False), ("BPTT", True))
+            if not runner.persistent_fits(n, dtype, backward)]
+        if misfits:
+            row["note"] = (f"persistent {' and '.join(misfits)} "
+                           f"{'does' if len(misfits) == 1 else 'do'} not fit in shared memory "
+                           f"at n={n}, {dtype}; 'auto' runs 'step' there")
+        if "forward" not in misfits:        # a forward that fits is timed even if BPTT is not
             fwd = lambda: model_logits(model, x, version, ws)                   # noqa: E731
-            both = lambda: model_loss_and_grad(model, x, y, version, ws, out)    # noqa: E731
             row["forward_ms"] = _elapsed_ms(fwd, repeats, warmup)
+        if not misfits:
+            both = lambda: model_loss_and_grad(model, x, y, version, ws, out)    # noqa: E731
             row["forward_backward_ms"] = _elapsed_ms(both, repeats, warmup)
-            if simulator_enabled():
-                row["forward_ms"] = row["forward_backward_ms"] = float("nan")
-                row["note"] = "CUDA simulator: no timings"
+        if simulator_enabled():
+            row["forward_ms"] = row["forward_backward_ms"] = float("nan")
+            row["note"] = "; ".join(filter(None, [row["note"], "CUDA simulator: no timings"]))
         rows.append(row)
     return rows
 

@@ -48,6 +48,15 @@ def test_table_columns_line_up_and_notes_follow_their_rows():
     assert lines[2].endswith("-  (PyTorch has no such cell)")
 
 
+def test_a_row_shows_what_was_measured_and_dashes_the_rest():
+    """A persistent version whose forward fits but whose BPTT does not: its forward time, then
+    dashes."""
+    row = dict(model="lstm", impl="nprnn cuda, persistent", forward=0.0123, fwd_bwd=float("nan"),
+               gflops=float("nan"), ratio=float("nan"), note="persistent BPTT does not fit")
+    line = bench.format_table([row]).splitlines()[1]
+    assert line.split()[4:9] == ["12.3", "-", "-", "-", "persistent"]
+
+
 def test_gpu_table_rows_ratios_and_yardsticks(monkeypatch):
     """run_gpu's assembly of the GPU table, with the timings faked (CI has no GPU): a row per
     kernel version, ratios against the same model's PyTorch row, a note where PyTorch has no such
@@ -92,6 +101,44 @@ def test_bench_names_an_unknown_model():
     assert "unknown model(s) lstmm" in result.output and "peephole-lstm" in result.output
 
 
+def test_bench_times_a_model_named_twice_once_and_all_stands_alone():
+    args = ["--batch", "2", "--T", "3", "--hidden", "4", "--repeat", "1", "--no-torch"]
+    result = CliRunner().invoke(cli.cli, ["bench", "--model", "rnn,rnn", *args])
+    assert result.exit_code == 0, result.output
+    assert sum(line.startswith("rnn ") for line in result.output.splitlines()) == 1
+    result = CliRunner().invoke(cli.cli, ["bench", "--model", "all,rnn", *args])
+    assert result.exit_code == 2 and "'all' stands alone, got 'all,rnn'" in result.output
+
+
+@pytest.mark.parametrize("size", [["--hidden", "10000000000"], ["--T", "9" * 25]])
+def test_bench_says_a_size_does_not_fit_in_memory(size):
+    """numpy refuses these shapes with a ValueError ("array is too big", "Maximum allowed
+    dimension exceeded"): the memory message, not a traceback."""
+    result = CliRunner().invoke(cli.cli, ["bench", "--model", "rnn", "--no-torch", *size])
+    assert result.exit_code == 1, result.output
+    assert "\nError: not enough memory for this size (" in result.output
+    assert "lower --batch, --T, --input-size or --hidden" in result.output
+
+
+def test_a_torch_out_of_memory_error_is_the_memory_message(monkeypatch):
+    """PyTorch's allocators raise RuntimeError (torch.OutOfMemoryError on the GPU)."""
+    def bench_torch(*args, **kw):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't "
+                           "allocate memory: you tried to allocate 123 bytes")
+    monkeypatch.setattr(bench, "torch_available", lambda device=None: True)
+    monkeypatch.setattr(bench, "bench_torch", bench_torch)
+    result = CliRunner().invoke(cli.cli, ["bench", "--model", "rnn", "--batch", "2", "--T", "3",
+                                          "--hidden", "4", "--repeat", "1"])
+    assert result.exit_code == 1 and "not enough memory for this size" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_a_runtime_error_about_something_else_is_not_called_memory(monkeypatch):
+    monkeypatch.setattr(bench, "run", lambda *a, **kw: (_ for _ in ()).throw(RuntimeError("x")))
+    result = CliRunner().invoke(cli.cli, ["bench", "--model", "rnn", "--no-torch"])
+    assert isinstance(result.exception, RuntimeError) and str(result.exception) == "x"
+
+
 @pytest.mark.skipif(cuda_available()[0], reason="a GPU is present: the error path cannot be hit")
 def test_bench_on_cuda_without_a_gpu_says_why():
     result = CliRunner().invoke(cli.cli, ["bench", "--device", "cuda", "--no-torch"])
@@ -104,6 +151,16 @@ def test_torch_yardstick_runs_the_same_cell():
     r = bench.bench_torch("antisym-gated", 2, 3, 1, 4, "float32", repeat=1)
     assert r["forward"] > 0 and r["fwd_bwd"] > 0 and np.isfinite(r["fwd_bwd"])
     assert bench.bench_torch("peephole-lstm", 2, 3, 1, 4, "float32", repeat=1) is None
+
+
+@pytest.mark.skipif(not bench.torch_available(), reason="PyTorch is not installed (optional)")
+def test_the_torch_yardstick_gives_back_the_floating_point_mode():
+    """PyTorch is timed with subnormals flushed (float32); nprnn's rows timed after it must not
+    run in that mode, nor compute float64 results in it."""
+    subnormal = np.array([1e-310])
+    for dtype in ("float32", "float64"):
+        bench.bench_torch("rnn", 2, 3, 1, 4, dtype, repeat=1)
+        assert (subnormal * 1.0)[0] == 1e-310, dtype
 
 
 def test_data_benchmark_runs_at_tiny_sizes(monkeypatch, capsys):

@@ -137,6 +137,24 @@ def test_time_model_reports_every_version():
             assert 0 < r["forward_ms"] <= r["forward_backward_ms"]
 
 
+@pytest.mark.parametrize("fits, timed, note", [
+    ({False: True, True: False}, ("forward",), "persistent BPTT does not fit"),
+    ({False: False, True: False}, (), "persistent forward and BPTT do not fit")])
+def test_time_model_times_the_persistent_pass_that_fits(monkeypatch, fits, timed, note):
+    """A persistent forward that fits is timed even when its BPTT does not, and the note names
+    every pass that does not fit."""
+    runner = gpu.gpu_cell("rnn")
+    monkeypatch.setattr(runner, "persistent_fits", lambda n, dtype, backward: fits[backward])
+    ran = []
+    monkeypatch.setattr(gpu, "_elapsed_ms", lambda fn, repeats, warmup: fn() or 1.0)
+    monkeypatch.setattr(gpu, "model_logits", lambda *a: ran.append("forward"))
+    monkeypatch.setattr(gpu, "model_loss_and_grad", lambda *a: ran.append("forward+backward"))
+    step, persistent = gpu.time_model("rnn", B=2, n=4, m=1, T=2, K=3, repeats=1, warmup=0)
+    assert persistent["note"].startswith(note) and "'auto' runs 'step' there" in persistent["note"]
+    assert not step["note"].startswith("persistent")
+    assert ran == ["forward", "forward+backward", *timed]        # step's two, then persistent's
+
+
 def test_every_cell_has_gpu_kernels():
     assert set(gpu.GPU_CELLS) == set(nprnn.CELLS)
 
