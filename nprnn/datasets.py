@@ -206,15 +206,22 @@ class Task:
         reuse=True (cuda only) fills a few device buffers in turn instead of fresh arrays, and
         uploads without waiting for the GPU (nprnn.gpu.Staging): each x yielded is overwritten
         two batches later, after the kernels launched on it before then. The training loop and
-        evaluation use it; keep it off to hold on to batches."""
+        evaluation use it; keep it off to hold on to batches. reuse may also be a gpu.Staging
+        to fill, so that passes one after another (the epochs of a run and its evaluations)
+        keep the same buffers rather than each allocating its own: "two batches later" then
+        counts the batches of every pass filling it."""
         if device not in DEVICES:
             raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
-        if reuse and device != "cuda":
+        if reuse is not False and device != "cuda":
             raise ValueError(f"reuse=True reuses GPU buffers: it needs device='cuda', got "
                              f"{device!r}")
         if device == "cuda":
             from .device import resolve_device
             resolve_device(device)     # DeviceUnavailable, saying why, when no GPU is usable
+            from .gpu import Staging
+            if not isinstance(reuse, (bool, Staging)):
+                raise ValueError(f"reuse must be True, False or an nprnn.gpu.Staging, got "
+                                 f"{reuse!r}")
         _check_split(split)
         B = _check_int("batch_size", batch_size, minimum=1)
         start = _check_int("start", start)
@@ -235,7 +242,8 @@ class Task:
             return (self._make_batch(split, order[b * B:(b + 1) * B], fresh(b))
                     for b in range(start, nb))
         from . import gpu
-        staging = gpu.Staging() if reuse else None
+        staging = (reuse if isinstance(reuse, gpu.Staging) else
+                   gpu.Staging() if reuse else None)
         return (self._make_device_batch(split, order[b * B:(b + 1) * B], fresh(b), staging)
                 for b in range(start, nb))
 

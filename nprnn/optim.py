@@ -14,6 +14,10 @@ continues bit for bit.
     opt = make_optimizer("sgd", model.params, lr=0.1, momentum=0.9)
     loss, grads = model.loss_and_grad(x, y)
     opt.step(model.params, grads, clip_scale(global_norm(grads), clip=1.0))
+
+That is the plain way. On a cuda model it makes the host wait for the GPU at every step
+(`global_norm` reads the norm back, and a number as the scale is uploaded afresh); a loop on the
+GPU keeps the norm and the clipping factor there with a `StepRecorder`, as `train` does.
 """
 import math
 

@@ -208,13 +208,15 @@ def cross_entropy(logits, y):
     return log_norm - z[np.arange(len(y)), y], z.argmax(axis=1)
 
 
-def evaluate(model, task, split, batch_size=256, should_stop=None, progress=None):
+def evaluate(model, task, split, batch_size=256, should_stop=None, progress=None, staging=None):
     """Mean loss and accuracy of `model` over every example of a split, in a fixed order (the
     training split too: unshuffled, its last short batch kept), whatever the batch size.
 
     Returns dict(loss, accuracy, count), or None if `should_stop()` became true in between
     (a stop signal during a long evaluation does not wait for it to finish). `progress`, if
-    given, is called as progress(examples done, examples in all) after each batch."""
+    given, is called as progress(examples done, examples in all) after each batch. On cuda the
+    batches go through `staging` (an nprnn.gpu.Staging that the caller keeps from one
+    evaluation to the next), else through buffers of their own."""
     if task.size(split) == 0:
         if split == "valid":
             raise TrainError(f"task {task.name!r} has no validation split: it is held out of the "
@@ -222,7 +224,7 @@ def evaluate(model, task, split, batch_size=256, should_stop=None, progress=None
         raise TrainError(f"split {split!r} of task {task.name!r} is empty")
     loss_sum, correct, count = 0.0, 0, 0
     for x, y in task.batches(split, batch_size, shuffle=False, drop_last=False,
-                             device=model.device, reuse=model.device == "cuda"):
+                             device=model.device, reuse=_reuse(model, staging)):
         if should_stop is not None and should_stop():
             return None
         losses, pred = cross_entropy(model.forward(x), y)
@@ -232,6 +234,14 @@ def evaluate(model, task, split, batch_size=256, should_stop=None, progress=None
         if progress is not None:
             progress(count, task.size(split))
     return dict(loss=loss_sum / count, accuracy=correct / count, count=count)
+
+
+def _reuse(model, staging):
+    """Task.batches' `reuse` for a model: on cuda, `staging` if given, else buffers of the
+    pass's own; on the CPU, none."""
+    if model.device != "cuda":
+        return False
+    return True if staging is None else staging
 
 
 # ----------------------------------------------------------------------------------------------
@@ -510,6 +520,12 @@ def train(config=None, out="runs/run", resume=False, given=None, task=None, echo
     # reports, evaluates, saves or stops, and after every step on the CPU, where it costs nothing
     # and a divergence stops the run at once.
     recorder = StepRecorder(model.device, config["clip"], prog["interval"])
+    # on cuda, every epoch and evaluation of the run fills the same few batch buffers (page-locked
+    # ones among them, slow to allocate, and freed only by a wait for the GPU)
+    staging = None
+    if model.device == "cuda":
+        from .gpu import Staging
+        staging = Staging()
 
     def sync():
         """prog["interval"] brought up to date; TrainingDiverged if a step was not finite."""
@@ -536,7 +552,8 @@ def train(config=None, out="runs/run", resume=False, given=None, task=None, echo
         res = evaluate(model, task, split, config["eval_batch_size"],
                        should_stop=lambda: stop.stopping() is not None,
                        progress=lambda done, total: bar.status(
-                           f"iteration {it}: evaluating {split}, {done:,} / {total:,}"))
+                           f"iteration {it}: evaluating {split}, {done:,} / {total:,}"),
+                       staging=staging)
         if res is None:
             return False
         prog["evaluated"][split] = it
@@ -566,7 +583,7 @@ def train(config=None, out="runs/run", resume=False, given=None, task=None, echo
                 epoch, start = divmod(it, per_epoch)
                 for x, y in task.batches("train", B, seed=config["seed"], epoch=epoch,
                                          start=start, device=model.device,
-                                         reuse=model.device == "cuda"):
+                                         reuse=_reuse(model, staging)):
                     losses, grads, logits, y_step = model.step_arrays(x, y)
                     recorder.record(losses, logits, y_step, grads)
                     optimizer.step(model.params, grads, recorder.scale)

@@ -68,6 +68,37 @@ def test_reused_buffers_give_the_same_batches_and_are_overwritten_two_batches_la
         with pytest.raises(ValueError, match="reuse=True reuses GPU buffers: it needs "
                                              "device='cuda', got 'cpu'"):
             next(task.batches("test", 7, reuse=True))
+        with pytest.raises(ValueError, match="reuse must be True, False or an nprnn.gpu.Staging"
+                                             ", got 'yes'"):
+            task.batches("test", 7, device="cuda", reuse="yes")
+
+
+@pytest.mark.parametrize("name, T", [("mnist-noise", 30), ("mnist", None)])
+def test_passes_that_share_a_staging_allocate_once(data_dir, name, T, monkeypatch):
+    """A Staging handed to batches() (what train does for all its epochs and evaluations) gives
+    the batches of fresh arrays, and once a pass at the largest batch size has filled its slots,
+    later passes, smaller batches among them, allocate nothing."""
+    allocated = []
+    for kind in ("device_array", "pinned_array"):
+        make = getattr(gpu, kind)
+        monkeypatch.setattr(gpu, kind, lambda *a, _make=make, **kw: allocated.append(1)
+                            or _make(*a, **kw))
+    staging = gpu.Staging()
+    with get_task(name, data_dir=data_dir, T=T, progress=False) as task:
+        passes = [("test", 9, {}), ("train", 4, dict(seed=1, epoch=0)), ("test", 9, {}),
+                  ("train", 4, dict(seed=1, epoch=1))]
+        for k, (split, B, kw) in enumerate(passes):
+            fresh = [(x.copy_to_host(), y) for x, y in task.batches(split, B, device="cuda",
+                                                                     **kw)]
+            before = len(allocated)
+            shared = [(x.copy_to_host(), y) for x, y in task.batches(split, B, device="cuda",
+                                                                      reuse=staging, **kw)]
+            assert len(shared) == len(fresh)
+            for (xa, ya), (xb, yb) in zip(shared, fresh):
+                np.testing.assert_array_equal(xa, xb)
+                np.testing.assert_array_equal(ya, yb)
+            if k > 0:
+                assert len(allocated) == before, (k, split)
 
 
 def test_staging_waits_for_a_slots_last_copy_before_rewriting_its_host_buffer(monkeypatch):

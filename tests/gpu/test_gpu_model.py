@@ -265,7 +265,8 @@ def test_a_diverging_cuda_run_is_stopped_at_its_first_bad_step(tmp_path):
 
 
 def test_training_and_evaluation_on_cuda_take_batches_in_reused_buffers(tmp_path, monkeypatch):
-    """The loop asks for reuse=True (nprnn.gpu.Staging: no wait for the GPU per batch)."""
+    """The loop's batches go through one nprnn.gpu.Staging (no wait for the GPU per batch),
+    kept for the whole run: every epoch and evaluation fills the same buffers."""
     from nprnn.datasets import ArrayTask
     from nprnn.train import train
     asked = []
@@ -278,9 +279,14 @@ def test_training_and_evaluation_on_cuda_take_batches_in_reused_buffers(tmp_path
     monkeypatch.setattr(ArrayTask, "batches", recording)
     x = np.random.default_rng(0).standard_normal((8, gt.T, gt.M)).astype(np.float32)
     task = ArrayTask("toy", x, np.arange(8) % 3, x[:4], np.arange(4) % 3, num_classes=3)
-    config = dict(model="antisym", hidden=gt.N, batch_size=4, device="cuda", iterations=1)
+    config = dict(model="antisym", hidden=gt.N, batch_size=4, device="cuda", iterations=5,
+                  eval_every=2)                         # two batches an epoch: three epochs
     train(config, out=tmp_path, task=task, echo=lambda *a: None, progress=False)
-    assert asked == [("train", "cuda", True), ("test", "cuda", True)]
+    assert [(split, device) for split, device, _ in asked] == [
+        ("train", "cuda"), ("test", "cuda"), ("train", "cuda"), ("test", "cuda"),
+        ("train", "cuda"), ("test", "cuda")]
+    staging = asked[0][2]
+    assert isinstance(staging, gpu.Staging) and all(r is staging for _, _, r in asked)
 
 
 @pytest.mark.parametrize("name", ["antisym", "lstm"])
