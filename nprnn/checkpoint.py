@@ -4,21 +4,28 @@ Layout of a checkpoint file (h5py):
 
     /params/<name>                  the model parameters, exact dtype and bits
     /optimizer/<slot>/<name>        the optimizer state (SGD: velocity, Adagrad: accumulator)
-    attrs["format"]                 "nprnn-checkpoint", attrs["version"] = 1
+    attrs["format"]                 "nprnn-checkpoint", attrs["version"] = 2
     attrs["config"]                 JSON: the run's configuration (model, task, hyperparameters)
     attrs["optimizer"]              JSON: optimizer name, lr, hyperparameters, steps (calls)
     attrs["progress"]               JSON: iteration, position in the data order (epoch, batch;
                                     shown on resume, which derives them from the iteration), the
                                     evaluations done at it, the NumPy version that drew the data
                                     order, wall time so far, and the running sums of the logging
-                                    interval in progress
+                                    interval in progress, and the length of metrics.jsonl
+                                    when the checkpoint was written
+    attrs["sha256"]                 the SHA-256 digest of all of the above (`digest`)
 
 Floats in the JSON attributes are written with Python's repr, which reads back to the same bits.
+
+The digest is checked at load: a checkpoint whose bytes changed on disk (a flipped bit in a
+parameter turns 0.25 into 8.6e37 and still reads) is refused, not trained on. Version 1 files,
+written before there was a digest, are read without that check.
 
 Writing is atomic: the file is written beside its destination as `<name>.tmp`, flushed to disk,
 and moved over the old checkpoint with `os.replace`, so a crash at any moment leaves either the
 old checkpoint or the new one, never a torn file.
 """
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -29,12 +36,27 @@ import numpy as np
 from .kernels.gpu_common import copy_into
 
 FORMAT = "nprnn-checkpoint"
-VERSION = 1
+VERSION = 2
+READS = (1, 2)                 # the versions load_checkpoint reads (1: without a digest)
 FILENAME = "checkpoint.h5"
+JSON_ATTRS = ("config", "optimizer", "progress")
 
 
 class CheckpointError(Exception):
     """A checkpoint that is missing, unreadable, or does not fit the model it is loaded into."""
+
+
+def digest(texts, arrays):
+    """The SHA-256 (hex) of a checkpoint's content: `texts` {attribute: str} and `arrays`
+    {path: np.ndarray}, each array by its path, dtype, shape and bytes, in sorted order."""
+    h = hashlib.sha256()
+    for k in sorted(texts):
+        h.update(f"{k}={texts[k]}\n".encode())
+    for k in sorted(arrays):
+        a = np.ascontiguousarray(arrays[k])
+        h.update(f"{k} {a.dtype.str} {a.shape}\n".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
 
 
 def save_checkpoint(path, params, optimizer_state, config, progress):
@@ -45,20 +67,23 @@ def save_checkpoint(path, params, optimizer_state, config, progress):
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     opt_meta = {k: v for k, v in optimizer_state.items() if k != "slots"}
+    texts = dict(format=FORMAT, version=str(VERSION),
+                 **{k: json.dumps(v, sort_keys=True)
+                    for k, v in zip(JSON_ATTRS, (config, opt_meta, progress))})
+    arrays = {f"params/{k}": np.asarray(a) for k, a in params.items()}
+    arrays.update({f"optimizer/{slot}/{k}": np.asarray(a)
+                   for slot, slot_arrays in optimizer_state["slots"].items()
+                   for k, a in slot_arrays.items()})
     with h5py.File(tmp, "w") as f:
         f.attrs["format"] = FORMAT
         f.attrs["version"] = VERSION
-        f.attrs["config"] = json.dumps(config, sort_keys=True)
-        f.attrs["optimizer"] = json.dumps(opt_meta, sort_keys=True)
-        f.attrs["progress"] = json.dumps(progress, sort_keys=True)
-        g = f.create_group("params")
-        for k, a in params.items():
-            g.create_dataset(k, data=np.asarray(a))
-        g = f.create_group("optimizer")
-        for slot, arrays in optimizer_state["slots"].items():
-            gs = g.create_group(slot)
-            for k, a in arrays.items():
-                gs.create_dataset(k, data=np.asarray(a))
+        for k in JSON_ATTRS:
+            f.attrs[k] = texts[k]
+        f.attrs["sha256"] = digest(texts, arrays)
+        f.create_group("params")
+        f.create_group("optimizer")
+        for k, a in arrays.items():
+            f.create_dataset(k, data=a)
     with open(tmp, "rb+") as fh:             # the bytes reach the disk before the rename
         os.fsync(fh.fileno())
     os.replace(tmp, path)
@@ -122,20 +147,30 @@ def load_checkpoint(path):
                 raise CheckpointError(f"{ckpt} is an HDF5 file but not an nprnn checkpoint "
                                       f"(format attribute {f.attrs.get('format')!r})")
             version = int(f.attrs["version"])
-            if version != VERSION:
+            if version not in READS:
                 raise CheckpointError(f"{ckpt} has checkpoint format version {version}; this "
-                                      f"nprnn reads version {VERSION}")
-            params = {k: f["params"][k][()] for k in f["params"]}
-            optimizer, config, progress = (_json_object(f.attrs[k], k, ckpt)
+                                      f"nprnn reads versions {', '.join(map(str, READS))}")
+            texts = dict(format=FORMAT, version=str(version),
+                         **{k: f.attrs[k] for k in JSON_ATTRS})
+            arrays = {}
+            f.visititems(lambda name, obj: arrays.__setitem__(name, obj[()])
+                         if isinstance(obj, h5py.Dataset) else None)
+            if version >= 2 and f.attrs["sha256"] != digest(texts, arrays):
+                raise CheckpointError(f"checkpoint {ckpt} is corrupt: its content does not "
+                                      f"match the digest written with it (changed on disk?)")
+            optimizer, config, progress = (_json_object(texts[k], k, ckpt)
                                            for k in ("optimizer", "config", "progress"))
-            optimizer["slots"] = {s: {k: f["optimizer"][s][k][()] for k in f["optimizer"][s]}
+            params = {k: arrays[f"params/{k}"] for k in f["params"]}
+            optimizer["slots"] = {s: {k: arrays[f"optimizer/{s}/{k}"] for k in f["optimizer"][s]}
                                   for s in f["optimizer"]}
             return dict(params=params, optimizer=optimizer, config=config, progress=progress,
                         path=ckpt)
-    except OSError as e:
-        raise CheckpointError(f"cannot read checkpoint {ckpt}: {e}") from None
     except KeyError as e:
         raise CheckpointError(f"checkpoint {ckpt} is incomplete: missing {e}") from None
+    except (OSError, RuntimeError, TypeError, ValueError, AttributeError) as e:
+        # h5py's errors for a damaged file: OSError and RuntimeError ("Link iteration failed"),
+        # TypeError where a link now names a datatype, not a dataset, ...
+        raise CheckpointError(f"cannot read checkpoint {ckpt}: {e}") from None
 
 
 def load_params_into(model, params, source="checkpoint"):

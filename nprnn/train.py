@@ -249,13 +249,22 @@ def _reuse(model, staging):
 # ----------------------------------------------------------------------------------------------
 
 class MetricsLog:
-    """Appends one JSON object per line to metrics.jsonl, flushed at once. Opened with
-    `keep_until=i`, it first drops the lines of iterations after i (and a torn last line), so a
-    resumed run's log continues exactly where its checkpoint stands."""
+    """Appends one JSON object per line to metrics.jsonl, flushed at once.
 
-    def __init__(self, path, keep_until=None):
+    A resumed run's log continues exactly where its checkpoint stands. Each checkpoint records
+    the log's length (`length()`), and opened with `keep_bytes=n` the log is cut back to those n
+    bytes: what follows was logged after the checkpoint, by steps and evaluations that the
+    resumed run does again (an evaluation at the checkpoint's own iteration among them, when the
+    process died while saving after it). A checkpoint written before there was such a length
+    gives `keep_until=i` instead: the lines of iterations after i are dropped, and a torn last
+    line."""
+
+    def __init__(self, path, keep_until=None, keep_bytes=None):
         self.path = Path(path)
-        if keep_until is not None and self.path.exists():
+        if keep_bytes is not None and self.path.exists():
+            if self.path.stat().st_size > keep_bytes:
+                os.truncate(self.path, keep_bytes)
+        elif keep_until is not None and self.path.exists():
             kept = []
             for line in self.path.read_text().splitlines():
                 try:
@@ -272,6 +281,12 @@ class MetricsLog:
     def write(self, **record):
         self.file.write(json.dumps(record) + "\n")
         self.file.flush()
+
+    def length(self):
+        """The log's length in bytes, once what was written is on disk (a checkpoint that
+        records it must not get there first)."""
+        os.fsync(self.file.fileno())
+        return os.fstat(self.file.fileno()).st_size
 
     def close(self):
         self.file.close()
@@ -452,7 +467,7 @@ def train(config=None, out="runs/run", resume=False, given=None, task=None, echo
             raise TrainError(f"{out} holds a {CONFIG} but no {FILENAME}: a run that stopped "
                              f"before its first checkpoint, with nothing to resume. Delete the "
                              f"folder to start it again, or choose another --out")
-        config = resolve_config(**(config or {}))
+        config, changes = resolve_config(**(config or {})), []
 
     if task is not None:
         config["task"] = task.name
@@ -537,10 +552,12 @@ def train(config=None, out="runs/run", resume=False, given=None, task=None, echo
 
     def checkpoint():
         sync()                               # never save the parameters past a bad step
+        prog["metrics_bytes"] = log.length()
         save_checkpoint(ckpt_path, model.params, optimizer.state_dict(), config, prog)
         saved_at[0] = prog["iteration"]
 
-    log = MetricsLog(out / METRICS, keep_until=prog["iteration"] if resume else None)
+    log = MetricsLog(out / METRICS, keep_until=prog["iteration"] if resume else None,
+                     keep_bytes=prog.get("metrics_bytes") if resume else None)
     bar = Progress(total, prog["iteration"], enabled=progress, echo=echo)
     t_start, elapsed0 = time.perf_counter(), prog["elapsed"]
 
@@ -568,8 +585,10 @@ def train(config=None, out="runs/run", resume=False, given=None, task=None, echo
 
     try:
         with StopSignals(bar.message) as stop:
-            if not resume:
-                checkpoint()                 # iteration 0: a run folder always has a checkpoint
+            if not resume or changes:
+                # iteration 0: a run folder always has a checkpoint; on a resume that changed
+                # options (config.json says so already), the checkpoint says so too, at once
+                checkpoint()
             it = prog["iteration"]
             # an evaluation that a stop signal cut short is done now, before going on, and
             # saved as done: metrics.jsonl keeps the lines at the checkpoint's iteration, so a

@@ -267,6 +267,67 @@ def test_a_checkpoint_of_another_format_or_version_is_refused(tmp_path):
         load_checkpoint(tmp_path)
 
 
+def test_a_checkpoint_changed_on_disk_is_refused_not_trained_on(tmp_path):
+    """One flipped bit in W's stored bytes read back as another number; the digest written with
+    the checkpoint catches it, as it catches a changed attribute."""
+    import h5py
+    train(dict(CONFIG, iterations=2), tmp_path, task=toy_task(), **quiet())
+    ckpt = tmp_path / "checkpoint.h5"
+    good = ckpt.read_bytes()
+    with h5py.File(ckpt, "r") as f:
+        offset = f["params/W"].id.get_offset()        # contiguous storage: W's first byte
+    flipped = bytearray(good)
+    flipped[offset + 3] ^= 0x40                       # the exponent of W[0, 0]
+    ckpt.write_bytes(bytes(flipped))
+    with h5py.File(ckpt, "r") as f:                   # the file reads, with another W
+        assert f["params/W"][0, 0] != load_params_of(good)["W"][0, 0]
+    for call in (lambda: load_checkpoint(tmp_path),
+                 lambda: train(out=tmp_path, resume=True, task=toy_task(), **quiet()),
+                 lambda: evaluate_checkpoint(tmp_path, task=toy_task())):
+        with pytest.raises(CheckpointError, match="is corrupt: its content does not match the "
+                                                  "digest"):
+            call()
+    ckpt.write_bytes(good)
+    with h5py.File(ckpt, "r+") as f:
+        f.attrs["progress"] = f.attrs["progress"].replace('"batch"', '"bath"')
+    with pytest.raises(CheckpointError, match="is corrupt"):
+        load_checkpoint(tmp_path)
+
+
+def load_params_of(data):
+    """The parameters of a checkpoint given as its bytes (read with h5py, no checks)."""
+    import io
+
+    import h5py
+    with h5py.File(io.BytesIO(data), "r") as f:
+        return {k: f["params"][k][()] for k in f["params"]}
+
+
+def test_a_version_1_checkpoint_without_a_digest_still_loads(tmp_path):
+    import h5py
+    train(dict(CONFIG, iterations=2), tmp_path, task=toy_task(), **quiet())
+    before = load_checkpoint(tmp_path)
+    with h5py.File(tmp_path / "checkpoint.h5", "r+") as f:
+        f.attrs["version"] = 1
+        del f.attrs["sha256"]
+    after = load_checkpoint(tmp_path)
+    assert all(np.array_equal(before["params"][k], after["params"][k]) for k in before["params"])
+    res = train(out=tmp_path, resume=True, given=dict(iterations=3), task=toy_task(), **quiet())
+    assert res["completed"]
+
+
+def test_a_damaged_structure_is_a_checkpoint_error_naming_the_file(tmp_path):
+    """h5py meets a damaged file with TypeError, RuntimeError or OSError: each is reported as
+    unreadable, with the file's name, never as a traceback."""
+    import h5py
+    train(dict(CONFIG, iterations=2), tmp_path, task=toy_task(), **quiet())
+    with h5py.File(tmp_path / "checkpoint.h5", "r+") as f:
+        del f["params/W"]
+        f["params/W"] = np.dtype("float32")           # a named datatype where W was
+    with pytest.raises(CheckpointError, match=f"checkpoint {tmp_path / 'checkpoint.h5'}"):
+        load_checkpoint(tmp_path)
+
+
 # ----------------------------------------------------------------------------------------------
 # Nothing lost: bit-identical resume
 # ----------------------------------------------------------------------------------------------
@@ -354,6 +415,46 @@ def test_an_evaluation_cut_short_is_logged_once_however_often_the_run_resumes(tm
     for _ in range(2):
         assert train(out=b, resume=True, task=toy_task(), **quiet())["completed"]
     assert records(b) == records(reference_run["sgd"])
+
+def test_a_crash_while_saving_after_the_final_evaluation_does_not_log_it_twice(tmp_path,
+                                                                             monkeypatch):
+    """With --valid-size the test split is evaluated once at the end and a checkpoint saved
+    after it. A process killed while saving that checkpoint had logged the evaluation; the
+    resume, from the checkpoint before, does it again, and the log holds it once."""
+    import nprnn.train as training
+    config = dict(CONFIG, valid_size=16, iterations=12)
+    whole = tmp_path / "whole"
+    train(config, whole, task=toy_task(valid_size=16), **quiet())
+    saves = []
+    real_save = training.save_checkpoint
+
+    def dies_saving_after_the_test_evaluation(*args, **kwargs):
+        saves.append(1)
+        if any(r["split"] == "test" for r in records(tmp_path / "split")):
+            raise SystemExit("killed while saving")
+        real_save(*args, **kwargs)
+    monkeypatch.setattr(training, "save_checkpoint", dies_saving_after_the_test_evaluation)
+    with pytest.raises(SystemExit):
+        train(config, tmp_path / "split", task=toy_task(valid_size=16), **quiet())
+    monkeypatch.setattr(training, "save_checkpoint", real_save)
+    assert [r["split"] for r in records(tmp_path / "split")].count("test") == 1
+    train(out=tmp_path / "split", resume=True, task=toy_task(valid_size=16), **quiet())
+    assert records(tmp_path / "split") == records(whole)
+
+
+def test_an_option_changed_on_resume_is_saved_even_if_no_step_follows(tmp_path):
+    """A finished run resumed with a new --lr takes no step, but config.json says lr 0.01 at
+    once: the checkpoint must say so too, or the next plain --resume goes back to 0.1."""
+    train(dict(CONFIG, iterations=4), tmp_path, task=toy_task(), **quiet())
+    train(out=tmp_path, resume=True, given=dict(lr=0.01), task=toy_task(), **quiet())
+    assert json.loads((tmp_path / "config.json").read_text())["lr"] == 0.01
+    assert load_checkpoint(tmp_path)["config"]["lr"] == 0.01
+    said = []
+    train(out=tmp_path, resume=True, given=dict(iterations=5), task=toy_task(),
+          echo=said.append, progress=False)
+    assert [r["lr"] for r in records(tmp_path) if r["split"] == "train"][-1] == 0.01
+    assert not any(line.startswith("resume: lr") for line in said)
+
 
 CHILD = textwrap.dedent("""
     import sys
