@@ -755,10 +755,11 @@ def bench(models, B, T, m, n, dtype, repeat, with_torch, device):
     Prints medians of --repeat runs after a warm-up run. The last column is nprnn's time over
     PyTorch's (below 1: nprnn is faster). Install PyTorch with `pip install torch` for it."""
     from nprnn import bench as B_
+    models = list(dict.fromkeys(models))            # each once, in the order given
     if "all" in models and models != ["all"]:
         raise click.BadParameter(f"'all' stands alone, got {','.join(models)!r}",
                                  param_hint="--model")
-    names = list(nprnn.CELLS) if models == ["all"] else list(dict.fromkeys(models))
+    names = list(nprnn.CELLS) if models == ["all"] else models
     unknown = [s for s in names if s not in nprnn.CELLS]
     if unknown:
         raise click.BadParameter(f"unknown model(s) {', '.join(unknown)}; choose from "

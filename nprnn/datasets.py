@@ -212,8 +212,10 @@ class Task:
         counts the batches of every pass filling it."""
         if device not in DEVICES:
             raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
+        if reuse is None or isinstance(reuse, (bool, np.bool_, int, np.integer)):
+            reuse = bool(reuse)                 # else a Staging, checked below
         if reuse is not False and device != "cuda":
-            raise ValueError(f"reuse=True reuses GPU buffers: it needs device='cuda', got "
+            raise ValueError(f"reuse={reuse!r} reuses GPU buffers: it needs device='cuda', got "
                              f"{device!r}")
         if device == "cuda":
             from .device import resolve_device

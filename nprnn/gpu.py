@@ -524,7 +524,7 @@ def time_model(name, B=128, n=128, m=1, T=784, K=10, dtype="float32", versions=(
     for version in versions:
         row = dict(model=name, version=version, B=B, n=n, m=m, T=T, dtype=str(dtype),
                    forward_ms=float("nan"), forward_backward_ms=float("nan"), note="")
-        misfits = [] if version == "step" else [
+        misfits = [] if version != "persistent" else [
             label for label, backward in (("forward", False), ("BPTT", True))
             if not runner.persistent_fits(n, dtype, backward)]
         if misfits:

@@ -285,7 +285,10 @@ class MetricsLog:
     def length(self):
         """The log's length in bytes, once what was written is on disk (a checkpoint that
         records it must not get there first)."""
-        os.fsync(self.file.fileno())
+        try:
+            os.fsync(self.file.fileno())
+        except OSError:                 # not a regular file (/dev/null, a pipe): nothing to sync
+            pass
         return os.fstat(self.file.fileno()).st_size
 
     def close(self):

@@ -9,6 +9,7 @@ from click.testing import CliRunner
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import cli  # noqa: E402
+import nprnn  # noqa: E402
 from nprnn import bench  # noqa: E402
 from nprnn.device import cuda_available  # noqa: E402
 
@@ -101,13 +102,17 @@ def test_bench_names_an_unknown_model():
     assert "unknown model(s) lstmm" in result.output and "peephole-lstm" in result.output
 
 
-def test_bench_times_a_model_named_twice_once_and_all_stands_alone():
+def test_bench_times_a_model_named_twice_once_and_all_stands_alone(monkeypatch):
     args = ["--batch", "2", "--T", "3", "--hidden", "4", "--repeat", "1", "--no-torch"]
     result = CliRunner().invoke(cli.cli, ["bench", "--model", "rnn,rnn", *args])
     assert result.exit_code == 0, result.output
     assert sum(line.startswith("rnn ") for line in result.output.splitlines()) == 1
     result = CliRunner().invoke(cli.cli, ["bench", "--model", "all,rnn", *args])
     assert result.exit_code == 2 and "'all' stands alone, got 'all,rnn'" in result.output
+    timed = []
+    monkeypatch.setattr(bench, "run", lambda names, *a, **kw: timed.append(names) or [])
+    result = CliRunner().invoke(cli.cli, ["bench", "--model", "all,all", *args])
+    assert result.exit_code == 0 and timed == [list(nprnn.CELLS)]      # all, once: as all
 
 
 @pytest.mark.parametrize("size", [["--hidden", "10000000000"], ["--T", "9" * 25]])

@@ -124,6 +124,8 @@ def test_batches_reject_bad_arguments():
     with pytest.raises(ValueError, match=r"reuse=True reuses GPU buffers: it needs "
                                          r"device='cuda', got 'cpu'"):
         task.batches("train", 8, reuse=True)
+    for off in (None, 0, np.False_):                # falsy values mean False, as they always did
+        assert len(list(task.batches("test", 8, reuse=off))) > 0
 
 
 def test_device_batches_without_a_gpu_say_why():

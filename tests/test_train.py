@@ -442,6 +442,13 @@ def test_a_crash_while_saving_after_the_final_evaluation_does_not_log_it_twice(t
     assert records(tmp_path / "split") == records(whole)
 
 
+def test_a_metrics_log_that_is_not_a_regular_file_does_not_stop_the_run(tmp_path):
+    """metrics.jsonl linked to /dev/null (which fsync refuses): the run trains and saves."""
+    tmp_path.joinpath("metrics.jsonl").symlink_to(os.devnull)
+    assert train(dict(CONFIG, iterations=6), tmp_path, task=toy_task(), **quiet())["completed"]
+    assert load_checkpoint(tmp_path)["progress"]["iteration"] == 6
+
+
 def test_an_option_changed_on_resume_is_saved_even_if_no_step_follows(tmp_path):
     """A finished run resumed with a new --lr takes no step, but config.json says lr 0.01 at
     once: the checkpoint must say so too, or the next plain --resume goes back to 0.1."""

@@ -153,6 +153,10 @@ def test_time_model_times_the_persistent_pass_that_fits(monkeypatch, fits, timed
     assert persistent["note"].startswith(note) and "'auto' runs 'step' there" in persistent["note"]
     assert not step["note"].startswith("persistent")
     assert ran == ["forward", "forward+backward", *timed]        # step's two, then persistent's
+    ran.clear()
+    auto, = gpu.time_model("rnn", B=2, n=4, m=1, T=2, K=3, versions=("auto",), repeats=1,
+                           warmup=0)                           # runs 'step' where it must
+    assert ran == ["forward", "forward+backward"] and not auto["note"].startswith("persistent")
 
 
 def test_every_cell_has_gpu_kernels():
