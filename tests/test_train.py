@@ -659,6 +659,20 @@ def test_the_progress_bar_shows_an_evaluation_in_progress_on_a_terminal_only():
     assert quiet.stream.getvalue() == "" and said == ["iteration 100: test loss 0.5"]
 
 
+def test_evaluate_checkpoint_refuses_another_task_before_fetching_its_data(tmp_path, monkeypatch,
+                                                                            reference_run):
+    def get_task(name, **kw):
+        raise AssertionError(f"{name}'s data fetched for a model it does not fit")
+    monkeypatch.setattr(nprnn.datasets, "get_task", get_task)
+    # reference_run is a model of m=2 inputs and 3 classes; cifar10-noise has m=96 at any T
+    for name, T, sizes in [("mnist", None, "m=1, 10 classes"), ("cifar10-noise", 40, "m=96")]:
+        with pytest.raises(TrainError, match=rf"task '{name}' \(input size {sizes}.*does not "
+                                             rf"fit the model in .*trained on 'toy'"):
+            evaluate_checkpoint(reference_run["sgd"], task_name=name, T=T,
+                                data_dir=tmp_path / "data")
+    assert not (tmp_path / "data").exists()
+
+
 def test_train_and_evaluate_checkpoint_close_the_task_they_load(tmp_path, monkeypatch):
     """A task that train() or evaluate_checkpoint() loads by name is closed when they return (a
     CachedTask holds its cache file open); a task passed in stays the caller's."""
