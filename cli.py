@@ -260,7 +260,10 @@ def simulate(out, figures, steps, eps, seed):
     out = _out_dir(out)
     for number in figures:
         with _enough_memory("--steps"):
-            panels, caption = analysis.simulation_figure(number, steps, eps, seed)
+            try:
+                panels, caption = analysis.simulation_figure(number, steps, eps, seed)
+            except ValueError as e:                 # states beyond float64: eps too large
+                raise click.ClickException(str(e)) from None
         stem = out / f"figure{number}"
         replacing = _replacing(*(stem.with_suffix(e) for e in (".png", ".json", ".csv")))
         analysis.write_json(stem.with_suffix(".json"),

@@ -86,12 +86,21 @@ def time_batches_and_step(next_train, next_test, next_loop, m, K, B, n, batches,
                 in_loop=in_loop)
 
 
+class TooFewExamples(ValueError):
+    """A task has a split smaller than one batch."""
+
+
 def bench_task(name, data_dir, B, n, batches, steps, T, device):
     """A task read from its cache, as training reads it."""
     get_task(name, data_dir=data_dir, T=T, progress=False).close()    # build the cache if needed
     start = time.perf_counter()
     task = get_task(name, data_dir=data_dir, T=T, progress=False)
     open_s = time.perf_counter() - start
+    smallest = min(task.size("train"), task.size("test"))
+    if B > smallest:                      # no whole batch: the epochs below would never yield
+        task.close()
+        raise TooFewExamples(f"--batch-size {B} is more than the {smallest} examples of "
+                             f"{name}'s smaller split")
 
     def epochs(split, **kwargs):                         # one epoch after another, never ending
         return itertools.chain.from_iterable(task.batches(split, B, epoch=e, device=device,
@@ -213,7 +222,7 @@ def main():
         try:
             r = bench(name, B=args.batch_size, n=args.hidden, batches=args.batches,
                       steps=args.steps, T=T_of[name], device=args.device, **extra)
-        except sources.DataError as exc:                  # no raw files: say so, time the rest
+        except (sources.DataError, TooFewExamples) as exc:    # say so, time the rest
             print(f"{name:<14} skipped: {str(exc).splitlines()[0]}", flush=True)
             continue
         print(f"{r['task']:<14} {r['T']:>5} {r['m']:>4} {r['open']:>8} "

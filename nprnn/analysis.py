@@ -148,14 +148,18 @@ def simulate(W, h0, steps, kind, eps=SIM_EPS, inputs=None):
                          f"got {np.shape(inputs)}")
     hs = np.empty((steps + 1,) + h.shape)
     hs[0] = h
-    for t in range(1, steps + 1):
-        a = hs[t - 1] @ W.T                      # (S, n): row s is W h_{t-1}[s]
-        if inputs is not None:
-            a = a + inputs[t - 1]
-        if kind == "vanilla":
-            hs[t] = np.tanh(a)
-        else:
-            hs[t] = hs[t - 1] + eps * np.tanh(a)
+    with np.errstate(over="ignore", invalid="ignore"):     # an overflow is said below
+        for t in range(1, steps + 1):
+            a = hs[t - 1] @ W.T                      # (S, n): row s is W h_{t-1}[s]
+            if inputs is not None:
+                a = a + inputs[t - 1]
+            if kind == "vanilla":
+                hs[t] = np.tanh(a)
+            else:
+                hs[t] = hs[t - 1] + eps * np.tanh(a)
+    if not np.isfinite(hs[-1]).all():      # feedback grows by at most eps sqrt(n) a step
+        raise ValueError(f"the states overflow float64 within {steps} steps at eps={eps:g}: "
+                         f"choose a smaller eps or fewer steps")
     return hs
 
 
@@ -307,7 +311,16 @@ def eigenvalue_magnitudes(model, xs):
     xs = np.asarray(xs)
     if xs.ndim != 3:
         raise ValueError(f"xs must have shape (S, T, m), got {xs.shape}")
-    return np.stack([np.abs(np.linalg.eigvals(end_to_end_jacobian(model, x))) for x in xs])
+    mags = []
+    for x in xs:
+        J = end_to_end_jacobian(model, x)
+        if not np.isfinite(J).all():
+            raise ValueError(f"dh_T/dh_0 of {model.name} overflows {np.dtype(model.dtype).name} "
+                             f"(entries beyond {np.finfo(model.dtype).max:.3g}) at T = {len(x)}: "
+                             f"choose a shorter T" + (", or float64" if model.dtype ==
+                                                       np.float32 else ""))
+        mags.append(np.abs(np.linalg.eigvals(J)))
+    return np.stack(mags)
 
 
 def gaussian_sequences(num, steps, input_size, seed=0):
@@ -414,11 +427,12 @@ def jacobian_spectra(models, lengths, sequences, progress=None):
             mags = eigenvalue_magnitudes(model, xs)
             with np.errstate(divide="ignore"):
                 top = np.log10(mags.max(axis=1))
+            scale = mags.max() or 1.0        # std of mags / scale: mags**2 overflows past 1e154
             rows.append(dict(label=label, model=model.name, gamma=model.hyper.get("gamma"),
                              eps=model.hyper.get("eps"), T=int(xs.shape[1]),
                              sequences=int(xs.shape[0]),
                              hidden_size=model.hidden_size, mean=float(mags.mean()),
-                             std=float(mags.std()), min=float(mags.min()),
+                             std=float(scale * (mags / scale).std()), min=float(mags.min()),
                              max=float(mags.max()), mean_log10_max=float(top.mean())))
     return rows
 

@@ -168,6 +168,7 @@ def test_panels_to_rows_and_json():
     (dict(steps=0), "steps"),
     (dict(eps=0.0), "eps"),
     (dict(inputs=np.zeros((4, 3, 2))), "inputs"),
+    (dict(eps=1e307, steps=50), "overflow float64 within 50 steps at eps=1e[+]307"),
 ])
 def test_simulate_rejects_bad_input(kwargs, match):
     args = dict(W=np.eye(2), h0=A.INITIAL_STATES, steps=5, kind="feedback", eps=0.1)
@@ -240,6 +241,21 @@ def test_more_diffusion_shrinks_the_eigenvalues():
     assert rows[1]["mean"] < 0.5 * rows[0]["mean"]
     assert rows[0]["sequences"] == 2 and rows[0]["T"] == 12 and rows[0]["gamma"] == 0.0
     assert A.eigenvalue_magnitudes(models[0][1], xs).shape == (2, 3)
+
+
+def test_jacobian_spectra_of_huge_eigenvalues():
+    """feedback at sigma_w = 16, eps = 3 grows |lambda| by about 10^0.1 a step: past 1e154 at
+    T = 2000, where the magnitudes' squares (and a plain std) overflow; past float32 at 600."""
+    models = A.jacobian_models(["feedback"], [], 4, 2, 3.0, sigma_w=16, seed=0, dtype="float64")
+    xs = A.gaussian_sequences(2, 2000, 2, seed=0)
+    (row,) = A.jacobian_spectra(models, [2000], lambda T: xs)
+    mags = A.eigenvalue_magnitudes(models[0][1], xs)
+    assert 1e154 < row["max"] < 1e300 and row["std"] == pytest.approx(1e150 * (mags / 1e150).std())
+    models = A.jacobian_models(["feedback"], [], 4, 2, 3.0, sigma_w=16, seed=0, dtype="float32")
+    with pytest.raises(ValueError, match=r"dh_T/dh_0 of feedback overflows float32 \(entries "
+                                         r"beyond 3.4e\+38\) at T = 600: choose a shorter T, "
+                                         r"or float64"):
+        A.eigenvalue_magnitudes(models[0][1], xs[:, :600])
 
 
 def test_jacobian_rejects_bad_input():
@@ -370,6 +386,10 @@ def test_simulate_command(tmp_path):
     assert lines[0] == "figure,panel,trajectory,t,h1,h2,radius" and len(lines) == 1 + 8 * 3 * 6
     assert sorted({line.split(",")[1] for line in lines[1:]}) == list("abcdefgh")
     assert "\n  g W0     feedback" in out
+    result = CliRunner().invoke(cli, ["simulate", "--out", str(tmp_path), "--eps", "1e307"])
+    assert result.exit_code == 1 and result.output == (
+        "Error: the states overflow float64 within 50 steps at eps=1e+307: choose a smaller eps "
+        "or fewer steps\n")
 
 
 def test_jacobian_command(tmp_path):

@@ -211,6 +211,15 @@ def test_data_benchmark_goes_past_an_epoch_and_skips_a_task_without_files(monkey
     assert "mnist          skipped: MNIST: files not found in nowhere/mnist" in out
     assert [line.split()[:3] for line in out if line.startswith("pmnist")] == [["pmnist", "5",
                                                                                "1"]]
+    # a batch larger than the 3 test examples: said, not an endless wait for a whole batch
+    monkeypatch.setattr(sys, "argv", ["bench_data.py", "--tasks", "pmnist", "--synthetic", "",
+                                      "--batch-size", "4", "--hidden", "3", "--batches", "1",
+                                      "--steps", "1"])
+    runpy.run_path(os.path.join(os.path.dirname(__file__), "..", "benchmarks", "bench_data.py"),
+                   run_name="__main__")
+    out = capsys.readouterr().out.splitlines()
+    assert ("pmnist         skipped: --batch-size 4 is more than the 3 examples of pmnist's "
+            "smaller split") in out
 
 
 @pytest.mark.parametrize("args, message", [
