@@ -581,7 +581,7 @@ def plot_runs(runs, out, name):
               help="Learning rate (grid: 0.1, 0.2, 0.3, 0.4, 0.5, 0.75, 1).")
 @click.option("--momentum", default=0.9, show_default=True,
               type=FiniteFloat(min=0, max=1, max_open=True),
-              help="SGD momentum (not used by adagrad; the paper gives no value).")
+              help="SGD momentum (adagrad has none: leave it out; the paper gives no value).")
 @click.option("--batch-size", default=128, show_default=True, type=click.IntRange(min=1),
               help="Examples per step.")
 @click.option("--iterations", default=50_000, show_default=True, type=click.IntRange(min=0),
@@ -592,7 +592,7 @@ def plot_runs(runs, out, name):
               help="Seed of the initialisation, the data order and the training noise.")
 @click.option("--perm-seed", default=0, show_default=True, type=SEED,
               help="pmnist's pixel permutation (a seed other than 0 gets its own cache, "
-                   "pmnist-seed<k>.h5); other tasks ignore it. Not --seed: runs with different "
+                   "pmnist-seed<k>.h5); other tasks take none. Not --seed: runs with different "
                    "seeds are compared on the same task.")
 @click.option("--eval-every", default=1000, show_default=True, type=click.IntRange(min=1),
               help="Evaluate on the test split (or valid, with --valid-size) this often.")

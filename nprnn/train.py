@@ -135,6 +135,20 @@ def resolve_config(**options):
     return config
 
 
+def check_options_used(config):
+    """A new run's option that would be recorded in config.json but change nothing is refused
+    (as make_model refuses sigma_w with init 'critical'): momentum is SGD's alone, perm_seed
+    seeds pmnist's permutation alone. (Only new runs: a saved run is resumed as it was.)"""
+    if config["optimizer"] != "sgd" and config["momentum"] != DEFAULTS["momentum"]:
+        raise TrainError(f"momentum = {config['momentum']!r} has no effect with optimizer "
+                         f"{config['optimizer']!r} (momentum is SGD's): leave momentum at "
+                         f"{DEFAULTS['momentum']}")
+    if config["task"] != "pmnist" and config["perm_seed"] != DEFAULTS["perm_seed"]:
+        raise TrainError(f"perm_seed = {config['perm_seed']!r} has no effect on task "
+                         f"{config['task']!r} (it seeds pmnist's pixel permutation): leave "
+                         f"perm_seed at {DEFAULTS['perm_seed']}")
+
+
 def merge_resume_config(saved, given):
     """The configuration of a resumed run: the saved one, with the options the user gave again.
     An option outside CHANGEABLE_ON_RESUME that differs from the saved value raises TrainError.
@@ -486,6 +500,8 @@ def train(config=None, out="runs/run", resume=False, given=None, task=None, echo
 
     if task is not None:
         config["task"] = task.name
+    if not resume:
+        check_options_used(config)
     resolve_device(config["device"])          # no GPU for --device cuda: say so before any work
     owns_task = task is None                  # then close it at the end (a CachedTask's file)
     task = load_task(config, task)
@@ -649,14 +665,16 @@ def train(config=None, out="runs/run", resume=False, given=None, task=None, echo
                     if it >= total or stop.stopping() is not None:
                         break
             final = None
-            if it >= total and stop.stopping() is None:
-                if prog["evaluated"].get("test") != it:
+            if it >= total:
+                if prog["evaluated"].get("test") != it and stop.stopping() is None:
                     if run_eval("test", it, stop):
                         prog["elapsed"] = elapsed()
                         checkpoint()
-                final = _last_record(out / METRICS, "test", it)
+                if prog["evaluated"].get("test") == it:
+                    final = _last_record(out / METRICS, "test", it)
             prog["elapsed"] = elapsed()
-            stopped = stop.stopping()
+            # a signal after the final evaluation stops nothing: the run is complete and saved
+            stopped = stop.stopping() if final is None else None
             if stopped is not None:
                 checkpoint()
     finally:

@@ -738,3 +738,28 @@ def test_a_stop_signal_is_announced_by_the_loop_not_by_the_handler():
         assert len(said) == 1 and said[0].startswith("SIGTERM received: finishing this step")
         with pytest.raises(KeyboardInterrupt, match="second SIGINT"):
             os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_a_signal_after_the_final_evaluation_leaves_the_run_complete(tmp_path, reference_run):
+    """SIGINT while the last evaluation is being announced: the run is evaluated and saved, so
+    it is complete (the final metrics returned, exit status 0 from the CLI), not 'stopped'."""
+    def echo(message):
+        if message.startswith("iteration 26: test loss"):
+            os.kill(os.getpid(), signal.SIGINT)
+    result = train(dict(CONFIG), tmp_path, task=toy_task(), echo=echo, progress=False)
+    assert result["completed"] and result["stopped"] is None
+    assert result["final"]["accuracy"] == records(reference_run["sgd"])[-1]["accuracy"]
+    assert records(tmp_path) == records(reference_run["sgd"])
+
+
+@pytest.mark.parametrize("option, message", [
+    (dict(optimizer="adagrad", momentum=0.5),
+     "momentum = 0.5 has no effect with optimizer 'adagrad' .*leave momentum at 0.9"),
+    (dict(perm_seed=3), "perm_seed = 3 has no effect on task 'toy' .*leave perm_seed at 0"),
+])
+def test_a_new_run_refuses_an_option_that_changes_nothing(tmp_path, option, message):
+    with pytest.raises(TrainError, match=message):
+        train(dict(CONFIG, **option), tmp_path / "run", task=toy_task(), **quiet())
+    assert not (tmp_path / "run").exists()
+    train(dict(CONFIG, iterations=2, optimizer="adagrad", momentum=0.9), tmp_path / "ok",
+          task=toy_task(), **quiet())                     # the default is no setting at all
