@@ -261,15 +261,13 @@ def simulate(out, figures, steps, eps, seed):
     for number in figures:
         with _enough_memory("--steps"):
             try:
-                panels, caption = analysis.simulation_figure(number, steps, eps, seed)
+                panels, summary = analysis.simulation_summary(number, steps, eps, seed)
             except ValueError as e:                 # states beyond float64: eps too large
                 raise click.ClickException(str(e)) from None
+        caption = summary["caption"]
         stem = out / f"figure{number}"
         replacing = _replacing(*(stem.with_suffix(e) for e in (".png", ".json", ".csv")))
-        analysis.write_json(stem.with_suffix(".json"),
-                            dict(caption=caption, steps=steps, eps=eps, seed=seed,
-                                 initial_states=analysis.INITIAL_STATES,
-                                 panels=analysis.panels_to_json(panels)))
+        analysis.write_json(stem.with_suffix(".json"), summary)
         analysis.write_csv(stem.with_suffix(".csv"),
                            analysis.panels_to_rows(f"figure{number}", panels))
         click.echo(f"{caption}\n  {'panel':<8} {'kind':<9} |h_T| / |h_0| for each initial state")

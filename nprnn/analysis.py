@@ -256,6 +256,14 @@ def simulation_figure(number, steps=SIM_STEPS, eps=SIM_EPS, seed=0):
     raise ValueError(f"no simulation figure {number!r}; the paper's are {SIMULATION_FIGURES}")
 
 
+def simulation_summary(number, steps=SIM_STEPS, eps=SIM_EPS, seed=0):
+    """(panels, summary) of Figure `number`: the summary is what `simulate` writes to
+    figureN.json (the caption, the settings, the initial states, each panel without its states)."""
+    panels, caption = simulation_figure(number, steps, eps, seed)
+    return panels, dict(caption=caption, steps=steps, eps=eps, seed=seed,
+                        initial_states=INITIAL_STATES, panels=panels_to_json(panels))
+
+
 def panels_to_rows(figure, panels):
     """Flatten panels into CSV rows: figure, panel, trajectory, t, h1, h2, radius."""
     rows = []

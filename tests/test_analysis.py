@@ -703,3 +703,44 @@ def test_gates_command_refuses_what_it_cannot_measure(tmp_path, trained_run, gat
     assert result.exit_code == 1 and (f"task 'mnist' has input size m=1, but {gated_noise_run} "
                                       f"is a model of input size m=28") in result.output
     assert not (tmp_path / "data" / "mnist.h5").exists()     # said before building its cache
+
+
+def _same_numbers(a, b, where="", rtol=1e-9):
+    """JSON values a, b equal in structure and text, and in numbers to rtol (libm's last bits
+    may differ between machines). Returns the first difference as a message, or None."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        if a.keys() != b.keys():
+            return f"{where}: keys {sorted(a.keys() ^ b.keys())} in one only"
+        return next((d for k in a if (d := _same_numbers(a[k], b[k], f"{where}.{k}", rtol))),
+                    None)
+    if isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            return f"{where}: {len(a)} items against {len(b)}"
+        return next((d for i, (u, v) in enumerate(zip(a, b))
+                     if (d := _same_numbers(u, v, f"{where}[{i}]", rtol))), None)
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return None if np.isclose(a, b, rtol=rtol, atol=1e-12) else f"{where}: {a} against {b}"
+    return None if a == b else f"{where}: {a!r} against {b!r}"
+
+
+@pytest.mark.parametrize("number", A.SIMULATION_FIGURES)
+def test_the_figures_in_docs_are_what_simulate_writes_now(tmp_path, number):
+    """docs/figureN.json and .csv, committed, against the same figure computed now with the
+    settings the JSON records: a change to the simulations or to what `simulate` writes must come
+    with the figures regenerated (docs/README.md gives the command)."""
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    committed = json.loads((docs / f"figure{number}.json").read_text())
+    panels, summary = A.simulation_summary(number, committed["steps"], committed["eps"],
+                                           committed["seed"])
+    A.write_json(tmp_path / "now.json", summary)
+    now = json.loads((tmp_path / "now.json").read_text())
+    difference = _same_numbers(now, committed, f"figure{number}.json")
+    assert difference is None, difference + (f"; regenerate with `python cli.py simulate --out "
+                                             f"docs --figures {number}`")
+    with open(docs / f"figure{number}.csv") as f:
+        header, *lines = [line.rstrip("\n").split(",") for line in f]
+    rows = A.panels_to_rows(f"figure{number}", panels)
+    assert header == list(rows[0]) and len(lines) == len(rows)
+    assert [r[:4] for r in lines] == [[str(v) for v in list(r.values())[:4]] for r in rows]
+    np.testing.assert_allclose(np.array([r[4:] for r in lines], dtype=float),
+                               [list(r.values())[4:] for r in rows], rtol=1e-9, atol=1e-12)
