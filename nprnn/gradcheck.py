@@ -18,7 +18,16 @@ def numerical_gradient(f, p, h=1e-5, mask=None):
     """dF/dp by central differences, perturbing p in place (and restoring it).
 
     f: () -> float, reads p. mask: optional 0/1 array; entries where mask == 0 are skipped and
-    their gradient reported as 0 (e.g. the lower triangle of an antisymmetric W)."""
+    their gradient reported as 0 (e.g. the lower triangle of an antisymmetric W).
+    p must be a writable, C-contiguous float64 array, so that each perturbation reaches it in
+    full: a copy (reshaping a strided view makes one) would leave f's input unchanged, and a
+    float32 or integer p would round p +- h."""
+    if (not isinstance(p, np.ndarray) or p.dtype != np.float64 or not p.flags.c_contiguous
+            or not p.flags.writeable):
+        raise ValueError(f"p must be a writable, C-contiguous float64 numpy array, got "
+                         f"{_describe(p)}")
+    if mask is not None and np.shape(mask) != p.shape:
+        raise ValueError(f"mask has shape {np.shape(mask)}, p has shape {p.shape}")
     grad = np.zeros(p.shape, dtype=np.float64)
     flat, gflat = p.reshape(-1), grad.reshape(-1)
     mflat = None if mask is None else np.asarray(mask).reshape(-1)
@@ -35,10 +44,21 @@ def numerical_gradient(f, p, h=1e-5, mask=None):
     return grad
 
 
+def _describe(a):
+    if not isinstance(a, np.ndarray):
+        return type(a).__name__
+    flags = [f for f, bad in (("strided", not a.flags.c_contiguous),
+                              ("read-only", not a.flags.writeable)) if bad]
+    return " ".join([*flags, str(a.dtype), "array"])
+
+
 def relative_error(analytic, numeric):
     """max |a - n| / max(max |a|, max |n|, 1e-12) over the whole tensor."""
     a = np.asarray(analytic, dtype=np.float64)
     n = np.asarray(numeric, dtype=np.float64)
+    if a.shape != n.shape:
+        raise ValueError(f"analytic has shape {a.shape}, numeric has shape {n.shape}: "
+                         f"compare gradients of the same tensor")
     scale = max(np.abs(a).max(initial=0.0), np.abs(n).max(initial=0.0), 1e-12)
     return float(np.abs(a - n).max(initial=0.0) / scale)
 

@@ -106,8 +106,11 @@ class Model:
                 bad = tuple(int(i) for i in np.argwhere(~np.isfinite(given))[0])
                 raise ValueError(f"x contains NaN or Inf, first at index (b, t, j) = {bad}")
             t, b, j = (int(i) for i in np.argwhere(~np.isfinite(xt))[0])
+            v = given[b, t, j]         # shown as a float, unless even float64 cannot hold it (a
+            with np.errstate(over="ignore"):                                  # longdouble 1e400)
+                shown = f"{float(v)}" if np.isfinite(float(v)) else str(v)
             raise ValueError(f"x holds values beyond the range of the model's {self.dtype}, first "
-                             f"x[{b}, {t}, {j}] = {given[b, t, j]}")
+                             f"x[{b}, {t}, {j}] = {shown}")
         return xt
 
     def _check_x_shape_and_dtype(self, x):
@@ -268,11 +271,24 @@ def make_model(name, input_size, hidden_size, num_classes=10, eps=None, gamma=No
         if not np.isfinite(value) or value < 0 or (key == "eps" and value == 0):
             allowed = "eps > 0" if key == "eps" else "gamma >= 0"
             raise ValueError(f"{key} = {value!r} is not allowed: need {allowed}")
+        with np.errstate(over="ignore"):                # said just below, with the value
+            in_dtype = np.dtype(dtype).type(value)      # what the kernels compute with
+        if not np.isfinite(in_dtype) or (key == "eps" and in_dtype == 0):
+            raise ValueError(f"{key} = {value!r} is beyond {dtype}'s range "
+                             f"({np.finfo(dtype).tiny:.3g} .. {np.finfo(dtype).max:.3g}): it "
+                             f"{'rounds to 0' if in_dtype == 0 else 'overflows'} there")
         hyper[key] = value
     device = resolve_device(device)            # DeviceUnavailable for "cuda" without a GPU
     rng = np.random.default_rng(seed)
     n, m, K = hidden_size, input_size, num_classes
-    params = cell.init(rng, m, n, np.dtype(dtype), sigma_w=sigma_w, scheme=init)
+    with np.errstate(over="ignore"):           # weights beyond the dtype are refused just below
+        try:
+            params = cell.init(rng, m, n, np.dtype(dtype), sigma_w=sigma_w, scheme=init)
+        except OverflowError:                  # sigma_w ** 2 beyond a Python float
+            params = None
+    if params is None or not all(np.isfinite(p).all() for p in params.values()):
+        raise ValueError(f"sigma_w = {sigma_w!r} draws initial weights beyond {dtype}'s range "
+                         f"(largest {np.finfo(dtype).max:.3g})")
     # the readout: W_out ~ N(0, 1/n), b_out = 0 (Appendix C leaves it unspecified)
     params["W_out"] = gaussian(rng, (K, n), 1.0 / n, np.dtype(dtype))
     params["b_out"] = np.zeros(K, dtype=dtype)

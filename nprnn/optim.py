@@ -30,7 +30,8 @@ OPTIMIZERS = ("sgd", "adagrad")
 
 
 def _flat(a, what, name):
-    """A 1-d view of a C-contiguous array (a copy would silently drop the in-place update)."""
+    """A 1-d view of a C-contiguous array that is updated in place (a parameter, a state array:
+    a copy would silently drop the update)."""
     if is_device_array(a):
         return a.reshape(a.size)
     if not isinstance(a, np.ndarray) or not a.flags.c_contiguous:
@@ -40,6 +41,14 @@ def _flat(a, what, name):
         raise ValueError(f"{what} {name!r} is read-only (a memory map, say), and the step "
                          f"updates it in place: pass a writable copy, np.array(...)")
     return a.reshape(-1)
+
+
+def _flat_read(g):
+    """A 1-d array of g's values, for reading only (a gradient): a view where g is C-contiguous,
+    else a contiguous copy."""
+    if is_device_array(g):
+        return g.reshape(g.size)
+    return np.ascontiguousarray(g).reshape(-1)
 
 
 def _positive(label, value):
@@ -53,8 +62,8 @@ def _add_squares(total, grads):
     """total[0] += ||g||^2 over every tensor of grads; total is a float64 (1,) array on the
     gradients' device."""
     add = K_optim.sum_squares_gpu if is_device_array(total) else K_optim.sum_squares_cpu
-    for name, g in grads.items():
-        add(total, _flat(g, "gradient", name))
+    for g in grads.values():
+        add(total, _flat_read(g))
 
 
 def global_norm(grads):
@@ -75,12 +84,24 @@ def _scale_array(scale, on_device):
             raise ValueError(f"scale must be a number or a float64 array of shape (1,) on the "
                              f"parameters' device; got {scale.dtype} {scale.shape} "
                              f"{'on the GPU' if is_device_array(scale) else 'in host memory'}")
+        if isinstance(scale, np.ndarray):
+            _check_scale(scale[0])
         return scale
-    a = np.array([float(scale)], dtype=np.float64)
+    a = np.array([_check_scale(scale)], dtype=np.float64)
     if on_device:
         from . import gpu
         return gpu.to_device(a)
     return a
+
+
+def _check_scale(scale):
+    """A clipping factor is a number >= 0 (nan: skip the step); returned as a float. (One on
+    the GPU is StepRecorder's, computed there, and not read back to be checked.)"""
+    s = float(scale)
+    if not (math.isnan(s) or 0.0 <= s < math.inf):
+        raise ValueError(f"scale (the clipping factor) must be a finite number >= 0, or nan to "
+                         f"skip the step; got {scale!r}")
+    return s
 
 
 def clip_scale(norm, clip):
@@ -117,6 +138,10 @@ class Optimizer:
 
     def __init__(self, params, lr, **hyper):
         self.lr = _positive("lr (learning rate)", lr)
+        if not params:
+            raise ValueError("an optimizer needs at least one parameter; params is empty")
+        for k, p in params.items():
+            _flat(p, "parameter", k)                # updated in place: C-contiguous, writable
         self.hyper = hyper
         self.steps = 0
         self.slots = {s: {k: _full_like(p, self._initial(s)) for k, p in params.items()}
@@ -153,7 +178,7 @@ class Optimizer:
             state = [_flat(self.slots[s][k], f"{self.name} state {s}", k)
                      for s in self.slot_names]
             update = self._update_gpu if on_device else self._update
-            update(_flat(p, "parameter", k), *state, _flat(g, "gradient", k), scale)
+            update(_flat(p, "parameter", k), *state, _flat_read(g), scale)
         self.steps += 1
 
     def _update(self, p, *state_and_grad_and_scale):
@@ -175,6 +200,13 @@ class Optimizer:
         a resumed run may lower the learning rate on purpose."""
         if state.get("name") != self.name:
             raise ValueError(f"optimizer state is for {state.get('name')!r}, not {self.name!r}")
+        steps = state.get("steps")
+        if (isinstance(steps, (bool, np.bool_)) or not isinstance(steps, (int, np.integer))
+                or steps < 0):
+            raise ValueError(f"optimizer state 'steps' must be an integer >= 0, got {steps!r}")
+        # every array is checked before any is copied: a state that does not fit leaves this
+        # optimizer as it was
+        checked = []
         for s in self.slot_names:
             saved = state["slots"].get(s)
             if saved is None or set(saved) != set(self.slots[s]):
@@ -186,8 +218,10 @@ class Optimizer:
                 if a.shape != live.shape or a.dtype != live.dtype:
                     raise ValueError(f"{self.name} state {s}/{k} has shape {a.shape} and dtype "
                                      f"{a.dtype}; expected {live.shape} and {live.dtype}")
-                copy_into(live, a)
-        self.steps = int(state["steps"])
+                checked.append((live, a))
+        for live, a in checked:
+            copy_into(live, a)
+        self.steps = int(steps)
 
 
 class SGD(Optimizer):

@@ -377,6 +377,40 @@ def test_unknown_model_and_bad_construction_arguments():
         nprnn.make_model("antisym", 1, 8, eps="abc")
 
 
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(eps=1e-50), r"eps = 1e-50 is beyond float32's range .*: it rounds to 0 there"),
+    (dict(eps=1e39), r"eps = 1e\+39 is beyond float32's range .*: it overflows there"),
+    (dict(gamma=1e39), r"gamma = 1e\+39 is beyond float32's range"),
+    (dict(sigma_w=1e39), r"sigma_w = 1e\+39 draws initial weights beyond float32's range"),
+    (dict(sigma_w=1e160, dtype="float64"), r"sigma_w = 1e\+160 draws initial weights beyond "
+                                           r"float64's range"),   # sigma_w ** 2: OverflowError
+])
+def test_hyperparameters_the_models_dtype_cannot_hold_are_refused(kwargs, match):
+    """Before, eps = 1e-50 in float32 gave all-zero cell gradients, eps or gamma = 1e39 a NaN
+    loss, and sigma_w = 1e160 an OverflowError from the initialisation."""
+    with pytest.raises(ValueError, match=match):
+        nprnn.make_model("antisym", 1, 4, **kwargs)
+    nprnn.make_model("antisym", 1, 4, eps=1e-50, dtype="float64")        # float64 holds it
+
+
+def test_finite_differences_refuse_a_parameter_they_cannot_perturb():
+    """A strided p is copied by reshape, so the perturbation would never reach f (a zero
+    gradient); an integer p would round p +- h. Both are refused, as are mismatched shapes."""
+    strided = np.arange(6.0).reshape(2, 3).T
+    with pytest.raises(ValueError, match="writable, C-contiguous float64 .* got strided float64"):
+        numerical_gradient(lambda: float((strided ** 2).sum()), strided)
+    whole = np.arange(3)
+    with pytest.raises(ValueError, match="got int64 array"):
+        numerical_gradient(lambda: float((whole ** 2).sum()), whole)
+    p = np.arange(3.0)
+    with pytest.raises(ValueError, match=r"mask has shape \(2,\), p has shape \(3,\)"):
+        numerical_gradient(lambda: float((p ** 2).sum()), p, mask=np.ones(2))
+    np.testing.assert_allclose(numerical_gradient(lambda: float((p ** 2).sum()), p), 2 * p)
+    with pytest.raises(ValueError, match=r"analytic has shape \(1,\), numeric has shape "
+                                         r"\(4, 4\)"):
+        relative_error(np.array([7.0]), np.full((4, 4), 7.0))
+
+
 def test_construction_arguments_are_normalised():
     """Any NumPy spelling of a dtype, and NumPy integers as sizes, give the plain values that a
     run's config.json records."""
@@ -444,6 +478,10 @@ def test_inputs_of_any_layout_and_float_dtype_give_the_same_model_outputs():
     with pytest.raises(ValueError, match=r"beyond the range of the model's float32, first "
                                          r"x\[1, 2, 0\] = 1e\+39"):
         model.forward(long)
+    if np.finfo(np.longdouble).maxexp > 1024:  # wider than float64 (x86), not on every machine
+        long[1, 2, 0] = np.longdouble(10) ** 400
+        with pytest.raises(ValueError, match=r"x\[1, 2, 0\] = 1e\+400"):
+            random_model("antisym", dtype=np.float64).forward(long)
 
 
 def test_parameters_replaced_with_the_wrong_dtype_or_shape_are_named():

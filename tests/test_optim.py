@@ -203,6 +203,52 @@ def test_load_state_dict_rejects_state_of_another_shape_or_optimizer():
         sgd.load_state_dict(SGD({"V": np.zeros(2)}, lr=0.1).state_dict())
 
 
+def test_a_state_that_does_not_fit_leaves_the_optimizer_as_it_was():
+    """Every array is checked before any is copied: before, the slots checked before the
+    mismatch were overwritten, and the step count was not."""
+    small = {"a": np.zeros(3), "b": np.zeros(2)}
+    saved = Adagrad(small, lr=0.1).state_dict()
+    saved["slots"]["accumulator"]["a"][:] = 7.0
+    saved["steps"] = 5
+    opt = Adagrad({"a": np.zeros(3), "b": np.zeros(5)}, lr=0.1)
+    before = opt.state_dict()
+    with pytest.raises(ValueError, match=r"accumulator/b has shape \(2,\)"):
+        opt.load_state_dict(saved)
+    after = opt.state_dict()
+    assert after["steps"] == before["steps"] == 0
+    assert all(np.array_equal(after["slots"]["accumulator"][k], v)
+               for k, v in before["slots"]["accumulator"].items())
+    for steps in (-1, 2.0, None):
+        with pytest.raises(ValueError, match="'steps' must be an integer >= 0"):
+            Adagrad(small, lr=0.1).load_state_dict(dict(saved, steps=steps))
+
+
+def test_a_clipping_factor_must_be_a_number_at_least_zero_or_nan():
+    """An infinite scale wrote inf into the parameters; a negative one climbed the gradient."""
+    for bad in (math.inf, -1.0, np.array([-0.5])):
+        p = {"w": np.ones(3)}
+        with pytest.raises(ValueError, match=r"scale \(the clipping factor\) must be a finite "
+                                             r"number >= 0, or nan"):
+            SGD(p, lr=0.1).step(p, {"w": np.ones(3)}, bad)
+        assert np.array_equal(p["w"], np.ones(3))
+    p = {"w": np.ones(3)}
+    SGD(p, lr=0.5, momentum=0.0).step(p, {"w": np.ones(3)}, 0.0)    # 0: a step of length 0
+    assert np.array_equal(p["w"], np.ones(3))
+
+
+def test_parameters_are_checked_when_the_optimizer_is_built_and_gradients_need_not_be_contiguous():
+    with pytest.raises(ValueError, match="needs at least one parameter; params is empty"):
+        make_optimizer("sgd", {}, lr=0.1)
+    fortran = {"W": np.zeros((3, 2), order="F")}
+    with pytest.raises(ValueError, match="parameter 'W' must be a C-contiguous"):
+        make_optimizer("sgd", fortran, lr=0.1)
+    g = np.arange(16.0).reshape(4, 4)[:, ::2]            # a strided gradient: read, not written
+    assert global_norm({"g": g}) == pytest.approx(np.sqrt((g ** 2).sum()))
+    p = {"g": np.zeros((4, 2))}
+    SGD(p, lr=1.0, momentum=0.0).step(p, {"g": g})
+    np.testing.assert_array_equal(p["g"], -g)
+
+
 def test_bad_arguments_are_named():
     p = {"w": np.zeros(3)}
     with pytest.raises(ValueError, match="lr .* > 0, got 0.0"):
