@@ -1,9 +1,11 @@
 """Models on device="cuda" against the same models on the CPU: every cell with GPU kernels, both
 kernel versions, through the public API (make_model, forward, hidden, loss_and_grad).
 
-The two models are built from one seed, so they start from the same parameters; the GPU one
-keeps them as device arrays. This checks the GPU path's plumbing (matrix construction, buffer
-reuse between calls, the readout and loss, dW from dA) on top of the kernel tests.
+The two models are built from one seed and then given the same random values in every
+parameter (biases and peepholes start at zero, where swapping two of them changes nothing); the
+GPU one keeps them as device arrays. This checks the GPU path's plumbing (matrix construction,
+which array goes to which kernel argument, buffer reuse between calls, the readout and loss, dW
+from dA, a given h_0 and dh_0) on top of the kernel tests.
 """
 import numpy as np
 import pytest
@@ -26,11 +28,20 @@ def small_blocks(monkeypatch):
 
 
 def pair(name, dtype):
+    """The same model on the CPU and on cuda, every parameter non-zero (as test_cells.py's
+    random_model; the strict upper triangle of an antisymmetric W respected)."""
     kw = dict(seed=3, dtype=dtype)
     if "eps" in nprnn.CELLS[name].hyper:
         kw["eps"] = 0.5
-    return (nprnn.make_model(name, gt.M, gt.N, 4, **kw),
-            nprnn.make_model(name, gt.M, gt.N, 4, device="cuda", **kw))
+    cpu = nprnn.make_model(name, gt.M, gt.N, 4, **kw)
+    dev = nprnn.make_model(name, gt.M, gt.N, 4, device="cuda", **kw)
+    rng = np.random.default_rng(100)
+    for k, v in cpu.params.items():
+        mask = cpu.cell.grad_mask(k, gt.N)
+        noise = 0.3 * rng.standard_normal(v.shape) * (1 if mask is None else mask)
+        v += noise.astype(v.dtype)
+        dev.params[k].copy_to_device(v)
+    return cpu, dev
 
 
 def data(seed=0):
@@ -59,6 +70,28 @@ def test_model_on_cuda_matches_cpu(name, version):
     if version == "step":
         gt.assert_close(dev.forward(x), cpu.forward(x), "float64", "forward")
         gt.assert_close(dev.hidden(x), cpu.hidden(x), "float64", "hidden")
+
+
+@pytest.mark.parametrize("version", ["step", "persistent"])
+@pytest.mark.parametrize("name", sorted(gpu.GPU_CELLS))
+def test_a_given_h0_and_its_gradient_dh0_match_the_cpu(name, version):
+    """The cells' forward(p, x, h0) and backward(p, cache, dh_T) -> (grads, dh_0), on each
+    device, from a random h_0 and dh_T (the models start from h_0 = 0 and pass no dh_T)."""
+    cpu, dev = pair(name, "float64")
+    rng = np.random.default_rng(7)
+    xt = rng.standard_normal((gt.T, gt.B, gt.M))                     # time-major
+    h0, dh_T = rng.standard_normal((2, gt.B, gt.N))
+    h_T, cache = cpu.cell.forward(cpu.cell_params(), xt, h0, **cpu.hyper)
+    g, dh0 = cpu.cell.backward(cpu.cell_params(), cache, dh_T, **cpu.hyper)
+    cell, ws = gpu.gpu_cell(name), gpu.Workspace()
+    h_T_d, cache_d = cell.forward(dev.cell_params(), gpu.to_device(xt), h0, version, ws,
+                                  **dev.hyper)
+    g_d, dh0_d = cell.backward(dev.cell_params(), cache_d, dh_T, ws, **dev.hyper)
+    gt.assert_close(h_T_d, h_T, "float64", "h_T")
+    gt.assert_close(dh0_d, dh0, "float64", "dh_0")
+    assert set(g_d) == set(g)
+    for k in g:
+        gt.assert_close(g_d[k], g[k], "float64", f"grad {k}")
 
 
 @pytest.mark.parametrize("name", ["antisym", "antisym-gated"])
