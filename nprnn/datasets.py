@@ -49,13 +49,16 @@ pmnist-seed<seed>.h5) from the raw files (`nprnn.sources`):
     /permutation   int64 (H W,)          pmnist only
     each dataset's attribute crc32: the CRC-32 of its bytes
     file attributes: format_version, task, layout, source, origin, raw_files (JSON: path, MD5 and
-    check of every raw file), normalisation, pixel_mean / pixel_std (per channel, of x on the
+    check of every raw file; size and mtime_ns of one no published MD5 pins), normalisation, pixel_mean / pixel_std (per channel, of x on the
     training set; stored for reference, not applied), permutation_seed, created, nprnn_version
 
 It is written to a temporary file and renamed into place, so it either exists whole or not at all,
 and two processes building it at once each rename a complete file. Opening checks the format
-version, the task, the shapes, the labels and every dataset's CRC-32 (~0.1 s for MNIST), and a
-cache that fails any check is rebuilt with a message, never used. Batches read only their own
+version, the task, the shapes, the labels and every dataset's CRC-32 (~0.1 s for MNIST), and
+that no raw file checked by structure alone (extracted CIFAR-10 binary batches have no published
+MD5s) has changed size or modification time since; a cache that fails any check is rebuilt with a
+message, never used. (Raw files that published MD5s pin cannot change unnoticed: a rebuild checks
+them. A raw file deleted after the build leaves its cache in use.) Batches read only their own
 images from the file, so memory stays at a few batches (the labels, int64, are held in memory).
 """
 import datetime
@@ -621,13 +624,16 @@ def check_cache(path, name, seed=DEFAULT_PERMUTATION_SEED):
 
     Checks: readable HDF5, format version, task, layout and number of classes, the presence of the
     descriptive attributes, datasets and their shapes and dtypes, label range, permutation (pmnist),
-    and the CRC-32 of every dataset's bytes."""
+    the CRC-32 of every dataset's bytes, and the raw files checked by structure only (unchanged
+    size and modification time, where they still are)."""
     spec = task_spec(name)
     source = sources.SOURCES[spec.source]
     path = Path(path)
-    if not path.exists():
-        return "it does not exist"
     try:
+        if not path.exists():
+            return "it does not exist"
+        if path.is_dir():
+            return "it is a directory, not a file"
         with h5py.File(path, "r") as f:
             version = f.attrs.get("format_version")
             if version != CACHE_FORMAT_VERSION:
@@ -642,7 +648,9 @@ def check_cache(path, name, seed=DEFAULT_PERMUTATION_SEED):
             missing = [key for key in _DESCRIPTIVE_ATTRS if key not in f.attrs]
             if missing:
                 return f"its attribute(s) {', '.join(missing)} are missing"
-            json.loads(f.attrs["raw_files"])              # a damaged value fails here
+            changed = _changed_raw_file(json.loads(f.attrs["raw_files"]))
+            if changed:
+                return changed
             names = ["train/images", "train/labels", "test/images", "test/labels"]
             if spec.layout == "permuted":
                 names.append("permutation")
@@ -671,8 +679,27 @@ def check_cache(path, name, seed=DEFAULT_PERMUTATION_SEED):
                 perm = f["permutation"][:]
                 if not np.array_equal(np.sort(perm), np.arange(H * W)):
                     return "/permutation is not a permutation"
+    except PermissionError as e:
+        return f"it cannot be read ({e})"
     except Exception as e:         # h5py raises OSError, KeyError, RuntimeError on damaged files
         return f"it cannot be read ({type(e).__name__}: {e}): truncated or corrupt"
+    return None
+
+
+def _changed_raw_file(records):
+    """The reason to rebuild if a raw file that was checked by structure alone (a record with
+    size and mtime_ns) is still where it was but has another size or modification time; else
+    None. (A damaged raw_files value raises, and the cache counts as corrupt.)"""
+    for r in records:
+        if "size" not in r:
+            continue
+        try:
+            st = Path(r["path"]).stat()
+        except FileNotFoundError:
+            continue                   # deleted after the build: the cache is what is left
+        if (st.st_size, st.st_mtime_ns) != (r["size"], r["mtime_ns"]):
+            return (f"its raw file {r['path']} has changed since the cache was built (no "
+                    f"published MD5 pins that file: its size and modification time are checked)")
     return None
 
 
@@ -680,8 +707,14 @@ def cache_state(name, data_dir=None, seed=DEFAULT_PERMUTATION_SEED):
     """Where a task's cache is and whether it is usable, without building anything."""
     path = cache_path(name, data_dir, seed)
     reason = check_cache(path, name, seed)
-    return dict(path=str(path), exists=path.exists(), usable=reason is None,
-                problem=reason, bytes=path.stat().st_size if path.exists() else 0)
+    exists, size = True, 0
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        exists = False
+    except OSError:                # a folder on its path cannot be looked into: `problem` says so
+        pass
+    return dict(path=str(path), exists=exists, usable=reason is None, problem=reason, bytes=size)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -124,6 +124,15 @@ class RemoteFile:
     content_md5: str = None
 
 
+def structure_only(path, md5):
+    """The cache's record of a raw file that no published MD5 pins: its size and modification
+    time too, so that a cache built from it is rebuilt once the file changes
+    (datasets.check_cache)."""
+    st = Path(path).stat()
+    return dict(path=str(path), md5=md5, check="structure only", size=st.st_size,
+                mtime_ns=st.st_mtime_ns)
+
+
 def md5_bytes(data):
     return hashlib.md5(data, usedforsecurity=False).hexdigest()
 
@@ -344,7 +353,9 @@ def read_idx_file(path, remote=None):
                 f"{remote.md5}) nor its decompressed contents (MD5 {remote.content_md5}); the "
                 f"file is damaged or a different file. Delete it and place the published file "
                 f"({remote.urls[0]}), or let nprnn download it.")
-    return parse_idx(data, path), dict(path=str(path), md5=file_md5, check=check)
+    record = (structure_only(path, file_md5) if check == "structure only"
+              else dict(path=str(path), md5=file_md5, check=check))
+    return parse_idx(data, path), record
 
 
 IDX_ROLES = ("train_images", "train_labels", "test_images", "test_labels")
@@ -637,8 +648,8 @@ class CifarSource:
                                         f"{published} of {version.directory}/{name}; the file is "
                                         f"damaged. Replace the directory with a fresh extraction "
                                         f"of {version.tarball.name}.")
-                records.append(dict(path=str(file), md5=md5, check="published MD5"
-                                    if published else "structure only"))
+                records.append(dict(path=str(file), md5=md5, check="published MD5")
+                               if published else structure_only(file, md5))
                 parsed[name] = version.parser(data, str(file))
                 found = len(parsed[name][1])
                 if published is None and found != version.batch_records:

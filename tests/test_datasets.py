@@ -463,6 +463,44 @@ def test_damaged_cache_is_detected_and_rebuilt(fake_mnist, capsys, damage, reaso
     assert np.array_equal(x[:, :, 0], PIXELS[arrays["test_images"].reshape(20, 784)])
 
 
+def test_a_cache_of_raw_files_checked_by_structure_only_is_rebuilt_when_they_change(
+        tmp_path, monkeypatch, capsys):
+    """Extracted CIFAR-10 binary batches have no published MD5s. A cache built from them is
+    rebuilt once one of them has another size or modification time (before, it stayed in use
+    and `data info` listed MD5s the files no longer had); deleting them leaves it in use."""
+    old, new = fd.fake_cifar_arrays(seed=0), fd.fake_cifar_arrays(seed=1)
+    monkeypatch.setitem(sources.SOURCES, "cifar10", fd.fake_cifar_source(old))
+    fd.write_fake_cifar(tmp_path / "cifar-10", "binary", "dir", old)
+    with get_task("cifar10", tmp_path) as task:
+        first = next(task.batches("test", 4))[0]
+        records = task.info()["raw_files"]
+    assert {r["check"] for r in records} == {"structure only"} and all("size" in r
+                                                                       for r in records)
+    path = cache_path("cifar10", tmp_path)
+    assert check_cache(path, "cifar10") is None
+    fd.write_fake_cifar(tmp_path / "cifar-10", "binary", "dir", new)
+    test_file = next(r["path"] for r in records if r["path"].endswith("test_batch.bin"))
+    os.utime(test_file, ns=(1, 1))       # a change at once, whatever the clock's resolution
+    assert "has changed since the cache was built" in check_cache(path, "cifar10")
+    capsys.readouterr()
+    with get_task("cifar10", tmp_path) as task:
+        again = next(task.batches("test", 4))[0]
+    assert "is not usable" in capsys.readouterr().err
+    assert np.array_equal(again, PIXELS[fd.cifar_expected(new)[2]].reshape(4, 1024, 3))
+    assert not np.array_equal(again, first)
+    for name in os.listdir(tmp_path / "cifar-10" / fd.CIFAR_DIRS["binary"]):
+        os.remove(tmp_path / "cifar-10" / fd.CIFAR_DIRS["binary"] / name)
+    assert check_cache(path, "cifar10") is None
+
+
+def test_a_cache_that_cannot_be_read_is_named_as_such(tmp_path, fake_mnist):
+    data_dir, _ = fake_mnist
+    path = cache_path("mnist", data_dir)
+    path.mkdir()
+    assert check_cache(path, "mnist") == "it is a directory, not a file"
+    assert datasets.cache_state("mnist", data_dir)["problem"] == "it is a directory, not a file"
+
+
 def test_failed_build_leaves_no_cache_and_no_temporary(fake_mnist, monkeypatch):
     data_dir, _ = fake_mnist
     real_write = datasets._write_split
@@ -678,3 +716,23 @@ def test_cli_data_prepare_errors_are_clear(tmp_path, monkeypatch):
         assert "T" in r.output and "784" in r.output and "100" in r.output, r.output
     r = _run_cli("data", "info", "--task", "pmnist", "--perm-seed", str(2**63))
     assert r.exit_code == 2 and "--perm-seed" in r.output and str(2**63) in r.output
+
+
+def test_data_info_on_a_folder_it_cannot_look_into_says_so(tmp_path, monkeypatch):
+    """A data folder that cannot be looked into (mode 700, another owner) gave a PermissionError
+    traceback. Root can look into anything, so the refusal is simulated at Path.stat, through
+    which pathlib's exists() and is_file() look."""
+    locked = tmp_path / "locked"
+    real_stat = Path.stat
+
+    def stat(self, *args, **kwargs):
+        if locked in Path(self).parents:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_stat(self, *args, **kwargs)
+    monkeypatch.setattr(Path, "stat", stat)
+    for task in ("mnist", "cifar10"):
+        r = _run_cli("data", "info", "--task", task, "--data-dir", str(locked))
+        assert r.exit_code == 1 and r.exc_info[0] is SystemExit, r.output
+        assert f"cannot look for {task}'s raw files" in r.output and "Permission denied" in r.output
+    state = datasets.cache_state("mnist", locked)
+    assert state["exists"] and "Permission denied" in state["problem"]
