@@ -35,7 +35,7 @@ import numpy as np                                       # noqa: E402
 
 import nprnn                                             # noqa: E402
 from nprnn import noise, sources                         # noqa: E402
-from nprnn.bench import median_time                       # noqa: E402
+from nprnn.bench import machine, median_time              # noqa: E402
 from nprnn.datasets import get_task, sequences, task_spec  # noqa: E402
 
 
@@ -212,8 +212,8 @@ def main():
             resolve_device("cuda")
         except DeviceUnavailable as exc:                 # say why, without a traceback
             sys.exit(f"bench_data.py: {exc}")
-    print(f"device {args.device}, B={args.batch_size}, antisym n={args.hidden} float32, "
-          f"{os.cpu_count()} CPU cores, "
+    print(f"device {args.device}, B={args.batch_size}, antisym n={args.hidden} float32; "
+          f"{machine()}, {numba.get_num_threads()} numba threads, "
           f"load average {os.getloadavg()[0]:.1f}; medians over {args.steps} rounds of "
           f"{args.batches} batches + 1 step")
     print(f"{'task':<14} {'T':>5} {'m':>4} {'open':>8} {'train batch':>12} {'test batch':>11} "
@@ -223,7 +223,8 @@ def main():
             r = bench(name, B=args.batch_size, n=args.hidden, batches=args.batches,
                       steps=args.steps, T=T_of[name], device=args.device, **extra)
         except (sources.DataError, TooFewExamples) as exc:    # say so, time the rest
-            print(f"{name:<14} skipped: {str(exc).splitlines()[0]}", flush=True)
+            why = str(exc).replace("\n", "\n" + " " * 15)     # the whole message, indented
+            print(f"{name:<14} skipped: {why}", flush=True)
             continue
         print(f"{r['task']:<14} {r['T']:>5} {r['m']:>4} {r['open']:>8} "
               f"{1e3 * r['train_s']:>10.1f}ms {1e3 * r['test_s']:>9.1f}ms "

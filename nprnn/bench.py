@@ -5,7 +5,9 @@ reports the median: of the wall time on the CPU; on the GPU, of CUDA events arou
 launches (nprnn.gpu.time_model) and of the wall time up to torch.cuda.synchronize() for PyTorch.
 "forward" is model.forward (cell + readout); "fwd+bwd" is model.loss_and_grad (forward, loss,
 full BPTT). The PyTorch side does the same work: the cell, the readout, cross-entropy, and
-`loss.backward()`.
+`loss.backward()`. Both sides get the same batch: x (B, T, m) uniform on [0, 1), as pixels are,
+and y (`bench_inputs`), batch-first as a task yields it, so each side's own change of layout is
+timed too.
 
 GFLOP/s counts the matrix products only (the elementwise work is small beside them):
 
@@ -24,6 +26,7 @@ import os
 import platform
 import time
 
+import numba
 import numpy as np
 
 from .cells import DEFAULT_EPS, DEFAULT_GAMMA
@@ -70,11 +73,17 @@ def machine():
     return f"{cpu}, {os.cpu_count()} cores"
 
 
-def bench_nprnn(name, B, T, m, n, dtype, repeat, seed=0):
-    model = make_model(name, m, n, 10, dtype=dtype, seed=seed)
+def bench_inputs(B, T, m, dtype, seed=0, K=10):
+    """The batch every contender gets: x (B, T, m) of `dtype`, uniform on [0, 1), and y (B,)
+    int64 labels in 0 .. K-1."""
     rng = np.random.default_rng(seed)
     x = rng.random((B, T, m), dtype=np.float32).astype(dtype)
-    y = rng.integers(0, 10, size=B)
+    return x, rng.integers(0, K, size=B)
+
+
+def bench_nprnn(name, x, y, n, repeat, seed=0):
+    """nprnn's model `name` of n units, on the CPU, in x's dtype."""
+    model = make_model(name, x.shape[2], n, 10, dtype=x.dtype, seed=seed)
     return dict(forward=median_time(lambda: model.forward(x), repeat),
                 fwd_bwd=median_time(lambda: model.loss_and_grad(x, y), repeat))
 
@@ -122,23 +131,27 @@ def _torch_euler(name, torch, n, m, eps, gamma, dtype, gen, device="cpu"):
     return hidden
 
 
-def bench_torch(name, B, T, m, n, dtype, repeat, seed=0, device="cpu"):
-    """PyTorch doing the same work on `device` ("cpu" or "cuda"); None where PyTorch has no
-    counterpart (peephole-lstm). On "cuda", rnn, lstm and gru are cuDNN's kernels."""
+def bench_torch(name, x, y, n, repeat, seed=0, device="cpu"):
+    """PyTorch doing the same work on `device` ("cpu" or "cuda") from the same batch x (B, T, m),
+    y (B,) in x's dtype; None where PyTorch has no counterpart (peephole-lstm). On "cuda", rnn,
+    lstm and gru are cuDNN's kernels."""
     import torch
+    dtype = x.dtype.name
     # PyTorch's fastest setting on the CPU in float32: gradients that die away over hundreds of
     # steps reach the subnormal range, where each operation is ~100x slower (nprnn's float32
     # kernels flush them too; its float64 kernels do not, nor does PyTorch then).
     torch.set_flush_denormal(dtype == "float32")
     try:
-        return _bench_torch(torch, name, B, T, m, n, dtype, repeat, seed, device)
+        return _bench_torch(torch, name, x, y, n, dtype, repeat, seed, device)
     finally:
         torch.set_flush_denormal(False)     # the thread's mode, as numba's kernels found it
 
 
-def _bench_torch(torch, name, B, T, m, n, dtype, repeat, seed, device):
+def _bench_torch(torch, name, x, y, n, dtype, repeat, seed, device):
     tdtype = getattr(torch, dtype)
+    m = x.shape[2]
     gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)                   # the modules below draw from the global generator
     if name in ("rnn", "lstm", "gru"):
         cls = dict(rnn=torch.nn.RNN, lstm=torch.nn.LSTM, gru=torch.nn.GRU)[name]
         module = cls(m, n, batch_first=True, dtype=tdtype).to(device)
@@ -149,8 +162,8 @@ def _bench_torch(torch, name, B, T, m, n, dtype, repeat, seed, device):
     else:
         return None
     readout = torch.nn.Linear(n, 10, dtype=tdtype).to(device)
-    x = torch.rand(B, T, m, generator=gen, dtype=tdtype).to(device)
-    y = torch.randint(0, 10, (B,), generator=gen).to(device)
+    x = torch.from_numpy(x).to(device)
+    y = torch.from_numpy(y).to(device)
     sync = torch.cuda.synchronize if device == "cuda" else None
 
     def forward():
@@ -167,11 +180,12 @@ def _bench_torch(torch, name, B, T, m, n, dtype, repeat, seed, device):
 def run(names, B, T, m, n, dtype="float32", repeat=5, with_torch=True, seed=0):
     """Measure each model, and PyTorch beside it where installed. Returns a list of rows."""
     rows = []
+    x, y = bench_inputs(B, T, m, dtype, seed)
     for name in names:
         f_all = flops(name, B, T, m, n)[1]
-        ours = bench_nprnn(name, B, T, m, n, dtype, repeat, seed)
-        theirs = bench_torch(name, B, T, m, n, dtype, repeat, seed) if with_torch else None
-        row = dict(model=name, impl="nprnn (numba, CPU)", **ours,
+        ours = bench_nprnn(name, x, y, n, repeat, seed)
+        theirs = bench_torch(name, x, y, n, repeat, seed) if with_torch else None
+        row = dict(model=name, impl=f"nprnn (numba, {numba.get_num_threads()} threads)", **ours,
                    gflops=f_all / ours["fwd_bwd"] / 1e9)
         if theirs is not None:
             row["ratio"] = ours["fwd_bwd"] / theirs["fwd_bwd"]
@@ -212,12 +226,11 @@ def run_gpu(names, B, T, m, n, dtype="float32", repeat=5, with_torch=True, seed=
     Ratios are nprnn's time over the same model's PyTorch time."""
     from . import gpu
     rows = []
+    x, y = bench_inputs(B, T, m, dtype, seed)
     for name in names:
         f_all = flops(name, B, T, m, n)[1]
-        theirs = (bench_torch(name, B, T, m, n, dtype, repeat, seed, device="cuda")
-                  if with_torch else None)
-        for r in gpu.time_model(name, B=B, n=n, m=m, T=T, dtype=dtype, repeats=repeat,
-                                seed=seed):
+        theirs = bench_torch(name, x, y, n, repeat, seed, device="cuda") if with_torch else None
+        for r in gpu.time_model(name, n=n, x=x, y=y, repeats=repeat, seed=seed):
             row = dict(model=name, impl=f"nprnn cuda, {r['version']}", note=r["note"],
                        forward=r["forward_ms"] / 1e3, fwd_bwd=r["forward_backward_ms"] / 1e3)
             row["gflops"] = f_all / row["fwd_bwd"] / 1e9              # nan: not measured
@@ -234,7 +247,7 @@ def run_gpu(names, B, T, m, n, dtype="float32", repeat=5, with_torch=True, seed=
     if with_torch:
         for name in ("rnn", "lstm"):                 # cuDNN yardsticks of the same size
             if name not in names:
-                t = bench_torch(name, B, T, m, n, dtype, repeat, seed, device="cuda")
+                t = bench_torch(name, x, y, n, repeat, seed, device="cuda")
                 f_all = flops(name, B, T, m, n)[1]
                 rows.append(dict(model=name, impl=f"PyTorch {t['version']} cuDNN",
                                  forward=t["forward"], fwd_bwd=t["fwd_bwd"],

@@ -499,25 +499,28 @@ def _elapsed_ms(fn, repeats, warmup):
     return float(np.median(times))
 
 
-def time_model(name, B=128, n=128, m=1, T=784, K=10, dtype="float32", versions=("step",
-               "persistent"), repeats=5, warmup=1, seed=0):
-    """Time each GPU kernel version of model `name` on random data of the given shape.
+def time_model(name, x, y, n=128, K=10, versions=("step", "persistent"), repeats=5, warmup=1,
+               seed=0):
+    """Time each GPU kernel version of model `name` (n units, K classes, x's dtype) on the batch
+    x (B, T, m), y (B,) (host arrays; bench.bench_inputs makes them).
 
     Returns one dict per version: model, version, B, n, m, T, dtype, forward_ms (cell forward
     and readout, as `model.forward`), forward_backward_ms (everything `loss_and_grad` does on the
     GPU: the same plus the loss, the readout's and the cell's backward), both the median of
     `repeats` runs timed with CUDA events, and `note` (why a version did not run, else "").
-    Inputs are on the GPU before timing starts, so host transfers are not included, and the
+    The batch is on the GPU before timing starts, batch-first as `Task.batches(device="cuda")`
+    yields it, so host transfers are not included but its change to time-major layout is; the
     activations and gradients live in workspaces, as in training, so no allocation is timed.
     Under the CUDA simulator the times are meaningless (the simulator records none) and are
     reported as nan."""
     from .device import resolve_device, simulator_enabled
     from .model import make_model
     resolve_device("cuda")
+    B, T, m = x.shape
+    dtype = x.dtype
     model = make_model(name, m, n, K, seed=seed, dtype=dtype, device="cuda")
-    rng = np.random.default_rng(seed)
-    x = device_copy(rng.standard_normal((T, B, m)).astype(dtype))
-    y = device_copy(rng.integers(0, K, size=B).astype(np.int64))
+    x_batch = device_copy(np.ascontiguousarray(x))                   # (B, T, m), as a task's
+    y = device_copy(np.asarray(y, dtype=np.int64))
     ws, out = Workspace(), Workspace()
     runner = gpu_cell(name)
     rows = []
@@ -532,10 +535,12 @@ def time_model(name, B=128, n=128, m=1, T=784, K=10, dtype="float32", versions=(
                            f"{'does' if len(misfits) == 1 else 'do'} not fit in shared memory "
                            f"at n={n}, {dtype}; 'auto' runs 'step' there")
         if "forward" not in misfits:        # a forward that fits is timed even if BPTT is not
-            fwd = lambda: model_logits(model, x, version, ws)                   # noqa: E731
+            fwd = lambda: model_logits(model, time_major(x_batch, dtype, ws),  # noqa: E731
+                                       version, ws)
             row["forward_ms"] = _elapsed_ms(fwd, repeats, warmup)
         if not misfits:
-            both = lambda: model_loss_and_grad(model, x, y, version, ws, out)    # noqa: E731
+            both = lambda: model_loss_and_grad(                                  # noqa: E731
+                model, time_major(x_batch, dtype, ws), y, version, ws, out)
             row["forward_backward_ms"] = _elapsed_ms(both, repeats, warmup)
         if simulator_enabled():
             row["forward_ms"] = row["forward_backward_ms"] = float("nan")

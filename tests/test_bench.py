@@ -30,7 +30,8 @@ def test_bench_prints_a_row_per_model():
     assert result.exit_code == 0, result.output
     lines = result.output.strip().splitlines()
     assert lines[0].startswith("B=3 T=4 m=1 n=5 float32, median of 2")
-    rows = [line for line in lines if "nprnn (numba, CPU)" in line]
+    threads = nprnn.bench.numba.get_num_threads()
+    rows = [line for line in lines if f"nprnn (numba, {threads} threads)" in line]
     assert [r.split()[0] for r in rows] == ["antisym", "gru"]
     assert all(float(r.split()[-3]) > 0 for r in rows)          # GFLOP/s
 
@@ -93,7 +94,28 @@ def test_bench_on_auto_times_the_cpu_without_a_gpu(monkeypatch):
                                           "--batch", "2", "--T", "3", "--hidden", "4",
                                           "--repeat", "1", "--no-torch"])
     assert result.exit_code == 0, result.output
-    assert "nprnn (numba, CPU)" in result.output
+    assert "nprnn (numba, " in result.output
+
+
+def test_every_contender_gets_the_same_batch(monkeypatch):
+    """nprnn and PyTorch are timed on one x (B, T, m), uniform on [0, 1), and one y: before,
+    each side drew its own."""
+    seen = []
+
+    def record(side):
+        def bench_side(name, x, y, n, repeat, seed=0, **kw):
+            seen.append((side, name, x, y))
+            return dict(forward=1.0, fwd_bwd=2.0, threads=1, version="9.9")
+        return bench_side
+    monkeypatch.setattr(bench, "bench_nprnn", record("nprnn"))
+    monkeypatch.setattr(bench, "bench_torch", record("torch"))
+    rows = bench.run(["antisym", "gru"], 3, 4, 2, 5, dtype="float64", repeat=1)
+    assert [(side, name) for side, name, _, _ in seen] == [
+        ("nprnn", "antisym"), ("torch", "antisym"), ("nprnn", "gru"), ("torch", "gru")]
+    x, y = seen[0][2], seen[0][3]
+    assert x.shape == (3, 4, 2) and x.dtype == np.float64 and 0 <= x.min() and x.max() < 1
+    assert all(a is x and b is y for _, _, a, b in seen)
+    assert rows[0]["ratio"] == 1.0 and rows[0]["impl"].startswith("nprnn (numba, ")
 
 
 def test_bench_names_an_unknown_model():
@@ -153,9 +175,10 @@ def test_bench_on_cuda_without_a_gpu_says_why():
 
 @pytest.mark.skipif(not bench.torch_available(), reason="PyTorch is not installed (optional)")
 def test_torch_yardstick_runs_the_same_cell():
-    r = bench.bench_torch("antisym-gated", 2, 3, 1, 4, "float32", repeat=1)
+    x, y = bench.bench_inputs(2, 3, 1, "float32")
+    r = bench.bench_torch("antisym-gated", x, y, 4, repeat=1)
     assert r["forward"] > 0 and r["fwd_bwd"] > 0 and np.isfinite(r["fwd_bwd"])
-    assert bench.bench_torch("peephole-lstm", 2, 3, 1, 4, "float32", repeat=1) is None
+    assert bench.bench_torch("peephole-lstm", x, y, 4, repeat=1) is None
 
 
 @pytest.mark.skipif(not bench.torch_available(), reason="PyTorch is not installed (optional)")
@@ -164,7 +187,7 @@ def test_the_torch_yardstick_gives_back_the_floating_point_mode():
     run in that mode, nor compute float64 results in it."""
     subnormal = np.array([1e-310])
     for dtype in ("float32", "float64"):
-        bench.bench_torch("rnn", 2, 3, 1, 4, dtype, repeat=1)
+        bench.bench_torch("rnn", *bench.bench_inputs(2, 3, 1, dtype), 4, repeat=1)
         assert (subnormal * 1.0)[0] == 1e-310, dtype
 
 
@@ -208,7 +231,9 @@ def test_data_benchmark_goes_past_an_epoch_and_skips_a_task_without_files(monkey
     runpy.run_path(os.path.join(os.path.dirname(__file__), "..", "benchmarks", "bench_data.py"),
                    run_name="__main__")
     out = capsys.readouterr().out.splitlines()
-    assert "mnist          skipped: MNIST: files not found in nowhere/mnist" in out
+    skipped = out.index("mnist          skipped: MNIST: files not found in nowhere/mnist")
+    assert out[skipped + 1] == " " * 15 + "place them"        # the whole reason, indented
+    assert "numba threads" in out[0] and nprnn.bench.machine() in out[0]
     assert [line.split()[:3] for line in out if line.startswith("pmnist")] == [["pmnist", "5",
                                                                                "1"]]
     # a batch larger than the 3 test examples: said, not an endless wait for a whole batch

@@ -156,7 +156,9 @@ def step_grid(B, n, block):
 
 def splits_for(blocks, N, min_rows):
     """How many slices to split a sum over N rows into, when each slice runs `blocks` blocks:
-    enough for about TARGET_BLOCKS blocks in all, each slice at least min_rows long."""
+    enough for about TARGET_BLOCKS blocks in all, and at most ceil(N / min_rows), so that a slice
+    has about min_rows rows or more (ceil(N / S) each: fewer when N is small, e.g. 9 and 8 of
+    N = 17 at min_rows = 16)."""
     return max(1, min(cdiv(TARGET_BLOCKS, blocks), cdiv(N, min_rows)))
 
 
@@ -311,7 +313,7 @@ def matmul_tn_gpu(C, A, B, tile=TILE, splits=None, purpose="matmul_tn"):
     """C = A^T B (written, =): C (P, Q), A (N, P), B (N, Q), all C-contiguous device arrays.
 
     Twin of `np.dot(A.T, B, C)` in the CPU kernels. `splits` (S) defaults to enough chunks of N
-    for about TARGET_BLOCKS blocks, each chunk at least `tile` rows long."""
+    for about TARGET_BLOCKS blocks, at most one per `tile` rows (`splits_for`)."""
     if not C.dtype == A.dtype == B.dtype:    # one dtype sizes and reads the shared tiles
         raise TypeError(f"{purpose}: C, A and B must share one dtype, got {C.dtype}, {A.dtype} "
                         f"and {B.dtype}")

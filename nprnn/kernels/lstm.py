@@ -316,7 +316,8 @@ def lstm_forward_step_kernel(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, w_ci, w_c
 @cuda.jit
 def lstm_backward_unit_kernel(da, dc, dh, cs, gates, w_ci, w_cf, w_co, peephole, t):
     """The elementwise part of BPTT through step t (lstm_unit_backward).
-    Written (=): da[t] (B, 4n). Updated: dc (B, n), dL/dc_t -> dL/dc_{t-1}.
+    Written (=): da[t] (B, 4n). Updated: dc (B, n), the part of dL/dc_t that arrives through
+    c_{t+1} -> the part of dL/dc_{t-1} that arrives through c_t (as in lstm_unit_backward).
     Read: dh (B, n) = dL/dh_t, cs[t], cs[t+1], gates[t]. One thread per (b, j)."""
     j, b = cuda.grid(2)
     B, n = dh.shape
@@ -493,8 +494,8 @@ def peephole_grads_gpu(dw_ci, dw_cf, dw_co, da, cs, *, threads=128, splits=None)
     """dw_ci = sum_{t,b} da_i c_{t-1} ; dw_cf = sum da_f c_{t-1} ; dw_co = sum da_o c_t
     (written, =): the peephole part of BPTT's parameter gradients, as a sum over slices of the
     T*B rows (peephole_partial_kernel) and then over the slices (peephole_sums_kernel).
-    `splits` (S) defaults to enough slices for about TARGET_BLOCKS blocks, each at least a warp
-    of rows long."""
+    `splits` (S) defaults to enough slices for about TARGET_BLOCKS blocks, and at most one per
+    warp of rows (so that a slice has about a warp of rows or more; fewer when T*B is small)."""
     T, B, n = da.shape[0], da.shape[1], cs.shape[2]
     blocks = cdiv(n, threads)
     if splits is None:

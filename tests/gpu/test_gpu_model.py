@@ -13,6 +13,7 @@ import pytest
 import gpu_testing as gt
 import nprnn
 from nprnn import gpu
+from nprnn.bench import bench_inputs
 
 pytestmark = gt.requires_cuda
 
@@ -160,7 +161,8 @@ def test_unknown_kernel_version_is_refused():
 
 
 def test_time_model_reports_every_version():
-    rows = gpu.time_model("antisym", B=2, n=4, m=1, T=2, K=3, repeats=1, warmup=0)
+    rows = gpu.time_model("antisym", *bench_inputs(2, 2, 1, "float32", K=3), n=4, K=3,
+                          repeats=1, warmup=0)
     assert [r["version"] for r in rows] == ["step", "persistent"]
     for r in rows:
         assert set(r) >= {"forward_ms", "forward_backward_ms", "note", "B", "n", "T", "dtype"}
@@ -182,12 +184,13 @@ def test_time_model_times_the_persistent_pass_that_fits(monkeypatch, fits, timed
     monkeypatch.setattr(gpu, "_elapsed_ms", lambda fn, repeats, warmup: fn() or 1.0)
     monkeypatch.setattr(gpu, "model_logits", lambda *a: ran.append("forward"))
     monkeypatch.setattr(gpu, "model_loss_and_grad", lambda *a: ran.append("forward+backward"))
-    step, persistent = gpu.time_model("rnn", B=2, n=4, m=1, T=2, K=3, repeats=1, warmup=0)
+    x, y = bench_inputs(2, 2, 1, "float32", K=3)
+    step, persistent = gpu.time_model("rnn", x, y, n=4, K=3, repeats=1, warmup=0)
     assert persistent["note"].startswith(note) and "'auto' runs 'step' there" in persistent["note"]
     assert not step["note"].startswith("persistent")
     assert ran == ["forward", "forward+backward", *timed]        # step's two, then persistent's
     ran.clear()
-    auto, = gpu.time_model("rnn", B=2, n=4, m=1, T=2, K=3, versions=("auto",), repeats=1,
+    auto, = gpu.time_model("rnn", x, y, n=4, K=3, versions=("auto",), repeats=1,
                            warmup=0)                           # runs 'step' where it must
     assert ran == ["forward", "forward+backward"] and not auto["note"].startswith("persistent")
 
