@@ -49,8 +49,9 @@ pmnist-seed<seed>.h5) from the raw files (`nprnn.sources`):
     /permutation   int64 (H W,)          pmnist only
     each dataset's attribute crc32: the CRC-32 of its bytes
     file attributes: format_version, task, layout, source, origin, raw_files (JSON: path, MD5 and
-    check of every raw file; size and mtime_ns of one no published MD5 pins), normalisation, pixel_mean / pixel_std (per channel, of x on the
-    training set; stored for reference, not applied), permutation_seed, created, nprnn_version
+    check of every raw file; size and mtime_ns of one no published MD5 pins), normalisation,
+    pixel_mean / pixel_std (per channel, of x on the training set; stored for reference, not
+    applied), permutation_seed, created, nprnn_version
 
 It is written to a temporary file and renamed into place, so it either exists whole or not at all,
 and two processes building it at once each rename a complete file. Opening checks the format
@@ -695,8 +696,9 @@ def _changed_raw_file(records):
             continue
         try:
             st = Path(r["path"]).stat()
-        except FileNotFoundError:
-            continue                   # deleted after the build: the cache is what is left
+        except OSError:
+            continue                   # deleted after the build (or out of reach): the cache is
+                                       # what is left
         if (st.st_size, st.st_mtime_ns) != (r["size"], r["mtime_ns"]):
             return (f"its raw file {r['path']} has changed since the cache was built (no "
                     f"published MD5 pins that file: its size and modification time are checked)")
@@ -710,7 +712,7 @@ def cache_state(name, data_dir=None, seed=DEFAULT_PERMUTATION_SEED):
     exists, size = True, 0
     try:
         size = path.stat().st_size
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         exists = False
     except OSError:                # a folder on its path cannot be looked into: `problem` says so
         pass

@@ -13,6 +13,8 @@ the tensor's largest entry keeps the check strict (1e-6 of the largest gradient)
 """
 import numpy as np
 
+from .kernels.gpu_common import is_device_array
+
 
 def numerical_gradient(f, p, h=1e-5, mask=None):
     """dF/dp by central differences, perturbing p in place (and restoring it).
@@ -22,9 +24,13 @@ def numerical_gradient(f, p, h=1e-5, mask=None):
     p must be a writable, C-contiguous float64 array, so that each perturbation reaches it in
     full: a copy (reshaping a strided view makes one) would leave f's input unchanged, and a
     float32 or integer p would round p +- h."""
-    if (not isinstance(p, np.ndarray) or p.dtype != np.float64 or not p.flags.c_contiguous
-            or not p.flags.writeable):
-        raise ValueError(f"p must be a writable, C-contiguous float64 numpy array, got "
+    if is_device_array(p):          # a cuda model's parameter: perturbed in place on the GPU
+        ok = p.dtype == np.float64 and p.is_c_contiguous()
+    else:
+        ok = (isinstance(p, np.ndarray) and p.dtype == np.float64 and p.flags.c_contiguous
+              and p.flags.writeable)
+    if not ok:
+        raise ValueError(f"p must be a writable, C-contiguous float64 array, got "
                          f"{_describe(p)}")
     if mask is not None and np.shape(mask) != p.shape:
         raise ValueError(f"mask has shape {np.shape(mask)}, p has shape {p.shape}")
@@ -45,6 +51,8 @@ def numerical_gradient(f, p, h=1e-5, mask=None):
 
 
 def _describe(a):
+    if is_device_array(a):
+        return f"{'' if a.is_c_contiguous() else 'strided '}{a.dtype} device array"
     if not isinstance(a, np.ndarray):
         return type(a).__name__
     flags = [f for f, bad in (("strided", not a.flags.c_contiguous),

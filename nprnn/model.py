@@ -273,10 +273,13 @@ def make_model(name, input_size, hidden_size, num_classes=10, eps=None, gamma=No
             raise ValueError(f"{key} = {value!r} is not allowed: need {allowed}")
         with np.errstate(over="ignore"):                # said just below, with the value
             in_dtype = np.dtype(dtype).type(value)      # what the kernels compute with
-        if not np.isfinite(in_dtype) or (key == "eps" and in_dtype == 0):
+        if not np.isfinite(in_dtype) or (key == "eps" and in_dtype < np.finfo(dtype).tiny):
+            # (a subnormal eps: eps * tanh(...) flushes to 0 in the float32 kernels' BPTT)
+            how = ("overflows" if not np.isfinite(in_dtype) else
+                   "is subnormal" if in_dtype else "rounds to 0")
             raise ValueError(f"{key} = {value!r} is beyond {dtype}'s range "
                              f"({np.finfo(dtype).tiny:.3g} .. {np.finfo(dtype).max:.3g}): it "
-                             f"{'rounds to 0' if in_dtype == 0 else 'overflows'} there")
+                             f"{how} there")
         hyper[key] = value
     device = resolve_device(device)            # DeviceUnavailable for "cuda" without a GPU
     rng = np.random.default_rng(seed)
@@ -284,9 +287,10 @@ def make_model(name, input_size, hidden_size, num_classes=10, eps=None, gamma=No
     with np.errstate(over="ignore"):           # weights beyond the dtype are refused just below
         try:
             params = cell.init(rng, m, n, np.dtype(dtype), sigma_w=sigma_w, scheme=init)
-        except OverflowError:                  # sigma_w ** 2 beyond a Python float
-            params = None
-    if params is None or not all(np.isfinite(p).all() for p in params.values()):
+        except OverflowError:
+            raise ValueError(f"sigma_w = {sigma_w!r} is too large: the variance of the recurrent "
+                             f"weights, sigma_w**2 / n, overflows a float") from None
+    if not all(np.isfinite(p).all() for p in params.values()):
         raise ValueError(f"sigma_w = {sigma_w!r} draws initial weights beyond {dtype}'s range "
                          f"(largest {np.finfo(dtype).max:.3g})")
     # the readout: W_out ~ N(0, 1/n), b_out = 0 (Appendix C leaves it unspecified)

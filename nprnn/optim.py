@@ -100,7 +100,7 @@ def _check_scale(scale):
     s = float(scale)
     if not (math.isnan(s) or 0.0 <= s < math.inf):
         raise ValueError(f"scale (the clipping factor) must be a finite number >= 0, or nan to "
-                         f"skip the step; got {scale!r}")
+                         f"skip the step; got {s!r}")
     return s
 
 

@@ -127,8 +127,9 @@ class RemoteFile:
 def structure_only(path, md5):
     """The cache's record of a raw file that no published MD5 pins: its size and modification
     time too, so that a cache built from it is rebuilt once the file changes
-    (datasets.check_cache)."""
-    st = Path(path).stat()
+    (datasets.check_cache), and its absolute path, so that the check finds it from any folder."""
+    path = Path(path).resolve()
+    st = path.stat()
     return dict(path=str(path), md5=md5, check="structure only", size=st.st_size,
                 mtime_ns=st.st_mtime_ns)
 

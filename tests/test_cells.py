@@ -382,12 +382,13 @@ def test_unknown_model_and_bad_construction_arguments():
     (dict(eps=1e39), r"eps = 1e\+39 is beyond float32's range .*: it overflows there"),
     (dict(gamma=1e39), r"gamma = 1e\+39 is beyond float32's range"),
     (dict(sigma_w=1e39), r"sigma_w = 1e\+39 draws initial weights beyond float32's range"),
-    (dict(sigma_w=1e160, dtype="float64"), r"sigma_w = 1e\+160 draws initial weights beyond "
-                                           r"float64's range"),   # sigma_w ** 2: OverflowError
+    (dict(eps=1e-40), r"eps = 1e-40 is beyond float32's range .*: it is subnormal there"),
+    (dict(sigma_w=1e160, dtype="float64"), r"sigma_w = 1e\+160 is too large: the variance of the "
+                                           r"recurrent weights, sigma_w\*\*2 / n, overflows"),
 ])
 def test_hyperparameters_the_models_dtype_cannot_hold_are_refused(kwargs, match):
-    """Before, eps = 1e-50 in float32 gave all-zero cell gradients, eps or gamma = 1e39 a NaN
-    loss, and sigma_w = 1e160 an OverflowError from the initialisation."""
+    """Before, eps = 1e-50 or 1e-40 in float32 gave all-zero cell gradients, eps or gamma = 1e39
+    a NaN loss, and sigma_w = 1e160 an OverflowError from the initialisation."""
     with pytest.raises(ValueError, match=match):
         nprnn.make_model("antisym", 1, 4, **kwargs)
     nprnn.make_model("antisym", 1, 4, eps=1e-50, dtype="float64")        # float64 holds it

@@ -471,11 +471,13 @@ def test_a_cache_of_raw_files_checked_by_structure_only_is_rebuilt_when_they_cha
     old, new = fd.fake_cifar_arrays(seed=0), fd.fake_cifar_arrays(seed=1)
     monkeypatch.setitem(sources.SOURCES, "cifar10", fd.fake_cifar_source(old))
     fd.write_fake_cifar(tmp_path / "cifar-10", "binary", "dir", old)
-    with get_task("cifar10", tmp_path) as task:
+    monkeypatch.chdir(tmp_path.parent)              # built through a relative data folder ...
+    with get_task("cifar10", tmp_path.name) as task:
         first = next(task.batches("test", 4))[0]
         records = task.info()["raw_files"]
     assert {r["check"] for r in records} == {"structure only"} and all("size" in r
                                                                        for r in records)
+    monkeypatch.chdir("/")                          # ... and checked from another folder
     path = cache_path("cifar10", tmp_path)
     assert check_cache(path, "cifar10") is None
     fd.write_fake_cifar(tmp_path / "cifar-10", "binary", "dir", new)
@@ -488,6 +490,15 @@ def test_a_cache_of_raw_files_checked_by_structure_only_is_rebuilt_when_they_cha
     assert "is not usable" in capsys.readouterr().err
     assert np.array_equal(again, PIXELS[fd.cifar_expected(new)[2]].reshape(4, 1024, 3))
     assert not np.array_equal(again, first)
+    real_stat = Path.stat
+
+    def out_of_reach(self, *args, **kwargs):        # a raw folder that cannot be looked into
+        if str(self).endswith(".bin"):
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_stat(self, *args, **kwargs)
+    with monkeypatch.context() as m:
+        m.setattr(Path, "stat", out_of_reach)
+        assert check_cache(path, "cifar10") is None
     for name in os.listdir(tmp_path / "cifar-10" / fd.CIFAR_DIRS["binary"]):
         os.remove(tmp_path / "cifar-10" / fd.CIFAR_DIRS["binary"] / name)
     assert check_cache(path, "cifar10") is None
@@ -499,6 +510,10 @@ def test_a_cache_that_cannot_be_read_is_named_as_such(tmp_path, fake_mnist):
     path.mkdir()
     assert check_cache(path, "mnist") == "it is a directory, not a file"
     assert datasets.cache_state("mnist", data_dir)["problem"] == "it is a directory, not a file"
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a folder")
+    state = datasets.cache_state("mnist", a_file)           # NPRNN_DATA_DIR=a-file, say
+    assert not state["exists"] and state["problem"] == "it does not exist"
 
 
 def test_failed_build_leaves_no_cache_and_no_temporary(fake_mnist, monkeypatch):

@@ -763,3 +763,15 @@ def test_a_new_run_refuses_an_option_that_changes_nothing(tmp_path, option, mess
     assert not (tmp_path / "run").exists()
     train(dict(CONFIG, iterations=2, optimizer="adagrad", momentum=0.9), tmp_path / "ok",
           task=toy_task(), **quiet())                     # the default is no setting at all
+
+
+def test_a_run_saved_with_an_option_that_changes_nothing_still_resumes(tmp_path, monkeypatch):
+    """check_options_used refuses new runs only: a folder from before it, with adagrad and a
+    momentum, or a perm_seed on another task, resumes as it was saved."""
+    import nprnn.train as training
+    config = dict(CONFIG, optimizer="adagrad", momentum=0.5, perm_seed=3, iterations=6)
+    with monkeypatch.context() as m:
+        m.setattr(training, "check_options_used", lambda config: None)    # an older nprnn
+        train(dict(config, iterations=3), tmp_path, task=toy_task(), **quiet())
+    done = train(out=tmp_path, resume=True, given=dict(iterations=6), task=toy_task(), **quiet())
+    assert done["completed"] and done["iteration"] == 6

@@ -195,6 +195,35 @@ def test_time_model_times_the_persistent_pass_that_fits(monkeypatch, fits, timed
     assert ran == ["forward", "forward+backward"] and not auto["note"].startswith("persistent")
 
 
+def test_time_model_times_the_change_to_time_major_layout(monkeypatch):
+    """A training step gets its batch batch-first and makes it time-major on the GPU: each timed
+    call does that too, as PyTorch's timed call does its own layout change."""
+    calls, inside = [], []
+    real = gpu.time_major
+    monkeypatch.setattr(gpu, "time_major", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+
+    def elapsed(fn, repeats, warmup):
+        before = len(calls)
+        fn()
+        inside.append(len(calls) - before)
+        return 1.0
+    monkeypatch.setattr(gpu, "_elapsed_ms", elapsed)
+    gpu.time_model("rnn", *bench_inputs(2, 2, 1, "float32", K=3), n=4, K=3, versions=("step",),
+                   repeats=1, warmup=0)
+    assert inside == [1, 1]                                 # forward, forward + backward
+
+
+def test_finite_differences_perturb_a_cuda_parameter_in_place():
+    """gradcheck's numerical_gradient takes a device parameter as it takes a host one (one
+    tensor of a tiny model: the simulator runs every thread in Python)."""
+    from nprnn.gradcheck import numerical_gradient, relative_error
+    model = nprnn.make_model("antisym", 1, 2, 2, eps=0.5, dtype="float64", device="cuda")
+    x, y = np.random.default_rng(0).standard_normal((1, 1, 1)), np.array([1])
+    _, grads = model.loss_and_grad(x, y)
+    numeric = numerical_gradient(lambda: model.loss_and_grad(x, y)[0], model.params["b_h"])
+    assert relative_error(grads["b_h"].copy_to_host(), numeric) < 1e-6
+
+
 def test_every_cell_has_gpu_kernels():
     assert set(gpu.GPU_CELLS) == set(nprnn.CELLS)
 
