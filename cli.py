@@ -644,23 +644,38 @@ def train(progress, out, resume, **options):
     except MemoryError as e:
         raise _memory_error(e, "--hidden, --batch-size, --eval-batch-size or --T",
                             _left_behind(out)) from None
+    except training.SecondSignal as e:
+        # aborted mid-step; the checkpoints are atomic, so the last one written stands
+        at = _saved_iteration(Path(out))
+        click.echo(f"{e.name} received again: aborted"
+                   + (f". The checkpoint of iteration {at} is kept: continue with `python "
+                      f"cli.py train --out {out} --resume`" if at is not None else ""),
+                   err=True)
+        ctx.exit(128 + signal.Signals[e.name])
     if result["stopped"]:
         ctx.exit(128 + signal.Signals[result["stopped"]])
+
+
+def _saved_iteration(out):
+    """The iteration of run folder `out`'s checkpoint, or None if it has none that loads."""
+    from nprnn.checkpoint import FILENAME, CheckpointError, load_checkpoint
+    try:
+        return load_checkpoint(out / FILENAME)["progress"]["iteration"]
+    except (CheckpointError, OSError, KeyError):
+        return None
 
 
 def _left_behind(out):
     """What a `train` that failed left in its run folder `out`, and what to do with it ("" if
     nothing): train writes config.json, then the checkpoint of iteration 0, before the first
     step."""
-    from nprnn.checkpoint import FILENAME, CheckpointError, load_checkpoint
+    from nprnn.checkpoint import FILENAME
     from nprnn.train import CONFIG
 
     out, ckpt = Path(out), Path(out) / FILENAME
     if ckpt.is_file():
-        try:
-            at = f" (iteration {load_checkpoint(ckpt)['progress']['iteration']})"
-        except (CheckpointError, OSError, KeyError):
-            at = ""
+        at = _saved_iteration(out)
+        at = "" if at is None else f" (iteration {at})"
         return (f". The run folder keeps its checkpoint {ckpt}{at}: continue it with `python "
                 f"cli.py train --out {out} --resume` where more memory is free (--hidden, "
                 f"--batch-size and --T cannot change on resume), or delete {out} to start again "

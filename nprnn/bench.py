@@ -23,13 +23,13 @@ nprnn's later rows are timed as the first.
 PyTorch is an optional yardstick (`pip install torch`); nprnn never imports it elsewhere.
 """
 import os
-import platform
 import time
 
 import numba
 import numpy as np
 
 from .cells import DEFAULT_EPS, DEFAULT_GAMMA
+from .device import cpu_model
 from .model import make_model
 
 # (k_rec, k_in): how many n-wide blocks the recurrent and the input products have
@@ -64,13 +64,7 @@ def median_time(fn, repeat, sync=None, warmup=True):
 
 
 def machine():
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"{cpu}, {os.cpu_count()} cores"
+    return f"{cpu_model()}, {os.cpu_count()} cores"
 
 
 def bench_inputs(B, T, m, dtype, seed=0, K=10):

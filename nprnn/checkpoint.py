@@ -10,9 +10,10 @@ Layout of a checkpoint file (h5py):
     attrs["progress"]               JSON: iteration, position in the data order (epoch, batch;
                                     shown on resume, which derives them from the iteration), the
                                     evaluations done at it, the NumPy version that drew the data
-                                    order, wall time so far, and the running sums of the logging
-                                    interval in progress, and the length of metrics.jsonl
-                                    when the checkpoint was written
+                                    order, the numba, scipy and CPU of the last steps
+                                    (`train._arithmetic`), wall time so far, the running sums of
+                                    the logging interval in progress, and the length of
+                                    metrics.jsonl when the checkpoint was written
     attrs["sha256"]                 the SHA-256 digest of all of the above (`digest`)
 
 Floats in the JSON attributes are written with Python's repr, which reads back to the same bits.

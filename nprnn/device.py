@@ -19,6 +19,7 @@ without a GPU. "auto" never picks it: it stands for speed.
 import functools
 import importlib.util
 import os
+import platform
 
 DEVICES = ("cpu", "cuda", "auto")
 
@@ -116,6 +117,17 @@ def resolve_device(device):
                                 f"Use device 'cpu', or 'auto' to take a GPU only when one is "
                                 f"usable.")
     return "cuda"
+
+
+def cpu_model():
+    """The CPU's model name ("Intel(R) Xeon(R) Processor"), from /proc/cpuinfo where there is
+    one, else what the platform module knows."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f
+                        if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
 
 
 def describe(device):

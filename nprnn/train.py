@@ -54,8 +54,8 @@ import numpy as np
 
 from .checkpoint import (FILENAME, CheckpointError, load_checkpoint, load_params_into,
                          read_config_json, save_checkpoint)
-from .datasets import MAX_SEED
-from .device import resolve_device
+from .datasets import MAX_SEED, resolve_data_dir
+from .device import cpu_model, resolve_device
 from .kernels.gpu_common import to_host
 from .model import make_model
 from .optim import OPTIMIZERS, StepRecorder, make_optimizer
@@ -131,7 +131,8 @@ def resolve_config(**options):
         if not isinstance(config["data_dir"], (str, os.PathLike)):
             raise TrainError(f"data_dir must be a path (str or os.PathLike) or None, got "
                              f"{config['data_dir']!r}")
-        config["data_dir"] = str(Path(config["data_dir"]))
+        # absolute: a run resumed or evaluated from another folder finds its data all the same
+        config["data_dir"] = str(Path(config["data_dir"]).resolve())
     return config
 
 
@@ -154,10 +155,16 @@ def merge_resume_config(saved, given):
     An option outside CHANGEABLE_ON_RESUME that differs from the saved value raises TrainError.
     Returns (config, changes) with changes a list of "key: old -> new" strings."""
     config, changes, conflicts = dict(saved), [], []
-    for key, value in given.items():
-        if key not in DEFAULTS:
-            raise TrainError(f"unknown option {key!r}")
-        old = saved.get(key)
+    unknown = set(given) - set(DEFAULTS)
+    if unknown:
+        raise TrainError(f"unknown option {sorted(unknown)[0]!r}")
+    # each given value as a new run would record it (a data_dir made absolute, a device
+    # resolved), so that restating the saved value is no change
+    normal = resolve_config(**given)
+    if given.get("device") is not None:
+        normal["device"] = resolve_device(given["device"])
+    for key in given:
+        value, old = normal[key], saved.get(key)
         if value == old or (key == "T" and old is None and value == saved.get("seq_len")):
             continue                   # the same value, or T restated at the task's default
         if key in CHANGEABLE_ON_RESUME:
@@ -321,6 +328,15 @@ class MetricsLog:
         self.file.close()
 
 
+class SecondSignal(KeyboardInterrupt):
+    """A second SIGINT or SIGTERM while a run was finishing its step: abort at once. `name` is
+    the signal's ("SIGINT", "SIGTERM")."""
+
+    def __init__(self, name):
+        super().__init__(f"second {name}: aborted")
+        self.name = name
+
+
 class StopSignals:
     """While active, SIGINT and SIGTERM only set `requested` (the signal's name): the loop finishes
     its step, checkpoints, and returns. A second signal aborts at once (KeyboardInterrupt), which
@@ -347,7 +363,7 @@ class StopSignals:
 
     def _handle(self, signum, frame):
         if self.requested is not None:
-            raise KeyboardInterrupt(f"second {signal.Signals(signum).name}: aborted")
+            raise SecondSignal(signal.Signals(signum).name)
         self.requested = signal.Signals(signum).name
 
     def stopping(self):
@@ -446,6 +462,15 @@ def _diverged(acc_run, it, saved_at, ckpt_path, config, out):
         f"train --out {out} --resume --lr {config['lr'] / 2:g} --clip 1")
 
 
+def _arithmetic():
+    """What a step's bits depend on besides the run's settings, its data and NumPy: numba (the
+    code LLVM makes of the kernels), scipy (the BLAS the CPU kernels call) and the CPU (which
+    code paths both pick). Recorded in the checkpoint; a resume where one differs says so."""
+    import numba
+    import scipy
+    return dict(numba=numba.__version__, scipy=scipy.__version__, cpu=cpu_model())
+
+
 def _write_json(path, obj):
     tmp = Path(str(path) + ".tmp")
     tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
@@ -486,23 +511,33 @@ def train(config=None, out="runs/run", resume=False, given=None, task=None, echo
                              f"without --resume first)")
         saved = load_checkpoint(ckpt_path)
         config, changes = merge_resume_config(saved["config"], given or {})
-        for c in changes:
-            echo(f"resume: {c}")
     else:
         if ckpt_path.exists():
             raise TrainError(f"{out} already holds a run; continue it with --resume, or choose "
                              f"another --out")
-        if (out / CONFIG).exists():
-            raise TrainError(f"{out} holds a {CONFIG} but no {FILENAME}: a run that stopped "
-                             f"before its first checkpoint, with nothing to resume. Delete the "
-                             f"folder to start it again, or choose another --out")
+        # a new run writes these two; left from a run that stopped before its first checkpoint,
+        # or from something else, they would be overwritten (config.json) or mixed into the new
+        # run's curves (metrics.jsonl, which a run appends to; one linked to /dev/null is kept)
+        metrics = out / METRICS
+        found = [CONFIG] if (out / CONFIG).exists() else []
+        if metrics.is_file() and metrics.stat().st_size > 0:
+            found.append(METRICS)
+        if found:
+            raise TrainError(f"{out} holds {' and '.join(found)} but no {FILENAME}, so there is "
+                             f"no run to resume there. Delete {' and '.join(found)} to start a "
+                             f"run in {out}, or choose another --out")
         config, changes = resolve_config(**(config or {})), []
 
     if task is not None:
         config["task"] = task.name
+    else:
+        # the data folder the run uses, recorded absolute even when it came from the default
+        # ($NPRNN_DATA_DIR or ./data), so that a resume or an eval elsewhere finds the same one
+        config["data_dir"] = str(resolve_data_dir(config["data_dir"]).resolve())
     if not resume:
         check_options_used(config)
-    resolve_device(config["device"])          # no GPU for --device cuda: say so before any work
+    # "auto" recorded as the device it chose; no GPU for --device cuda: said before any work
+    config["device"] = resolve_device(config["device"])
     owns_task = task is None                  # then close it at the end (a CachedTask's file)
     task = load_task(config, task)
     if resume:
@@ -539,6 +574,8 @@ def train(config=None, out="runs/run", resume=False, given=None, task=None, echo
             raise TrainError(f"the task now has {per_epoch} batches per epoch, the checkpoint was "
                              f"written with {prog['batches_per_epoch']}: the training set changed "
                              f"(another --data-dir, or other files in it?)")
+        for c in changes:                     # said once the changes are known to hold
+            echo(f"resume: {c}")
     else:
         prog = dict(iteration=0, epoch=0, batch=0, batches_per_epoch=per_epoch, elapsed=0.0,
                     evaluated={}, interval=_new_interval())
@@ -558,7 +595,15 @@ def train(config=None, out="runs/run", resume=False, given=None, task=None, echo
                  f"continues with NumPy {np.__version__}. NumPy does not promise the same random "
                  f"streams across versions, so the order from here on may differ from an "
                  f"uninterrupted run's")
+        now = _arithmetic()
+        before = prog.get("arithmetic", now)          # (runs saved before it was recorded)
+        moved = [f"{k} {before.get(k)} -> {now[k]}" for k in now if before.get(k) != now[k]]
+        if moved:
+            echo(f"note: this run's last steps ran elsewhere ({'; '.join(moved)}). The kernels' "
+                 f"floating-point results may differ in their last bits there, so the parameters "
+                 f"from here on need not be bit-identical to an uninterrupted run's")
     prog["numpy"] = np.__version__            # the NumPy whose Generator draws the data order
+    prog["arithmetic"] = _arithmetic()
 
     saved_at = [prog["iteration"]]            # the iteration of the checkpoint on disk
     # The interval's running loss, accuracy and gradient norm are summed where the step runs

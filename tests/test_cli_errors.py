@@ -307,6 +307,33 @@ def test_train_stopped_by_a_signal_exits_with_128_plus_its_number(tmp_path, monk
         result.output
 
 
+def test_train_aborted_by_a_second_signal_names_the_checkpoint_kept(tmp_path, monkeypatch,
+                                                                    toy_get_task):
+    """A second SIGTERM while the first is being honoured aborts at once: 143 as for one, not
+    click's 'Aborted!' and 1, with the checkpoint that stands named; it resumes."""
+    import nprnn.train
+
+    real = nprnn.train.train
+
+    def train_then_signal_twice(*args, **kwargs):
+        def send(it, loss):
+            if it == 2:
+                os.kill(os.getpid(), signal.SIGTERM)
+                os.kill(os.getpid(), signal.SIGTERM)
+        return real(*args, callback=send, **kwargs)
+    monkeypatch.setattr(nprnn.train, "train", train_then_signal_twice)
+    out = tmp_path / "run"
+    result = invoke(TRAIN + ["--out", out])
+    assert result.exit_code == 143, result.output + repr(result.exception)
+    assert "Aborted!" not in result.output
+    assert (f"SIGTERM received again: aborted. The checkpoint of iteration 0 is kept: continue "
+            f"with `python cli.py train --out {out} --resume`") in result.stderr
+    monkeypatch.setattr(nprnn.train, "train", real)
+    result = invoke(["train", "--out", out, "--resume", "--no-progress"])
+    assert result.exit_code == 0 and "final test accuracy after 6" in result.output, \
+        result.output
+
+
 def test_jacobian_names_each_model_and_length_as_it_starts(tmp_path, no_matplotlib):
     result = invoke(["jacobian", "--out", tmp_path, "--models", "antisym,lstm", "--gammas", "1",
                      "--lengths", "2,3", "--hidden-size", "2", "--input-size", "1",

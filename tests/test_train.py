@@ -12,12 +12,14 @@ import subprocess
 import sys
 import textwrap
 
+import numba
 import numpy as np
 import pytest
 from click.testing import CliRunner
 
 import nprnn
 import nprnn.datasets
+import nprnn.device
 from nprnn.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from nprnn.datasets import ArrayTask
 from nprnn.train import (TrainError, TrainingDiverged, evaluate, evaluate_checkpoint,
@@ -130,9 +132,18 @@ def test_a_used_folder_is_not_overwritten_and_resume_needs_a_checkpoint(tmp_path
     (tmp_path / "file").write_text("")
     with pytest.raises(TrainError, match=r"cannot create the run folder .*file/run: Not a dir"):
         train(dict(CONFIG, iterations=2), tmp_path / "file" / "run", task=toy_task(), **quiet())
-    # a run killed before its first checkpoint left only config.json: say so, not "--resume"
+    # files a run writes, without its checkpoint: named, not "--resume", and not reused
     (tmp_path / "checkpoint.h5").unlink()
-    with pytest.raises(TrainError, match="holds a config.json but no checkpoint.h5.*Delete"):
+    with pytest.raises(TrainError, match="holds config.json and metrics.jsonl but no "
+                                         "checkpoint.h5.*Delete config.json and metrics.jsonl"):
+        train(dict(CONFIG, iterations=2), tmp_path, task=toy_task(), **quiet())
+    (tmp_path / "config.json").unlink()
+    # a metrics.jsonl alone would have been appended to: the new run's curve mixed with the old
+    with pytest.raises(TrainError, match="holds metrics.jsonl but no checkpoint.h5"):
+        train(dict(CONFIG, iterations=2), tmp_path, task=toy_task(), **quiet())
+    (tmp_path / "metrics.jsonl").unlink()
+    (tmp_path / "config.json").write_text("{}")          # someone else's, say
+    with pytest.raises(TrainError, match="holds config.json but no checkpoint.h5"):
         train(dict(CONFIG, iterations=2), tmp_path, task=toy_task(), **quiet())
 
 
@@ -722,6 +733,58 @@ def test_resuming_under_another_numpy_says_the_order_may_differ(tmp_path):
           progress=False)
     assert any("with NumPy 1.0.0, and continues with NumPy " + np.__version__ in s
                for s in said)
+
+
+def test_resuming_on_another_machine_says_the_bits_may_differ(tmp_path):
+    """The kernels' bits depend on numba, scipy's BLAS and the CPU: the checkpoint records
+    them, and a resume where one differs says so."""
+    from nprnn.train import _arithmetic
+    train(dict(CONFIG, iterations=5), tmp_path, task=toy_task(), **quiet())
+    saved = load_checkpoint(tmp_path)
+    assert saved["progress"]["arithmetic"] == _arithmetic()
+    said = []
+    train(out=tmp_path, resume=True, given=dict(iterations=6), task=toy_task(), echo=said.append,
+          progress=False)
+    assert not any(s.startswith("note:") for s in said)
+    saved = load_checkpoint(tmp_path)
+    moved = dict(saved["progress"]["arithmetic"], cpu="Another CPU", numba="0.1")
+    save_checkpoint(tmp_path / "checkpoint.h5", saved["params"], saved["optimizer"],
+                    saved["config"], dict(saved["progress"], arithmetic=moved))
+    train(out=tmp_path, resume=True, given=dict(iterations=7), task=toy_task(), echo=said.append,
+          progress=False)
+    note = [s for s in said if s.startswith("note: this run's last steps ran elsewhere")]
+    assert len(note) == 1 and f"numba 0.1 -> {numba.__version__}" in note[0]
+    assert f"cpu Another CPU -> {_arithmetic()['cpu']}" in note[0] and "scipy" not in note[0]
+    assert load_checkpoint(tmp_path)["progress"]["arithmetic"] == _arithmetic()
+
+
+def test_device_auto_and_the_data_folder_are_recorded_as_used(tmp_path, monkeypatch):
+    """--device auto is recorded as the device it chose, and the data folder as an absolute
+    path, the default one too: a resume or an eval from another folder, or on a machine where
+    auto would choose otherwise, uses what the run used. Restating them on resume is no change;
+    a resume refused says no 'resume:' line first."""
+    monkeypatch.setattr(nprnn.datasets, "get_task", lambda name, **kw: ArrayTask(
+        name, *toy_arrays(), num_classes=3), raising=False)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("NPRNN_DATA_DIR", raising=False)
+    train(dict(CONFIG, iterations=4, device="auto", data_dir="d"), "a", **quiet())
+    config = json.loads((tmp_path / "a" / "config.json").read_text())
+    assert config["device"] == nprnn.device.resolve_device("auto")       # "cpu" without a GPU
+    assert config["data_dir"] == str(tmp_path / "d")
+    train(dict(CONFIG, iterations=4), "b", **quiet())
+    assert load_checkpoint(tmp_path / "b")["config"]["data_dir"] == str(tmp_path / "data")
+    said = []
+    train(out="a", resume=True, given=dict(iterations=5, data_dir="./d/", device="auto"),
+          echo=said.append, progress=False)
+    assert said[0] == "resume: iterations: 4 -> 5" and not any(
+        s.startswith(("resume: data_dir", "resume: device")) for s in said)
+    said = []
+    with pytest.raises(TrainError, match="already at iteration 5"):
+        train(out="a", resume=True, given=dict(iterations=3), echo=said.append, progress=False)
+    assert said == []
+    train(out="a", resume=True, given=dict(iterations=6, data_dir="e"), echo=said.append,
+          progress=False)
+    assert f"resume: data_dir: {str(tmp_path / 'd')!r} -> {str(tmp_path / 'e')!r}" in said
 
 
 def test_a_stop_signal_is_announced_by_the_loop_not_by_the_handler():
