@@ -59,7 +59,7 @@ ARG_KINDS = {
     **{k: "3" for k in ("hs", "cs", "th", "z", "x", "da", "dzp", "ds", "gates", "hn", "dgi",
                         "dgh", "partial", "D", "head")},
     **{k: "2" for k in ("A", "W", "dA", "dW", "V_h", "V_z", "W_out", "dW_out", "W_ih", "W_hh",
-                        "WT", "logits", "dlogits", "h", "dh", "dh0", "dh_T", "dh_prev", "dc",
+                        "WT", "AT", "logits", "dlogits", "h", "dh", "dh0", "dh_T", "dh_prev", "dc",
                         "C")},
     **{k: "1" for k in ("b_h", "b_z", "b_out", "db_out", "b_ih", "b_hh", "w_ci", "w_cf", "w_co",
                         "dw_ci", "dw_cf", "dw_co", "losses", "a", "p", "v", "g", "G")},

@@ -39,7 +39,8 @@ from .common import (dsigmoid_from_y, dtanh_from_y, flush_denormals, matmul_nt_r
                      matmul_tn_rows, njit, njit_inline, njit_parallel, num_slices,
                      restore_fp_mode, row_slice, sigmoid, sum_rows, tanh)
 from .gpu_common import (SHARED_BYTES_MAX, TILE, cdiv, column_sums_gpu, cuda, load_block_rows,
-                         matmul_tn_gpu, persistent_grid, persistent_kernel, scratch, step_grid)
+                         matmul_tn_gpu, persistent_grid, persistent_kernel, scratch, step_grid,
+                         transposed)
 
 
 # ------------------------------------------------------------------------------------------
@@ -347,18 +348,20 @@ def antisym_dW_gpu(dW, dA, *, block=(16, 16)):
 # -- version 1: one thread per (b, i), one launch per step ----------------------------------
 
 @cuda.jit
-def euler_forward_step_kernel(hs, th, x, A, V_h, b_h, eps, t):
+def euler_forward_step_kernel(hs, th, x, AT, V_h, b_h, eps, t):
     """Step t of (12): a = A h_{t-1} + V_h x_t + b_h ; th_t = tanh(a) ; h_t = h_{t-1} + eps th_t.
 
-    Written (=): th[t] (B, n), hs[t+1] (B, n). Read: hs[t], x[t] (B, m), A (n, n), V_h (n, m),
-    b_h (n,). One thread per (b, i); 2-d grid over (i, b).
+    Written (=): th[t] (B, n), hs[t+1] (B, n). Read: hs[t], x[t] (B, m), AT (n, n) = A^T,
+    V_h (n, m), b_h (n,). One thread per (b, i); 2-d grid over (i, b). A is read transposed so
+    that for each j the threads of a warp read consecutive addresses, AT[j, i .. i+31] (one
+    memory transaction, where A[i .. i+31, j] would be 32, n values apart).
     """
     i, b = cuda.grid(2)
-    B, n, m = hs.shape[1], A.shape[0], x.shape[2]
+    B, n, m = hs.shape[1], AT.shape[0], x.shape[2]
     if b < B and i < n:
         a = b_h[i]
         for j in range(n):
-            a += A[i, j] * hs[t, b, j]
+            a += AT[j, i] * hs[t, b, j]                          # A[i, j] h_{t-1}[b, j]
         for k in range(m):
             a += V_h[i, k] * x[t, b, k]
         y, h_new = euler_unit(a, hs[t, b, i], eps)
@@ -367,20 +370,21 @@ def euler_forward_step_kernel(hs, th, x, A, V_h, b_h, eps, t):
 
 
 @cuda.jit
-def euler_gated_forward_step_kernel(hs, th, z, x, A, V_h, b_h, V_z, b_z, eps, t):
+def euler_gated_forward_step_kernel(hs, th, z, x, AT, V_h, b_h, V_z, b_z, eps, t):
     """Step t of (13): with s = A h_{t-1} (shared by gate and candidate),
     z_t = sigmoid(s + V_z x_t + b_z) ; th_t = tanh(s + V_h x_t + b_h) ;
     h_t = h_{t-1} + eps z_t th_t.
 
-    Written (=): th[t], z[t], hs[t+1] (B, n). Read: hs[t], x[t], A, V_h, b_h, V_z, b_z.
-    One thread per (b, i); 2-d grid over (i, b).
+    Written (=): th[t], z[t], hs[t+1] (B, n). Read: hs[t], x[t], AT = A^T (read transposed as
+    in euler_forward_step_kernel), V_h, b_h, V_z, b_z. One thread per (b, i); 2-d grid over
+    (i, b).
     """
     i, b = cuda.grid(2)
-    B, n, m = hs.shape[1], A.shape[0], x.shape[2]
+    B, n, m = hs.shape[1], AT.shape[0], x.shape[2]
     if b < B and i < n:
         s = hs.dtype.type(0)
         for j in range(n):
-            s += A[i, j] * hs[t, b, j]
+            s += AT[j, i] * hs[t, b, j]                          # A[i, j] h_{t-1}[b, j]
         a = s + b_h[i]
         zp = s + b_z[i]
         for k in range(m):
@@ -450,8 +454,9 @@ def euler_forward_gpu(hs, th, x, A, V_h, b_h, eps, *, block=(128, 1)):
     T, B, _ = x.shape
     grid, block = step_grid(B, A.shape[0], block)
     eps = hs.dtype.type(eps)
+    AT = transposed(A)
     for t in range(T):
-        euler_forward_step_kernel[grid, block](hs, th, x, A, V_h, b_h, eps, t)
+        euler_forward_step_kernel[grid, block](hs, th, x, AT, V_h, b_h, eps, t)
 
 
 def euler_gated_forward_gpu(hs, th, z, x, A, V_h, b_h, V_z, b_z, eps, *, block=(128, 1)):
@@ -460,8 +465,10 @@ def euler_gated_forward_gpu(hs, th, z, x, A, V_h, b_h, V_z, b_z, eps, *, block=(
     T, B, _ = x.shape
     grid, block = step_grid(B, A.shape[0], block)
     eps = hs.dtype.type(eps)
+    AT = transposed(A)
     for t in range(T):
-        euler_gated_forward_step_kernel[grid, block](hs, th, z, x, A, V_h, b_h, V_z, b_z, eps, t)
+        euler_gated_forward_step_kernel[grid, block](hs, th, z, x, AT, V_h, b_h, V_z, b_z, eps,
+                                                     t)
 
 
 def _backward_buffers(dh0, dh_T, T):
@@ -556,15 +563,24 @@ def diag_start(k, n):
 
 @cuda.jit(device=True)
 def skew_dot(P, v, i, n):
-    """sum_{j != i} S[i, j] v[j] for the antisymmetric S packed by diagonals in P."""
+    """sum_{j != i} S[i, j] v[j] for the antisymmetric S packed by diagonals in P.
+
+    Step k reads diagonal k (above S's diagonal) or diagonal n - k (below it). Their offsets,
+    diag_start(k, n) and diag_start(n - k, n), are carried from one step to the next rather
+    than recomputed: recomputing them (two 64-bit multiplies and a halving per step) was half
+    the PTX instructions of the loop body."""
     acc = v.dtype.type(0)
+    up = 0                          # diag_start(k, n) at k = 1
+    down = n * (n - 1) // 2 - 1     # diag_start(n - k, n) at k = 1: the last diagonal, one value
     for k in range(1, n):
         j = i + k
         if j < n:                                   # above the diagonal: S[i, j]
-            acc += P[diag_start(k, n) + i] * v[j]
+            acc += P[up + i] * v[j]
         else:                                       # below: S[i, j] = -S[j, i], j = i + k - n
             j -= n
-            acc -= P[diag_start(n - k, n) + j] * v[j]
+            acc -= P[down + j] * v[j]
+        up += n - k                 # diagonal k holds n - k values
+        down -= k + 1               # diagonal n - k - 1 holds k + 1 values
     return acc
 
 

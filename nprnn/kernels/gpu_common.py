@@ -354,6 +354,16 @@ def transpose_gpu(out, a, *, block=(16, 16)):
     transpose_kernel[(cdiv(C, block[0]), cdiv(R, block[1])), block](out, a)
 
 
+def transposed(a, purpose="transposed"):
+    """a^T (C, R) for a device array a (R, C), in a scratch buffer (see `scratch`: valid until
+    the next call with the same purpose and shape). Kernels whose thread i reads row i of a
+    matrix, element by element, read its transpose instead: then at each step of their loop the
+    threads of a warp read consecutive addresses."""
+    out = scratch(purpose, tuple(a.shape)[::-1], a.dtype)
+    transpose_gpu(out, a)
+    return out
+
+
 @cuda.jit
 def rows_times_matrix_kernel(dh, D, W, t, accumulate):
     """dh[b, j] (+)= sum_k D[t, b, k] W[k, j]: dL/dh_{t-1} from the pre-activation gradients of

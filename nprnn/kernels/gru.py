@@ -36,8 +36,8 @@ from .common import (dsigmoid_from_y, dtanh_from_y, flush_denormals, flush_subno
                      matmul_nt_rows, matmul_tn_rows, njit_inline, njit_parallel, num_slices,
                      restore_fp_mode, row_slice, sigmoid, sum_rows, tanh)
 from .gpu_common import (TILE, cuda, load_block_rows, persistent_kernel,
-                         rows_times_matrix_gpu, scratch, stacked_param_grads_gpu, state_launch,
-                         step_grid, transpose_gpu)
+                         rows_times_matrix_gpu, stacked_param_grads_gpu, state_launch,
+                         step_grid, transposed)
 
 
 # ------------------------------------------------------------------------------------------
@@ -189,11 +189,12 @@ BACKWARD_VALUES = 7
 # gradients to zero (a CPU speed measure, as in lstm.py); the GPU twins keep them.
 
 @cuda.jit
-def gru_forward_step_kernel(hs, gates, hn, x, W_ih, W_hh, b_ih, b_hh, t):
+def gru_forward_step_kernel(hs, gates, hn, x, W_ih, WT, b_ih, b_hh, t):
     """Step t, see gru_unit. Written (=): gates[t] (B, 3n) = r, z, n_t;
     hn[t] (B, n) = W_hn h_{t-1} + b_hn; hs[t+1] (B, n).
-    Read: hs[t], x[t], W_ih (3n, m), W_hh (3n, n), b_ih, b_hh (3n,).
-    One thread per (b, j), computing the three gates of unit j; 2-d grid over (j, b)."""
+    Read: hs[t], x[t], W_ih (3n, m), WT = W_hh^T (n, 3n), b_ih, b_hh (3n,).
+    One thread per (b, j), computing the three gates of unit j; 2-d grid over (j, b). W_hh is
+    read transposed: for each k the threads of a warp read consecutive WT[k, j]."""
     j, b = cuda.grid(2)
     B, n, m = hs.shape[1], hs.shape[2], x.shape[2]
     if b < B and j < n:
@@ -205,10 +206,10 @@ def gru_forward_step_kernel(hs, gates, hn, x, W_ih, W_hh, b_ih, b_hh, t):
             gi_z += W_ih[n + j, k] * xk
             gi_n += W_ih[2 * n + j, k] * xk
         for k in range(n):
-            hk = hs[t, b, k]
-            gh_r += W_hh[j, k] * hk
-            gh_z += W_hh[n + j, k] * hk
-            gh_n += W_hh[2 * n + j, k] * hk
+            hk = hs[t, b, k]                    # W_hh[G n + j, k] h_{t-1}[b, k], gate G
+            gh_r += WT[k, j] * hk
+            gh_z += WT[k, n + j] * hk
+            gh_n += WT[k, 2 * n + j] * hk
         r, z, n_t, h = gru_unit(gi_r, gi_z, gi_n, gh_r, gh_z, gh_n, hs[t, b, j])
         gates[t, b, j] = r
         gates[t, b, n + j] = z
@@ -343,8 +344,9 @@ def gru_forward_gpu(hs, gates, hn, x, W_ih, W_hh, b_ih, b_hh, *, block=(128, 1))
     T, B, _ = x.shape
     n = W_hh.shape[1]
     grid, block = step_grid(B, n, block)
+    WT = transposed(W_hh, "gru_WT")
     for t in range(T):
-        gru_forward_step_kernel[grid, block](hs, gates, hn, x, W_ih, W_hh, b_ih, b_hh, t)
+        gru_forward_step_kernel[grid, block](hs, gates, hn, x, W_ih, WT, b_ih, b_hh, t)
 
 
 def gru_backward_gpu(dW_ih, dW_hh, db_ih, db_hh, dh0, dgi, dgh, dh_T, hs, gates, hn, x, W_hh, *,
@@ -369,8 +371,7 @@ def gru_forward_gpu_persistent(hs, gates, hn, x, W_ih, W_hh, b_ih, b_hh, *, rows
     T, B, _ = x.shape
     n = W_hh.shape[1]
     grid, threads, shared = state_launch(B, n, hs.dtype, FORWARD_VALUES * n, rows, threads)
-    WT = scratch("gru_WT", (n, 3 * n), W_hh.dtype)
-    transpose_gpu(WT, W_hh)
+    WT = transposed(W_hh, "gru_WT")
     gru_forward_persistent_kernel[grid, threads, 0, shared](hs, gates, hn, x, W_ih, WT, b_ih,
                                                             b_hh, rows)
 

@@ -40,7 +40,7 @@ from .common import (BLOCK_ROWS, dsigmoid_from_y, dtanh_from_y, flush_denormals,
                      num_slices, restore_fp_mode, row_slice, sigmoid, sum_rows, tanh)
 from .gpu_common import (TILE, WARP, cdiv, cuda, fill, load_block_rows, persistent_kernel,
                          rows_times_matrix_gpu, scratch, splits_for, stacked_param_grads_gpu,
-                         state_launch, step_grid, transpose_gpu)
+                         state_launch, step_grid, transposed)
 
 
 # ------------------------------------------------------------------------------------------
@@ -278,12 +278,13 @@ BACKWARD_VALUES = 10
 # speed, so the GPU twins keep them (a difference below 1.2e-38).
 
 @cuda.jit
-def lstm_forward_step_kernel(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, w_ci, w_cf, w_co,
+def lstm_forward_step_kernel(hs, cs, gates, x, W_ih, WT, b_ih, b_hh, w_ci, w_cf, w_co,
                              peephole, t):
     """Step t of the (peephole) LSTM, see lstm_unit.
     Written (=): gates[t] (B, 4n) = i, f, g, o; cs[t+1], hs[t+1] (B, n).
-    Read: hs[t], cs[t], x[t], W_ih (4n, m), W_hh (4n, n), b_ih, b_hh (4n,), w_c* (n,).
-    One thread per (b, j), computing the four gates of unit j; 2-d grid over (j, b)."""
+    Read: hs[t], cs[t], x[t], W_ih (4n, m), WT = W_hh^T (n, 4n), b_ih, b_hh (4n,), w_c* (n,).
+    One thread per (b, j), computing the four gates of unit j; 2-d grid over (j, b). W_hh is
+    read transposed: for each k the threads of a warp read consecutive WT[k, j]."""
     j, b = cuda.grid(2)
     B, n, m = hs.shape[1], hs.shape[2], x.shape[2]
     if b < B and j < n:
@@ -298,11 +299,11 @@ def lstm_forward_step_kernel(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, w_ci, w_c
             a_g += W_ih[2 * n + j, k] * xk
             a_o += W_ih[3 * n + j, k] * xk
         for k in range(n):
-            hk = hs[t, b, k]
-            a_i += W_hh[j, k] * hk
-            a_f += W_hh[n + j, k] * hk
-            a_g += W_hh[2 * n + j, k] * hk
-            a_o += W_hh[3 * n + j, k] * hk
+            hk = hs[t, b, k]                    # W_hh[G n + j, k] h_{t-1}[b, k], gate G
+            a_i += WT[k, j] * hk
+            a_f += WT[k, n + j] * hk
+            a_g += WT[k, 2 * n + j] * hk
+            a_o += WT[k, 3 * n + j] * hk
         i, f, g, o, c, h = lstm_unit(a_i, a_f, a_g, a_o, cs[t, b, j], w_ci[j], w_cf[j], w_co[j],
                                      peephole)
         gates[t, b, j] = i
@@ -510,8 +511,9 @@ def _forward_steps(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, w_ci, w_cf, w_co, p
     T, B, _ = x.shape
     n = W_hh.shape[1]
     grid, block = step_grid(B, n, block)
+    WT = transposed(W_hh, "lstm_WT")
     for t in range(T):
-        lstm_forward_step_kernel[grid, block](hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh,
+        lstm_forward_step_kernel[grid, block](hs, cs, gates, x, W_ih, WT, b_ih, b_hh,
                                               w_ci, w_cf, w_co, peephole, t)
 
 
@@ -520,8 +522,7 @@ def _forward_persistent(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, w_ci, w_cf, w_
     T, B, _ = x.shape
     n = W_hh.shape[1]
     grid, threads, shared = state_launch(B, n, hs.dtype, FORWARD_VALUES * n, rows, threads)
-    WT = scratch("lstm_WT", (n, 4 * n), W_hh.dtype)
-    transpose_gpu(WT, W_hh)
+    WT = transposed(W_hh, "lstm_WT")
     lstm_forward_persistent_kernel[grid, threads, 0, shared](
         hs, cs, gates, x, W_ih, WT, b_ih, b_hh, w_ci, w_cf, w_co, peephole, rows)
 

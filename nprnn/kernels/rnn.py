@@ -26,8 +26,8 @@ from .common import (dtanh_from_y, flush_denormals, flush_subnormal, matmul_nt_r
                      matmul_tn_rows, njit_parallel, num_slices, restore_fp_mode, row_slice,
                      sum_rows, tanh)
 from .gpu_common import (TILE, cuda, load_block_rows, persistent_kernel,
-                         rows_times_matrix_gpu, scratch, stacked_param_grads_gpu, state_launch,
-                         step_grid, transpose_gpu)
+                         rows_times_matrix_gpu, stacked_param_grads_gpu, state_launch,
+                         step_grid, transposed)
 
 
 @njit_parallel
@@ -112,10 +112,11 @@ BACKWARD_VALUES = 3
 # launch options; the weight gradients are `stacked_param_grads_gpu` (gpu_common.py).
 
 @cuda.jit
-def rnn_forward_step_kernel(hs, x, W_ih, W_hh, b_ih, b_hh, t):
+def rnn_forward_step_kernel(hs, x, W_ih, WT, b_ih, b_hh, t):
     """Step t: h_t = tanh(W_ih x_t + b_ih + W_hh h_{t-1} + b_hh).
-    Written (=): hs[t+1] (B, n). Read: hs[t], x[t], W_ih (n, m), W_hh (n, n), b_ih, b_hh (n,).
-    One thread per (b, j); 2-d grid over (j, b)."""
+    Written (=): hs[t+1] (B, n). Read: hs[t], x[t], W_ih (n, m), WT = W_hh^T (n, n), b_ih, b_hh
+    (n,). One thread per (b, j); 2-d grid over (j, b). W_hh is read transposed: for each k the
+    threads of a warp read consecutive WT[k, j] (`gpu_common.transposed`)."""
     j, b = cuda.grid(2)
     B, n, m = hs.shape[1], hs.shape[2], x.shape[2]
     if b < B and j < n:
@@ -123,7 +124,7 @@ def rnn_forward_step_kernel(hs, x, W_ih, W_hh, b_ih, b_hh, t):
         for k in range(m):
             a += W_ih[j, k] * x[t, b, k]
         for k in range(n):
-            a += W_hh[j, k] * hs[t, b, k]
+            a += WT[k, j] * hs[t, b, k]                          # W_hh[j, k] h_{t-1}[b, k]
         hs[t + 1, b, j] = tanh(a)
 
 
@@ -145,8 +146,9 @@ def rnn_forward_gpu(hs, x, W_ih, W_hh, b_ih, b_hh, *, block=(128, 1)):
     T, B, _ = x.shape
     n = W_hh.shape[0]
     grid, block = step_grid(B, n, block)
+    WT = transposed(W_hh, "rnn_WT")
     for t in range(T):
-        rnn_forward_step_kernel[grid, block](hs, x, W_ih, W_hh, b_ih, b_hh, t)
+        rnn_forward_step_kernel[grid, block](hs, x, W_ih, WT, b_ih, b_hh, t)
 
 
 def rnn_backward_gpu(dW_ih, dW_hh, db_ih, db_hh, dh0, da, dh_T, hs, x, W_hh, *, block=(128, 1),
@@ -246,8 +248,7 @@ def rnn_forward_gpu_persistent(hs, x, W_ih, W_hh, b_ih, b_hh, *, rows=1, threads
     T, B, _ = x.shape
     n = W_hh.shape[0]
     grid, threads, shared = state_launch(B, n, hs.dtype, FORWARD_VALUES * n, rows, threads)
-    WT = scratch("rnn_WT", (n, n), W_hh.dtype)
-    transpose_gpu(WT, W_hh)
+    WT = transposed(W_hh, "rnn_WT")
     rnn_forward_persistent_kernel[grid, threads, 0, shared](hs, x, W_ih, WT, b_ih, b_hh, rows)
 
 
