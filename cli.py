@@ -739,8 +739,8 @@ def eval_run(run, split, task, data_dir, T, batch_size, device):
         shown.close()
     correct = round(r["accuracy"] * r["count"])
     click.echo(f"{r['model']} from {r['checkpoint']} (iteration {r['iteration']}) on "
-               f"{r['task']} {r['split']}: accuracy {r['accuracy']:.4f} "
-               f"({correct}/{r['count']}), loss {r['loss']:.4f}")
+               f"{r['task']} (T={r['T']}) {r['split']}, {r['device']}: accuracy "
+               f"{r['accuracy']:.4f} ({correct}/{r['count']}), loss {r['loss']:.4f}")
 
 
 @cli.command()

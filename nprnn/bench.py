@@ -9,7 +9,8 @@ full BPTT). The PyTorch side does the same work: the cell, the readout, cross-en
 and y (`bench_inputs`), batch-first as a task yields it, so each side's own change of layout is
 timed too.
 
-GFLOP/s counts the matrix products only (the elementwise work is small beside them):
+GFLOP/s is that of the forward+backward pass, counting the matrix products only (the elementwise
+work is small beside them):
 
     forward   2 T B n (k_rec n + k_in m)          k_rec, k_in = n-wide blocks of the recurrent and
     backward  2 T B n (2 k_rec n + k_in m)        input products (1 for antisym, 4 for lstm, ...)
@@ -179,13 +180,13 @@ def run(names, B, T, m, n, dtype="float32", repeat=5, with_torch=True, seed=0):
         f_all = flops(name, B, T, m, n)[1]
         ours = bench_nprnn(name, x, y, n, repeat, seed)
         theirs = bench_torch(name, x, y, n, repeat, seed) if with_torch else None
-        row = dict(model=name, impl=f"nprnn (numba, {numba.get_num_threads()} threads)", **ours,
+        row = dict(model=name, impl=f"nprnn (numba, {threads(numba.get_num_threads())})", **ours,
                    gflops=f_all / ours["fwd_bwd"] / 1e9)
         if theirs is not None:
             row["ratio"] = ours["fwd_bwd"] / theirs["fwd_bwd"]
             rows.append(row)
             rows.append(dict(model=name, impl=f"PyTorch {theirs['version']} "
-                             f"({theirs['threads']} threads)", forward=theirs["forward"],
+                             f"({threads(theirs['threads'])})", forward=theirs["forward"],
                              fwd_bwd=theirs["fwd_bwd"], gflops=f_all / theirs["fwd_bwd"] / 1e9,
                              ratio=1.0))
         else:
@@ -193,6 +194,11 @@ def run(names, B, T, m, n, dtype="float32", repeat=5, with_torch=True, seed=0):
                 row["note"] = "(PyTorch has no such cell)"
             rows.append(row)
     return rows
+
+
+def threads(count):
+    """"1 thread", "2 threads"."""
+    return f"{count} thread" + ("" if count == 1 else "s")
 
 
 def format_table(rows):

@@ -117,27 +117,41 @@ def plot_jacobian(rows, path, title=""):
     fig.savefig(path, dpi=110)
 
 
+# the evaluation splits' markers in learning curves: a run with --valid-size has both
+SPLIT_MARKERS = {"valid": "^", "test": "o"}
+
+
+def run_colors(count):
+    """`count` distinct colours: matplotlib's ten-colour cycle, or, for more runs than that
+    (where the cycle would repeat), evenly spaced along the turbo colour map."""
+    if count <= 10:
+        return [f"C{k}" for k in range(count)]
+    from matplotlib import colormaps
+    return [colormaps["turbo"](k / (count - 1)) for k in range(count)]
+
+
 def plot_learning_curves(runs, path, title=""):
     """Loss (train solid, evaluation dashed; log axis, so a diverging run does not flatten the
     others) and evaluation accuracy against iterations, one colour per run, labelled by model and
-    task."""
+    task; the evaluation splits are told apart by their markers (SPLIT_MARKERS)."""
     from .analysis import EVAL_SPLITS, curve
 
     fig = _figure(figsize=(11, 4), layout="constrained")
     ax_loss, ax_acc = fig.subplots(1, 2, sharex=True)
-    for k, run in enumerate(runs):
-        color = f"C{k % 10}"
+    for run, color in zip(runs, run_colors(len(runs))):
         it, loss = curve(run, "train", "loss")
         if len(it):
             ax_loss.plot(it, loss, color=color, label=f"{run['label']}, train")
         for split in EVAL_SPLITS:
+            marker = SPLIT_MARKERS[split]
             it, loss = curve(run, split, "loss")
             if len(it):
-                ax_loss.plot(it, loss, "--", color=color, marker=".",
+                ax_loss.plot(it, loss, "--", color=color, marker=marker, markersize=4,
                              label=f"{run['label']}, {split}")
             it, acc = curve(run, split, "accuracy")
             if len(it):
-                ax_acc.plot(it, acc, color=color, marker=".", label=f"{run['label']}, {split}")
+                ax_acc.plot(it, acc, color=color, marker=marker, markersize=4,
+                            label=f"{run['label']}, {split}")
     ax_loss.set_ylabel("cross-entropy loss")
     ax_loss.set_yscale("log")
     ax_acc.set_ylabel("accuracy")

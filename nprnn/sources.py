@@ -290,13 +290,26 @@ def fetch(url, dest, md5, progress=True, timeout=60):
 def download_file(remote, directory, progress=True, timeout=60):
     """Fetch `remote` (a RemoteFile) into `directory`, trying its URLs in order.
 
-    Returns the Path of the verified file; raises DownloadError listing every URL's failure."""
+    Returns the Path of the verified file; raises DownloadError listing every URL's failure.
+    Folders made for it are removed again when every URL fails (while empty): a data folder
+    mistyped offline leaves no trace."""
+    directory = Path(directory)
+    made = []                                   # the folders fetch will create, deepest first
+    for d in (directory, *directory.parents):
+        if d.exists():
+            break
+        made.append(d)
     failures = []
     for url in remote.urls:
         try:
-            return fetch(url, Path(directory) / remote.name, remote.md5, progress, timeout)
+            return fetch(url, directory / remote.name, remote.md5, progress, timeout)
         except DownloadError as e:
             failures.append(str(e))
+    for d in made:
+        try:
+            d.rmdir()
+        except OSError:                         # not empty (another file arrived), or gone
+            break
     raise DownloadError(f"could not download {remote.name}:\n    " + "\n    ".join(failures))
 
 

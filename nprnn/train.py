@@ -760,7 +760,8 @@ def evaluate_checkpoint(path, split="test", task_name=None, data_dir=None, T=Non
 
     A run folder's config.json and its checkpoint must describe the same model; a task that does
     not fit the model raises TrainError. `progress` is passed to `evaluate`. Returns dict(loss,
-    accuracy, count, iteration, model, task, split, checkpoint)."""
+    accuracy, count, iteration, model, task, T (the task's sequence length), split, device (the
+    one used: cpu or cuda), checkpoint)."""
     saved = load_checkpoint(path)
     config = dict(saved["config"])
     where = saved["path"]
@@ -796,4 +797,4 @@ def evaluate_checkpoint(path, split="test", task_name=None, data_dir=None, T=Non
         if owns_task:
             task.close()
     return dict(res, iteration=saved["progress"]["iteration"], model=model.name, task=task.name,
-                split=split, checkpoint=str(where))
+                T=task.T, split=split, device=model.device, checkpoint=str(where))

@@ -368,6 +368,26 @@ def is_png(path):
     return path.is_file() and path.read_bytes()[:8] == PNG_MAGIC
 
 
+def test_learning_curves_tell_the_splits_and_many_runs_apart(tmp_path, monkeypatch):
+    """A run with --valid-size logs valid evaluations and a final test one: the two get their
+    own markers. Twelve runs get twelve colours (matplotlib's cycle has ten)."""
+    pytest.importorskip("matplotlib")
+    from nprnn import plotting
+    made = []
+    figure = plotting._figure
+    monkeypatch.setattr(plotting, "_figure", lambda **kw: made.append(figure(**kw)) or made[-1])
+    valid = json.dumps(dict(iteration=20, split="valid", loss=0.2, accuracy=0.6))
+    runs = A.read_runs([make_run(tmp_path, "a", extra=valid + "\n")])
+    plotting.plot_learning_curves(runs, tmp_path / "c.png")
+    marker = {ln.get_label().rsplit(", ", 1)[1]: ln.get_marker()
+              for ln in made[0].axes[1].get_lines()}
+    assert marker["valid"] != marker["test"]
+    runs = A.read_runs([make_run(tmp_path, f"r{k}") for k in range(12)])
+    plotting.plot_learning_curves(runs, tmp_path / "c12.png")
+    colors = {ln.get_label().split(", ")[0]: ln.get_color() for ln in made[1].axes[1].get_lines()}
+    assert len(colors) == 12 and len({tuple(np.atleast_1d(c)) for c in colors.values()}) == 12
+
+
 def test_matplotlib_is_not_imported_by_the_library():
     code = ("import sys, nprnn, nprnn.analysis, nprnn.plotting; "
             "assert 'matplotlib' not in sys.modules, 'matplotlib was imported'")

@@ -7,6 +7,7 @@ refused at once: some tens of GB may be granted lazily and then fill memory; nev
 """
 import json
 import os
+import re
 import signal
 import sys
 
@@ -332,6 +333,19 @@ def test_train_aborted_by_a_second_signal_names_the_checkpoint_kept(tmp_path, mo
     result = invoke(["train", "--out", out, "--resume", "--no-progress"])
     assert result.exit_code == 0 and "final test accuracy after 6" in result.output, \
         result.output
+
+
+def test_eval_says_what_it_scored_where(tmp_path, toy_get_task):
+    """eval's line names the task's length and the device with the numbers, so that the lines
+    of two evaluations at different T, or on two devices, cannot be confused."""
+    out = tmp_path / "run"
+    assert invoke(TRAIN + ["--out", out]).exit_code == 0
+    result = invoke(["eval", out, "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    T = toy_get_task["task"]("mnist").T
+    assert re.fullmatch(rf"antisym from {re.escape(str(out / 'checkpoint.h5'))} \(iteration 6\) "
+                        rf"on mnist \(T={T}\) test, cpu: accuracy 0\.\d{{4}} \(\d+/\d+\), loss "
+                        rf"\d+\.\d{{4}}\n", result.output), result.output
 
 
 def test_jacobian_names_each_model_and_length_as_it_starts(tmp_path, no_matplotlib):
