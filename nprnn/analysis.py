@@ -56,6 +56,7 @@ import csv
 import json
 import math
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -613,11 +614,34 @@ def runs_to_rows(runs):
 # Writing the numbers
 # ----------------------------------------------------------------------------------------------
 
+@contextmanager
+def written_atomically(path):
+    """A temporary name beside `path` to write the new file to; when the block ends, the file is
+    flushed to disk and moved over `path` with os.replace. So `path` holds either what it held
+    before or the whole new file, never part of one (a `simulate` killed while writing its CSV
+    left a truncated figure3.csv beside a complete figure3.json). On an exception the temporary
+    is deleted and `path` is untouched; the temporary of a writer that was killed is deleted by
+    the next write into its folder (`sources.remove_stale_temporaries`). Checkpoints and caches
+    are written the same way."""
+    from .sources import remove_stale_temporaries, temporary_name
+
+    path = Path(path)
+    remove_stale_temporaries(path.parent, "tmp")
+    tmp = temporary_name(path, "tmp")
+    try:
+        yield tmp
+        with open(tmp, "rb+") as f:          # the bytes reach the disk before the rename
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def write_csv(path, rows):
-    """rows (list of dicts with the same keys) -> CSV with a header line."""
+    """rows (list of dicts with the same keys) -> CSV with a header line, written atomically."""
     if not rows:
         raise ValueError(f"no rows to write to {path}")
-    with open(path, "w", newline="") as f:
+    with written_atomically(path) as tmp, open(tmp, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
@@ -625,7 +649,7 @@ def write_csv(path, rows):
 
 def write_json(path, obj):
     """obj -> indented JSON (NumPy arrays and scalars converted to lists and floats; nan and
-    +-inf, which JSON has no words for, written as null)."""
+    +-inf, which JSON has no words for, written as null), written atomically."""
     def plain(o):
         if isinstance(o, dict):
             return {k: plain(v) for k, v in o.items()}
@@ -637,6 +661,6 @@ def write_json(path, obj):
             return None
         return o
 
-    with open(path, "w") as f:
+    with written_atomically(path) as tmp, open(tmp, "w") as f:
         json.dump(plain(obj), f, indent=1, allow_nan=False)
         f.write("\n")

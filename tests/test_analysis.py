@@ -430,6 +430,41 @@ def test_json_has_null_where_a_number_is_not_finite(tmp_path):
     assert json.loads((tmp_path / "x.json").read_text()) == dict(a=[1.0, None], b=None)
 
 
+def test_a_writer_that_fails_halfway_leaves_the_earlier_file(tmp_path):
+    """write_csv, write_json and the PNGs write to a temporary beside the file and move it into
+    place only when it is whole: a failure (or a kill) halfway leaves the earlier file as it was,
+    and no temporary stays behind."""
+    import socket
+    from nprnn import plotting
+
+    csv_path, json_path, png_path = tmp_path / "f.csv", tmp_path / "f.json", tmp_path / "f.png"
+    A.write_csv(csv_path, [dict(a=1, b=2)])
+    A.write_json(json_path, dict(a=1))
+    png_path.write_bytes(PNG_MAGIC + b"earlier")
+    before = {p: p.read_bytes() for p in (csv_path, json_path, png_path)}
+    rows = [dict(a=k, b=k) for k in range(1000)] + [dict(a=0, c=0)]     # the last one is bad
+    with pytest.raises(ValueError, match="fields not in fieldnames"):
+        A.write_csv(csv_path, rows)
+    with pytest.raises(TypeError, match="not JSON serializable"):
+        A.write_json(json_path, dict(a=list(range(1000)), b={1, 2}))
+    assert {p: p.read_bytes() for p in before} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.csv", "f.json", "f.png"]
+
+    class HalfAFigure:
+        def savefig(self, path, **kwargs):
+            Path(path).write_bytes(PNG_MAGIC)
+            raise OSError("No space left on device")
+    with pytest.raises(OSError, match="No space left"):
+        plotting._save(HalfAFigure(), png_path, dpi=110)
+    assert {p: p.read_bytes() for p in before} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.csv", "f.json", "f.png"]
+    # what a killed writer left (its process is gone) goes at the next write into the folder
+    stale = tmp_path / f".f.csv.tmp-{socket.gethostname()}-{2**22 + 1}-0000"
+    stale.write_text("a,b\n1,")
+    A.write_csv(csv_path, [dict(a=3, b=4)])
+    assert not stale.exists() and csv_path.read_text() == "a,b\n3,4\n"
+
+
 def test_commands_write_numbers_without_matplotlib(tmp_path, no_matplotlib):
     out = run_cli(["simulate", "--out", str(tmp_path), "--steps", "3", "--figures", "4"])
     assert "pip install -e '.[plot]'" in out
