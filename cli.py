@@ -214,23 +214,39 @@ def _say_which(done, total, label, T):
     click.echo(f"[{done + 1}/{total}] {label}, T={T}", err=True)
 
 
-def _replacing(*paths):
-    """", replacing the earlier X, Y" for those of `paths` that exist (call it before writing
-    them), else ""."""
-    old = [str(p) for p in paths if p.exists()]
-    return f", replacing the earlier {', '.join(old)}" if old else ""
+def _earlier(png, *numbers):
+    """Those of the files `png`, `numbers` that an earlier run left (call it before writing them),
+    deleting the earlier PNG at once: it shows the earlier numbers, and without matplotlib no new
+    PNG takes its place, so kept it would disagree with the new numbers written beside it."""
+    old = [p for p in (png, *numbers) if p.exists()]
+    if png in old:
+        png.unlink()
+    return old
 
 
-def _plot_or_hint(draw, *args, **kwargs):
-    """Call nprnn.plotting.<draw>(*args); without matplotlib print how to get the PNG instead."""
+def _replacing(old):
+    """", replacing the earlier X, Y" for the paths `old` (the files this run wrote over), else
+    ""."""
+    return f", replacing the earlier {', '.join(map(str, old))}" if old else ""
+
+
+def _draw(old, png, draw, *args, indent=""):
+    """Draw `png` with nprnn.plotting.<draw>(*args) (`png` among them) and say so; without
+    matplotlib print how to get it and, where an earlier run left one (it is in `old`, from
+    `_earlier`, which deleted it), that it was removed. Returns the files of `old` that this run
+    wrote over: the earlier PNG only if a new one was drawn."""
     from nprnn import plotting
 
     try:
-        getattr(plotting, draw)(*args, **kwargs)
+        getattr(plotting, draw)(*args)
     except plotting.PlotUnavailable as e:
         click.echo(str(e))
-        return False
-    return True
+    else:
+        click.echo(f"{indent}wrote {png}")
+        return old
+    if png in old:
+        click.echo(f"{indent}removed the earlier {png}: it showed the numbers these replace")
+    return [p for p in old if p != png]
 
 
 @cli.command()
@@ -266,7 +282,8 @@ def simulate(out, figures, steps, eps, seed):
                 raise click.ClickException(str(e)) from None
         caption = summary["caption"]
         stem = out / f"figure{number}"
-        replacing = _replacing(*(stem.with_suffix(e) for e in (".png", ".json", ".csv")))
+        png = stem.with_suffix(".png")
+        old = _earlier(png, stem.with_suffix(".json"), stem.with_suffix(".csv"))
         analysis.write_json(stem.with_suffix(".json"), summary)
         analysis.write_csv(stem.with_suffix(".csv"),
                            analysis.panels_to_rows(f"figure{number}", panels))
@@ -276,9 +293,8 @@ def simulate(out, figures, steps, eps, seed):
                                                              p["radius_end"]))
             panel = f"{p['key']} {p['matrix']}" if p["matrix"] else p["key"]
             click.echo(f"  {panel:<8} {p['kind']:<9} {ratios}")
-        if _plot_or_hint("plot_simulation", panels, stem.with_suffix(".png"), 4, caption):
-            click.echo(f"  wrote {stem}.png")
-        click.echo(f"  wrote {stem}.json, {stem}.csv{replacing}")
+        old = _draw(old, png, "plot_simulation", panels, png, 4, caption, indent="  ")
+        click.echo(f"  wrote {stem}.json, {stem}.csv{_replacing(old)}")
 
 
 @cli.command()
@@ -387,7 +403,8 @@ def jacobian(out, models, gammas, lengths, hidden_size, input_size, eps, sigma_w
     except MemoryError as e:
         raise _memory_error(e, "--lengths, --hidden-size, --input-size or --sequences") from None
     stem = out / "figure2_jacobian"
-    replacing = _replacing(*(stem.with_suffix(e) for e in (".png", ".csv", ".json")))
+    png = stem.with_suffix(".png")
+    old = _earlier(png, stem.with_suffix(".csv"), stem.with_suffix(".json"))
     uses_eps = any(m.hyper.get("eps") is not None for _, m in built)
     analysis.write_csv(stem.with_suffix(".csv"), rows)
     analysis.write_json(stem.with_suffix(".json"), dict(
@@ -407,11 +424,9 @@ def jacobian(out, models, gammas, lengths, hidden_size, input_size, eps, sigma_w
                    + (" (float32: --dtype float64 keeps them)" if dtype == "float32" else "")
                    + "; the figure leaves these points out")
     what = "trained models" if checkpoints else f"initialisation, n = {hidden_size}"
-    if _plot_or_hint("plot_jacobian", rows, stem.with_suffix(".png"),
-                     f"End-to-end Jacobian dh_T/dh_0 ({what}); inputs: {inputs}, "
-                     f"{sequences} per T"):
-        click.echo(f"wrote {stem}.png")
-    click.echo(f"wrote {stem}.csv, {stem}.json{replacing}")
+    old = _draw(old, png, "plot_jacobian", rows, png,
+                f"End-to-end Jacobian dh_T/dh_0 ({what}); inputs: {inputs}, {sequences} per T")
+    click.echo(f"wrote {stem}.csv, {stem}.json{_replacing(old)}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -465,7 +480,8 @@ def gates(runs, out, name, task, T, data_dir, sequences, batch_size, seed):
     except MemoryError as e:
         raise _memory_error(e, "--batch-size or --T") from None
     stem = out / name
-    replacing = _replacing(*(stem.with_suffix(e) for e in (".png", ".csv", ".json")))
+    png = stem.with_suffix(".png")
+    old = _earlier(png, stem.with_suffix(".csv"), stem.with_suffix(".json"))
     analysis.write_csv(stem.with_suffix(".csv"), [
         dict(label=r["label"], model=r["model"], task=r["task"], T=r["T"], gate=g, step=t + 1,
              mean=s["mean"][t], std=s["std"][t])
@@ -478,9 +494,8 @@ def gates(runs, out, name, task, T, data_dir, sequences, batch_size, seed):
     for row in table:
         click.echo("  ".join(f"{v:<{w}}" if k < 4 else f"{v:>{w}}"
                              for k, (v, w) in enumerate(zip(row, widths))).rstrip())
-    if _plot_or_hint("plot_gates", results, stem.with_suffix(".png")):
-        click.echo(f"wrote {stem}.png")
-    click.echo(f"wrote {stem}.csv, {stem}.json{replacing}")
+    old = _draw(old, png, "plot_gates", results, png)
+    click.echo(f"wrote {stem}.csv, {stem}.json{_replacing(old)}")
 
 
 def _gates_of(run, label, model, config, task, T, data_dir, sequences, batch_size, seed):
@@ -539,13 +554,12 @@ def plot_runs(runs, out, name):
     out = _out_dir(out)
     # NAME.csv and NAME.png, not with_suffix: NAME may have a dot of its own ("curves.v2")
     csv_path, png_path = out / f"{name}.csv", out / f"{name}.png"
-    replacing = _replacing(png_path, csv_path)
+    old = _earlier(png_path, csv_path)
     analysis.write_csv(csv_path, analysis.runs_to_rows(loaded))
     for r in loaded:
         click.echo(f"{r['name']}: {r['label']}, {len(r['records'])} records")
-    if _plot_or_hint("plot_learning_curves", loaded, png_path):
-        click.echo(f"wrote {png_path}")
-    click.echo(f"wrote {csv_path}{replacing}")
+    old = _draw(old, png_path, "plot_learning_curves", loaded, png_path)
+    click.echo(f"wrote {csv_path}{_replacing(old)}")
 
 
 # ----------------------------------------------------------------------------------------------

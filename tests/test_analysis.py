@@ -478,6 +478,28 @@ def test_commands_write_numbers_without_matplotlib(tmp_path, no_matplotlib):
     assert not list(tmp_path.glob("*.png"))
 
 
+def test_without_matplotlib_an_earlier_png_is_removed_not_kept(tmp_path, no_matplotlib):
+    """A PNG left by an earlier run shows the earlier numbers: where no new one can be drawn it
+    is removed (and said so), and "replacing" names only the files written over."""
+    d = tmp_path
+    commands = {
+        "figure4": ["simulate", "--out", str(d), "--steps", "3", "--figures", "4"],
+        "figure2_jacobian": ["jacobian", "--out", str(d), "--models", "lstm", "--lengths", "2",
+                             "--hidden-size", "2", "--input-size", "1", "--sequences", "1"],
+        "learning_curves": ["plot", str(make_run(tmp_path, "r")), "--out", str(d)],
+    }
+    for stem, args in commands.items():
+        run_cli(args)                                  # the numbers of an earlier run, no PNG
+        (d / f"{stem}.png").write_bytes(PNG_MAGIC + b"drawn from other numbers")
+        out = run_cli(args)
+        assert not (d / f"{stem}.png").exists(), out
+        assert f"removed the earlier {d / stem}.png: it showed the numbers these replace" in out
+        numbers = ([d / f"{stem}.csv"] if stem == "learning_curves" else
+                   [d / f"{stem}.{e}" for e in (("json", "csv") if stem == "figure4"
+                                                else ("csv", "json"))])
+        assert out.rstrip().endswith(f"replacing the earlier {', '.join(map(str, numbers))}")
+
+
 @pytest.mark.parametrize("args, match", [
     (["simulate", "--figures", "2"], "no simulation figure 2"),
     (["simulate", "--figures", "one"], "comma-separated int"),
