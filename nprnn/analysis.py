@@ -174,9 +174,23 @@ def vector_field(W, xlim, ylim, num=15):
     return X, Y, F[:, 0].reshape(X.shape), F[:, 1].reshape(X.shape)
 
 
+# Where the squares of a vector's length leave float64's normal numbers: below SMALL_RADIUS they
+# lose digits (and reach 0 below about 1e-162), above it they overflow past about 1.3e154
+SMALL_RADIUS = float(np.sqrt(np.finfo(np.float64).tiny))      # 1.5e-154
+
+
 def radii(hs):
-    """|h_t| for hs (T+1, S, n): (T+1, S)."""
-    return np.linalg.norm(hs, axis=-1)
+    """|h_t| for hs (T+1, S, n): (T+1, S). As np.linalg.norm computes it, the square root of the
+    sum of squares, except where the squares leave float64's normal range (|h| above about
+    1.3e154, as eps = 1e200 makes it while the states are finite, or below 1.5e-154): there
+    through hypot, which scales as it goes. (Hypot everywhere would move the last bit of some
+    radii, and the committed figures in docs with them.)"""
+    hs = np.asarray(hs, dtype=np.float64)
+    with np.errstate(over="ignore", under="ignore"):
+        r = np.sqrt(np.square(hs).sum(axis=-1))
+    outside = (r < SMALL_RADIUS) | np.isinf(r)
+    r[outside] = np.hypot.reduce(np.abs(hs[outside]), axis=-1)   # abs: n = 1 reduces to h
+    return r
 
 
 def _panel(key, title, kind, W, steps, eps, inputs=None, matrix=None):

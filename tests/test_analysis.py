@@ -162,6 +162,30 @@ def test_panels_to_rows_and_json():
     json.dumps(A.panels_to_json(panels))
 
 
+def test_radii_do_not_overflow_where_the_states_are_finite(tmp_path, no_matplotlib):
+    """|h| of states past 1.3e154 (eps = 1e200): the sum of squares overflows, the radius does
+    not (nor below 1.5e-154, where the squares underflow); figure1.json has numbers there, not
+    null, and no overflow warning gets out."""
+    import warnings
+
+    hs = A.simulate(A.W_PLUS, A.INITIAL_STATES, 3, "feedback", 1e200)
+    assert np.abs(hs).max() > 1e200
+    np.testing.assert_allclose(A.radii(hs), 1e200 * A.radii(hs / 1e200), rtol=1e-15)
+    h0 = A.INITIAL_STATES[None]                           # (1, 3, 2), |h| from 0.5 to 0.9
+    for scale in (1e300, 1e-300):
+        np.testing.assert_allclose(A.radii(scale * h0), scale * A.radii(h0), rtol=1e-15)
+    np.testing.assert_allclose(A.radii(hs)[0], np.linalg.norm(A.INITIAL_STATES, axis=-1),
+                               rtol=1e-15)
+    assert A.radii(np.array([[[-2.0]]])) == 2.0                          # n = 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = run_cli(["simulate", "--out", str(tmp_path), "--figures", "1", "--eps", "1e200",
+                       "--steps", "3"])
+    assert "inf" not in out
+    panels = json.loads((tmp_path / "figure1.json").read_text())["panels"]
+    assert all(r is not None and r > 1e199 for p in panels[4:] for r in p["radius_end"])
+
+
 @pytest.mark.parametrize("kwargs, match", [
     (dict(W=np.eye(3)), "shape"),
     (dict(kind="lstm"), "kind"),
