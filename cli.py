@@ -257,22 +257,30 @@ def _draw(old, png, draw, *args, indent=""):
 @click.option("--steps", default=50, show_default=True, type=click.IntRange(min=1),
               help="T, the number of steps.")
 @click.option("--eps", default=0.1, show_default=True,
-              type=FiniteFloat(min=0, min_open=True), help="Step size of feedback panels.")
+              type=FiniteFloat(min=0, min_open=True),
+              help="Step size of feedback panels (Figures 1, 4, 5).")
 @click.option("--seed", default=0, show_default=True, type=SEED,
               help="Seed of Figure 1's random matrices ((a), (c); (d) uses seed+1) and of "
-                   "Figure 5's input.")
+                   "Figure 5's input (Figures 3 and 4 use the paper's seeds 1-16).")
 def simulate(out, figures, steps, eps, seed):
     """Section 4's two-dimensional RNNs from (0, 0.5), (-0.5, -0.5), (0.5, -0.75).
 
-    For each figure N: figureN.json (matrices, eigenvalues, |h| at start/end/min/max per initial
-    state), figureN.csv (every state h_t) and figureN.png. The choices the paper leaves open are
-    stated in nprnn/analysis.py."""
+    For each figure N: figureN.json (the settings it used, matrices, eigenvalues, |h| at
+    start/end/min/max per initial state), figureN.csv (every state h_t) and figureN.png. --eps or
+    --seed given for figures none of which uses it is refused. The choices the paper leaves open
+    are stated in nprnn/analysis.py."""
     from nprnn import analysis
 
     bad = [f for f in figures if f not in analysis.SIMULATION_FIGURES]
     if bad:
         raise click.BadParameter(f"no simulation figure {bad[0]}; choose from "
                                  f"{analysis.SIMULATION_FIGURES}", param_hint="--figures")
+    for option in _given("eps", "seed"):
+        takers = [n for n, used in analysis.FIGURE_SETTINGS.items() if option[2:] in used]
+        if not set(takers) & set(figures):
+            raise click.UsageError(f"{option} is for figures {', '.join(map(str, takers))}, and "
+                                   f"none of --figures {','.join(map(str, figures))} uses it; "
+                                   f"leave it out")
     out = _out_dir(out)
     for number in figures:
         with _enough_memory("--steps"):

@@ -247,6 +247,11 @@ def figure5(steps=SIM_STEPS, eps=SIM_EPS, seed=0):
 
 
 SIMULATION_FIGURES = (1, 3, 4, 5)
+# Which of `simulate`'s settings besides the steps each figure uses: Figure 3's panels are all
+# vanilla (no eps), and Figures 3 and 4 draw their matrices from the paper's seeds 1..16, not from
+# `seed`. A figure's JSON records null for the others, and `simulate` refuses an option that
+# none of the figures asked for uses.
+FIGURE_SETTINGS = {1: ("eps", "seed"), 3: (), 4: ("eps",), 5: ("eps", "seed")}
 
 
 def simulation_figure(number, steps=SIM_STEPS, eps=SIM_EPS, seed=0):
@@ -273,9 +278,12 @@ def simulation_figure(number, steps=SIM_STEPS, eps=SIM_EPS, seed=0):
 
 def simulation_summary(number, steps=SIM_STEPS, eps=SIM_EPS, seed=0):
     """(panels, summary) of Figure `number`: the summary is what `simulate` writes to
-    figureN.json (the caption, the settings, the initial states, each panel without its states)."""
+    figureN.json (the caption, the settings, the initial states, each panel without its states).
+    eps and seed are None in it where the figure does not use them (FIGURE_SETTINGS)."""
     panels, caption = simulation_figure(number, steps, eps, seed)
-    return panels, dict(caption=caption, steps=steps, eps=eps, seed=seed,
+    used = FIGURE_SETTINGS[number]
+    return panels, dict(caption=caption, steps=steps, eps=eps if "eps" in used else None,
+                        seed=seed if "seed" in used else None,
                         initial_states=INITIAL_STATES, panels=panels_to_json(panels))
 
 

@@ -398,6 +398,22 @@ def test_matplotlib_is_not_imported_by_the_library():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_a_figure_records_only_the_settings_it_uses(tmp_path, no_matplotlib):
+    """Figure 3 has no eps, and Figures 3 and 4 take their seeds from the paper (1..16): their
+    JSON says null there rather than a value that changed nothing."""
+    for number, used in ((1, ("eps", "seed")), (3, ()), (4, ("eps",)), (5, ("eps", "seed"))):
+        _, summary = A.simulation_summary(number, 4, eps=0.3, seed=7)
+        assert (summary["eps"], summary["seed"]) == (0.3 if "eps" in used else None,
+                                                   7 if "seed" in used else None), number
+    seed7, seed8 = (A.simulation_summary(4, 4, eps=0.3, seed=s)[1] for s in (7, 8))
+    assert A.panels_to_json(A.figure4(4, 0.3)) == seed7["panels"] == seed8["panels"]
+    run_cli(["simulate", "--out", str(tmp_path), "--figures", "3,4,5", "--steps", "4",
+             "--seed", "7", "--eps", "0.3"])
+    saved = {n: json.loads((tmp_path / f"figure{n}.json").read_text()) for n in (3, 4, 5)}
+    assert [(saved[n]["eps"], saved[n]["seed"]) for n in (3, 4, 5)] == [
+        (None, None), (0.3, None), (0.3, 7)]
+
+
 def test_simulate_command(tmp_path):
     pytest.importorskip("matplotlib")
     out = run_cli(["simulate", "--out", str(tmp_path), "--steps", "5", "--figures", "1,5"])
@@ -527,6 +543,10 @@ def test_without_matplotlib_an_earlier_png_is_removed_not_kept(tmp_path, no_matp
 @pytest.mark.parametrize("args, match", [
     (["simulate", "--figures", "2"], "no simulation figure 2"),
     (["simulate", "--figures", "one"], "comma-separated int"),
+    (["simulate", "--figures", "3,4", "--seed", "7"],
+     "--seed is for figures 1, 5, and none of --figures 3,4 uses it; leave it out"),
+    (["simulate", "--figures", "3", "--eps", "0.2"],
+     "--eps is for figures 1, 4, 5, and none of --figures 3 uses it"),
     (["jacobian", "--models", "transformer"], "unknown model 'transformer'"),
     (["jacobian", "--lengths", "0"], "lengths must be >= 1"),
     (["jacobian", "--gammas", "-1"], "gammas must be >= 0"),
