@@ -109,7 +109,7 @@ def plot_jacobian(rows, path, title=""):
         rs = sorted((r for r in rows if r["label"] == label), key=lambda r: r["T"])
         T = [r["T"] for r in rs]
         style = "--" if rs[0]["model"].startswith("lstm") else "-"
-        # a mean of 0 (every eigenvalue underflowed, in float32) has no place on the log axis
+        # a mean of 0 (J is 0, or its eigenvalues rounded to 0) has no place on the log axis
         shown = [r for r in rs if r["mean"] > 0]
         ax_mean.plot([r["T"] for r in shown], [r["mean"] for r in shown], style, marker="o",
                      label=label)

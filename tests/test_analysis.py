@@ -212,7 +212,8 @@ def test_simulation_figure_rejects_unknown_figure():
 
 def tiny_model(name, **kw):
     hyper = nprnn.CELLS[name].hyper
-    return nprnn.make_model(name, input_size=2, hidden_size=3, num_classes=2, sigma_w=2.0,
+    return nprnn.make_model(name, input_size=2, hidden_size=3, num_classes=2,
+                            sigma_w=kw.get("sigma_w", 2.0),
                             dtype="float64", seed=1, eps=0.7 if "eps" in hyper else None,
                             gamma=kw.get("gamma", 0.1) if "gamma" in hyper else None)
 
@@ -265,6 +266,40 @@ def test_more_diffusion_shrinks_the_eigenvalues():
     assert rows[1]["mean"] < 0.5 * rows[0]["mean"]
     assert rows[0]["sequences"] == 2 and rows[0]["T"] == 12 and rows[0]["gamma"] == 0.0
     assert A.eigenvalue_magnitudes(models[0][1], xs).shape == (2, 3)
+
+
+@pytest.mark.parametrize("name", list(nprnn.CELLS))
+def test_a_cell_ignores_h0_where_its_jacobian_is_0_in_any_dtype(name):
+    """Cell.ignores_h0: h_T does not depend on h_0 (rnn and the LSTMs with weight_hh = 0, as
+    sigma_w = 0 makes it), so J is exactly 0 and not by underflow; every other cell and sigma_w
+    gives a J that is not 0."""
+    x = np.random.default_rng(2).standard_normal((4, 2))
+    h0 = np.random.default_rng(3).standard_normal(3)
+    for sigma_w in (0.0, 2.0):
+        model = tiny_model(name, sigma_w=sigma_w)
+        ignores = model.cell.ignores_h0(model.cell_params())
+        assert ignores == (sigma_w == 0 and name in ("rnn", "lstm", "peephole-lstm")), sigma_w
+        J = A.end_to_end_jacobian(model, x, h0)
+        assert (not J.any()) == ignores, J
+        if ignores:
+            np.testing.assert_array_equal(fd_jacobian(model, x, h0), 0.0)   # not rounding
+
+
+def test_jacobian_tells_a_jacobian_of_0_from_eigenvalues_rounded_to_0(tmp_path, no_matplotlib):
+    out = run_cli(["jacobian", "--out", str(tmp_path), "--models", "lstm,gru", "--lengths", "3",
+                   "--hidden-size", "3", "--input-size", "1", "--sequences", "1", "--sigma-w",
+                   "0", "--dtype", "float32"])
+    assert ("note: J is 0 for lstm: h_T does not depend on h_0 (its recurrent weights are 0); "
+            "the figure leaves these points out") in out
+    assert "rounded" not in out and "underflow" not in out
+    # |W| ~ 1e-20: J ~ 1e-60, below float32's 1e-45 but a number in float64
+    args = ["jacobian", "--out", str(tmp_path), "--models", "rnn", "--lengths", "3",
+            "--hidden-size", "2", "--input-size", "1", "--sequences", "1", "--sigma-w", "1e-20"]
+    out = run_cli(args + ["--dtype", "float32"])
+    assert ("note: every eigenvalue rounded to 0 in float32 for rnn at T=3 (--dtype float64 "
+            "holds numbers down to 1e-308); the figure leaves these points out") in out
+    assert "J is 0" not in out
+    assert "note:" not in run_cli(args + ["--dtype", "float64"])
 
 
 def test_jacobian_spectra_of_huge_eigenvalues():
