@@ -96,15 +96,29 @@ def _items(value, what):
     return items
 
 
-def _name_list(what):
-    """A click callback turning "a,b,c" into a list of names (`what`: "model name")."""
+def _once(items, value):
+    """`items` (parsed from `value`) unless one is given twice: click.BadParameter naming it. For
+    the lists that each make rows of their own, where a repeat would only repeat rows."""
+    seen = []
+    for item in items:
+        if item in seen:
+            raise click.BadParameter(f"{item} is given twice in {value!r}; give each once")
+        seen.append(item)
+    return items
+
+
+def _name_list(what, once=False):
+    """A click callback turning "a,b,c" into a list of names (`what`: "model name"); with `once`,
+    a name given twice is refused."""
     def parse(ctx, param, value):
-        return _items(value, what)
+        names = _items(value, what)
+        return _once(names, value) if once else names
     return parse
 
 
-def _number_list(kind):
-    """A click callback turning "a,b,c" into a list of `kind` (int or float; floats finite)."""
+def _number_list(kind, once=False):
+    """A click callback turning "a,b,c" into a list of `kind` (int or float; floats finite); with
+    `once`, a number given twice ("1,1.0" too) is refused."""
     def parse(ctx, param, value):
         try:
             numbers = [kind(v) for v in _items(value, f"{kind.__name__} value")]
@@ -114,7 +128,7 @@ def _number_list(kind):
         bad = [x for x in numbers if isinstance(x, float) and not math.isfinite(x)]
         if bad:
             raise click.BadParameter(f"expected finite numbers, got {bad[0]} in {value!r}")
-        return numbers
+        return _once(numbers, value) if once else numbers
     return parse
 
 
@@ -309,13 +323,13 @@ def simulate(out, figures, steps, eps, seed):
 @click.option("--out", required=True, type=click.Path(file_okay=False),
               help="Folder for figure2_jacobian.png/.csv/.json (created if missing).")
 @click.option("--models", default="antisym,lstm", show_default=True,
-              callback=_name_list("model name"),
+              callback=_name_list("model name", once=True),
               help="Comma-separated cells (see `python cli.py params`); a cell with a diffusion "
                    "gamma gives one model per --gammas value.")
 @click.option("--gammas", default="0.001,0.01,0.1,1,5,10", show_default=True,
-              callback=_number_list(float), help="Diffusion constants (Figure 2's).")
+              callback=_number_list(float, once=True), help="Diffusion constants (Figure 2's).")
 @click.option("--lengths", default="100,200,400,800", show_default=True,
-              callback=_number_list(int), help="Sequence lengths T (Figure 2's).")
+              callback=_number_list(int, once=True), help="Sequence lengths T (Figure 2's).")
 @click.option("--hidden-size", default=128, show_default=True, type=click.IntRange(min=1),
               help="n, hidden units.")
 @click.option("--input-size", default=96, show_default=True, type=click.IntRange(min=1),
@@ -356,6 +370,10 @@ def jacobian(out, models, gammas, lengths, hidden_size, input_size, eps, sigma_w
     from nprnn import analysis
     from nprnn.checkpoint import CheckpointError
 
+    unknown = [m for m in models if m not in nprnn.CELLS]
+    if unknown:
+        raise click.BadParameter(f"unknown model(s) {', '.join(unknown)}; choose from "
+                                 f"{', '.join(nprnn.CELLS)}", param_hint="--models")
     model_options = _given("models", "gammas", "hidden_size", "input_size", "eps", "sigma_w")
     if checkpoints and model_options:
         raise click.UsageError(f"--checkpoint takes the model from the checkpoint; leave out "
@@ -366,8 +384,7 @@ def jacobian(out, models, gammas, lengths, hidden_size, input_size, eps, sigma_w
         raise click.UsageError("--data-dir is where --task's data is; without --task the inputs "
                                "are N(0, 1) noise")
     for option, hyper in (("--gammas", "gamma"), ("--eps", "eps")):
-        if option in model_options and not any(hyper in nprnn.CELLS[m].hyper
-                                                for m in models if m in nprnn.CELLS):
+        if option in model_options and not any(hyper in nprnn.CELLS[m].hyper for m in models):
             raise click.UsageError(f"{option} is for cells with {hyper}, and none of "
                                    f"{', '.join(models)} has one; leave it out")
     if any(T < 1 for T in lengths):

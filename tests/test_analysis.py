@@ -582,7 +582,8 @@ def test_without_matplotlib_an_earlier_png_is_removed_not_kept(tmp_path, no_matp
      "--seed is for figures 1, 5, and none of --figures 3,4 uses it; leave it out"),
     (["simulate", "--figures", "3", "--eps", "0.2"],
      "--eps is for figures 1, 4, 5, and none of --figures 3 uses it"),
-    (["jacobian", "--models", "transformer"], "unknown model 'transformer'"),
+    (["jacobian", "--models", "transformer"], "unknown model(s) transformer; choose from "
+                                              "antisym, antisym-gated"),
     (["jacobian", "--lengths", "0"], "lengths must be >= 1"),
     (["jacobian", "--gammas", "-1"], "gammas must be >= 0"),
     (["jacobian", "--models", "lstm,gru", "--gammas", "1"],
