@@ -222,6 +222,26 @@ def _task_sequences(task, lengths, num, data_dir, seed):
     return sequences
 
 
+def _task_lengths(task, lengths):
+    """Refuse, before any data is read, --lengths that task `task` cannot have: a length that
+    does not fit it (click.BadParameter), or the default lengths, which are for noise, where the
+    task has a fixed length (a click.UsageError saying which --lengths to give). A name that is no
+    task is get_task's to refuse."""
+    from nprnn.datasets import TASKS
+
+    spec = TASKS.get(task)
+    for T in lengths if spec else []:
+        try:
+            spec.shape(T)
+        except ValueError as e:
+            if _given("lengths"):
+                raise click.BadParameter(str(e), param_hint="--lengths") from None
+            natural = spec.shape()[0]
+            raise click.UsageError(f"task {task!r} has a fixed length T = {natural}, and the "
+                                   f"default --lengths {','.join(map(str, lengths))} are for "
+                                   f"noise: give --lengths {natural}") from None
+
+
 def _say_which(done, total, label, T):
     """A line on stderr as each (model, T) of `jacobian` starts: at the defaults (and more so
     with trained models of large n) the whole takes minutes."""
@@ -389,6 +409,8 @@ def jacobian(out, models, gammas, lengths, hidden_size, input_size, eps, sigma_w
                                    f"{', '.join(models)} has one; leave it out")
     if any(T < 1 for T in lengths):
         raise click.BadParameter(f"lengths must be >= 1, got {lengths}", param_hint="--lengths")
+    if task:
+        _task_lengths(task, lengths)
     if any(g < 0 for g in gammas):
         raise click.BadParameter(f"gammas must be >= 0, got {gammas}", param_hint="--gammas")
     out = _out_dir(out)                 # before the work: a bad --out is said at once

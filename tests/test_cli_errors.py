@@ -237,6 +237,25 @@ def test_jacobian_refuses_unknown_and_repeated_items(tmp_path, args, option, mes
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--task", "mnist"], "Error: task 'mnist' has a fixed length T = 784, and the default "
+                          "--lengths 100,200,400,800 are for noise: give --lengths 784"),
+    (["--task", "mnist", "--lengths", "784,100"], "Invalid value for --lengths: task 'mnist' "
+                                                  "has a fixed length T = 784; got T=100"),
+    (["--task", "mnist-noise", "--lengths", "10"], "Invalid value for --lengths: task "
+                                                   "'mnist-noise' needs an integer T >= 28"),
+])
+def test_jacobian_says_which_lengths_a_task_takes(tmp_path, monkeypatch, args, message):
+    """Before any data is read: a task of fixed length with the default --lengths (for noise)
+    is told to give its length, and a length a task cannot have is a bad --lengths."""
+    def get_task(*args, **kwargs):
+        raise AssertionError("get_task was called")
+    monkeypatch.setattr(nprnn.datasets, "get_task", get_task)
+    result = invoke(["jacobian", "--out", tmp_path / "out"] + args)
+    assert_one_line_error(result, 2, message)
+    assert not (tmp_path / "out").exists()
+
+
 # ----------------------------------------------------------------------------------------------
 # 6. sizes beyond memory
 # ----------------------------------------------------------------------------------------------
