@@ -205,21 +205,50 @@ def _given(*names):
             if ctx.get_parameter_source(n) == click.core.ParameterSource.COMMANDLINE]
 
 
-def _task_sequences(task, lengths, num, data_dir, seed):
-    """{T: xs (num, T, m)}, test sequences of task `task` made with length T (drawn by seed)."""
+def _task_sequences(task, lengths, num, data_dir, seed, perm_seed=None):
+    """{T: xs (num, T, m)}, test sequences of task `task` made with length T (drawn by seed;
+    pmnist's permutation from perm_seed, the default one if None)."""
     from nprnn import analysis
 
-    from nprnn.datasets import get_task
+    from nprnn.datasets import DEFAULT_PERMUTATION_SEED, get_task
     from nprnn.sources import DataError
+
+    perm_seed = DEFAULT_PERMUTATION_SEED if perm_seed is None else perm_seed
 
     sequences = {}
     try:
         for T in lengths:
-            with get_task(task, T=T, data_dir=data_dir) as t:
+            with get_task(task, T=T, data_dir=data_dir, seed=perm_seed) as t:
                 sequences[T] = analysis.task_sequences(t, num, seed=seed)
     except DataError as e:
         raise click.ClickException(f"task {task!r}: {e}") from None
     return sequences
+
+
+def _task_for_checkpoints(task, runs, data_dir):
+    """(perm_seed, data_dir) with which task `task` is read for the models of `runs`, a list of
+    (path, config) of checkpoints (empty for models at initialisation). perm_seed is None but for
+    a permuted task (pmnist), where it is the one a run trained on `task` used (the default for
+    a run of another task); the data folder is `data_dir` (--data-dir) if given, else the one
+    recorded by the first run of `task` (or of any task), else None (the default). ValueError
+    where runs would need different permutations: every model sees the same sequences."""
+    from nprnn.datasets import DEFAULT_PERMUTATION_SEED, TASKS
+
+    perm_seed, spec = None, TASKS.get(task)
+    if spec is not None and spec.layout == "permuted":
+        seeds = {path: config.get("perm_seed", DEFAULT_PERMUTATION_SEED)
+                 if config.get("task") == task else DEFAULT_PERMUTATION_SEED
+                 for path, config in runs}
+        if len(set(seeds.values())) > 1:
+            raise ValueError(f"the checkpoints see different permutations of task {task!r} ("
+                             + ", ".join(f"{p}: perm seed {k}" for p, k in seeds.items())
+                             + "); compare models of one permutation at a time")
+        perm_seed = next(iter(seeds.values()), DEFAULT_PERMUTATION_SEED)
+    if data_dir is None:
+        folders = [c.get("data_dir") for _, c in runs if c.get("task") == task]
+        folders += [c.get("data_dir") for _, c in runs]
+        data_dir = next((d for d in folders if d), None)
+    return perm_seed, data_dir
 
 
 def _task_lengths(task, lengths):
@@ -367,9 +396,11 @@ def simulate(out, figures, steps, eps, seed):
 @click.option("--task", default=None,
               help="Take the inputs from this task's test split (nprnn.datasets.get_task(TASK, "
                    "T=T)) instead of N(0, 1) noise. A task of fixed length (mnist: 784) needs "
-                   "--lengths to be that length.")
+                   "--lengths to be that length. With --checkpoint, pmnist's permutation is the "
+                   "one the run was trained with.")
 @click.option("--data-dir", default=None, type=click.Path(file_okay=False),
-              help="Data folder for --task (the datasets module's default if left out).")
+              help="Data folder for --task [default: the one a --checkpoint run recorded, else "
+                   "the datasets module's default].")
 @click.option("--sequences", default=8, show_default=True, type=click.IntRange(min=1),
               help="Input sequences per T; the eigenvalues of all of them are pooled.")
 @click.option("--seed", default=0, show_default=True, type=SEED,
@@ -415,31 +446,38 @@ def jacobian(out, models, gammas, lengths, hidden_size, input_size, eps, sigma_w
         raise click.BadParameter(f"gammas must be >= 0, got {gammas}", param_hint="--gammas")
     out = _out_dir(out)                 # before the work: a bad --out is said at once
     try:
-        # 1. the inputs of a task (their m is the models' input size) ...
+        # 1. trained models, whose input size the inputs must have ...
+        built, runs = [], []
+        for path, name in zip(checkpoints, analysis.distinct_names(checkpoints)):
+            model, config = analysis.model_from_checkpoint(path, dtype)
+            built.append((analysis.checkpoint_label(model, name), model))
+            runs.append((path, config))
+        # 2. the test sequences of a task (with the permutation and the data folder that the
+        # checkpoints trained on it used), their m the models' input size ...
         if task:
-            seqs = _task_sequences(task, lengths, sequences, data_dir, seed)
+            perm_seed, data_dir = _task_for_checkpoints(task, runs, data_dir)
+            seqs = _task_sequences(task, lengths, sequences, data_dir, seed, perm_seed)
             input_size = next(iter(seqs.values())).shape[2]
-        # 2. the models: trained ones, or fresh ones at initialisation ...
-        if checkpoints:
-            built = []
-            for path, name in zip(checkpoints, analysis.distinct_names(checkpoints)):
-                model, _ = analysis.model_from_checkpoint(path, dtype)
-                if task and model.input_size != input_size:
+            for path, (_, model) in zip(checkpoints, built):
+                if model.input_size != input_size:
                     raise ValueError(f"task {task!r} has input size m={input_size}, but "
                                      f"checkpoint {path} is a model of input size "
                                      f"m={model.input_size}: give a task it was trained on")
-                built.append((analysis.checkpoint_label(model, name), model))
+        elif checkpoints:
             sizes = sorted({m.input_size for _, m in built})
-            if not task and len(sizes) > 1:
+            if len(sizes) > 1:
                 raise ValueError(f"the checkpoints have different input sizes {sizes}; compare "
                                  f"models of one input size at a time")
-            input_size = input_size if task else sizes[0]
-        else:
+            input_size = sizes[0]
+        # 3. ... or fresh models at initialisation ...
+        if not checkpoints:
             built = analysis.jacobian_models(models, gammas, hidden_size, input_size, eps,
                                              sigma_w, seed, dtype)
-        # 3. ... or N(0, 1) noise, the same for every model
+        # 4. ... fed those sequences, or N(0, 1) noise, the same for every model
         if task:
-            source, inputs = seqs.__getitem__, f"test sequences of task {task!r}, drawn by seed"
+            permutation = "" if perm_seed is None else f" (permutation seed {perm_seed})"
+            source = seqs.__getitem__
+            inputs = f"test sequences of task {task!r}{permutation}, drawn by seed"
         else:
             def source(T):
                 return analysis.gaussian_sequences(sequences, T, input_size, seed=[seed, T])

@@ -6,6 +6,7 @@ and each command with and without matplotlib.
 """
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -652,7 +653,6 @@ def test_distinct_names_are_the_shortest_tails_no_other_path_shares(tmp_path):
 def test_two_checkpoints_of_one_folder_name_are_two_lines(tmp_path, trained_run):
     """runs/1/run and runs/2/run: labels that tell them apart, so the figure and the table keep
     them apart (it groups rows by label)."""
-    import shutil
     copies = [shutil.copytree(trained_run, tmp_path / k / "run") for k in ("1", "2")]
     out = run_cli(["jacobian", "--out", str(tmp_path / "fig"), "--checkpoint", str(copies[0]),
                    "--checkpoint", str(copies[1]), "--lengths", "4", "--sequences", "2"])
@@ -710,6 +710,54 @@ def test_jacobian_refuses_a_task_that_does_not_fit_the_checkpoint(tmp_path, trai
     assert result.exit_code == 1 and result.exc_info[0] is SystemExit
     assert (f"task 'toy' has input size m=3, but checkpoint {trained_run} is a model of input "
             f"size m=2") in result.output
+
+
+def test_jacobian_feeds_a_checkpoint_the_permutation_it_was_trained_on(tmp_path, monkeypatch):
+    """--task pmnist with --checkpoint reads the permutation (perm_seed) and the data folder the
+    run recorded, not permutation 0 and the default folder; --data-dir still picks the folder.
+    Checkpoints trained on different permutations are refused: every model sees one input."""
+    import fake_data
+    import nprnn.datasets
+    from nprnn import sources
+    from nprnn.datasets import get_task
+    from nprnn.train import train
+
+    data = tmp_path / "data"
+    arrays = fake_data.write_fake_mnist(data / "mnist")
+    monkeypatch.setitem(sources.SOURCES, "mnist", fake_data.fake_idx_source(data, arrays=arrays))
+    runs = {}
+    for perm_seed in (5, 0):
+        runs[perm_seed] = tmp_path / "runs" / f"perm{perm_seed}"
+        train(dict(model="antisym", task="pmnist", perm_seed=perm_seed, hidden=2, iterations=1,
+                   batch_size=4, eval_every=1, log_every=1, data_dir=str(data)),
+              out=runs[perm_seed], progress=False, echo=lambda *a: None)
+    asked = []
+
+    def recording(name, **kw):
+        asked.append((name, kw.get("seed"), str(kw.get("data_dir"))))
+        return get_task(name, **kw)
+    monkeypatch.setattr(nprnn.datasets, "get_task", recording)
+    monkeypatch.chdir(tmp_path / "runs")               # the default folder ./data is not there
+    args = ["jacobian", "--out", str(tmp_path / "fig"), "--task", "pmnist", "--lengths", "784",
+            "--sequences", "2"]
+    run_cli(args + ["--checkpoint", str(runs[5])])
+    assert asked == [("pmnist", 5, str(data.resolve()))]
+    saved = json.loads((tmp_path / "fig" / "figure2_jacobian.json").read_text())
+    assert saved["inputs"] == "test sequences of task 'pmnist' (permutation seed 5), drawn by seed"
+    model, _ = A.model_from_checkpoint(runs[5])
+    with get_task("pmnist", data_dir=data, seed=5) as task:
+        xs = A.task_sequences(task, 2)
+    assert saved["rows"][0]["mean"] == pytest.approx(A.eigenvalue_magnitudes(model, xs).mean(),
+                                                     rel=1e-12)
+    other = tmp_path / "other"
+    shutil.copytree(data, other)
+    run_cli(args + ["--checkpoint", str(runs[5]), "--data-dir", str(other)])
+    assert asked[-1] == ("pmnist", 5, str(other))
+    result = CliRunner().invoke(cli, args + ["--checkpoint", str(runs[5]), "--checkpoint",
+                                             str(runs[0])])
+    assert result.exit_code == 1 and (
+        f"the checkpoints see different permutations of task 'pmnist' ({runs[5]}: perm seed 5, "
+        f"{runs[0]}: perm seed 0); compare models of one permutation at a time") in result.output
 
 
 # ----------------------------------------------------------------------------------------------
