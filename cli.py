@@ -96,15 +96,29 @@ def _items(value, what):
     return items
 
 
-def _name_list(what):
-    """A click callback turning "a,b,c" into a list of names (`what`: "model name")."""
+def _once(items, value):
+    """`items` (parsed from `value`) unless one is given twice: click.BadParameter naming it. For
+    the lists that each make rows of their own, where a repeat would only repeat rows."""
+    seen = []
+    for item in items:
+        if item in seen:
+            raise click.BadParameter(f"{item} is given twice in {value!r}; give each once")
+        seen.append(item)
+    return items
+
+
+def _name_list(what, once=False):
+    """A click callback turning "a,b,c" into a list of names (`what`: "model name"); with `once`,
+    a name given twice is refused."""
     def parse(ctx, param, value):
-        return _items(value, what)
+        names = _items(value, what)
+        return _once(names, value) if once else names
     return parse
 
 
-def _number_list(kind):
-    """A click callback turning "a,b,c" into a list of `kind` (int or float; floats finite)."""
+def _number_list(kind, once=False):
+    """A click callback turning "a,b,c" into a list of `kind` (int or float; floats finite); with
+    `once`, a number given twice ("1,1.0" too) is refused."""
     def parse(ctx, param, value):
         try:
             numbers = [kind(v) for v in _items(value, f"{kind.__name__} value")]
@@ -114,7 +128,7 @@ def _number_list(kind):
         bad = [x for x in numbers if isinstance(x, float) and not math.isfinite(x)]
         if bad:
             raise click.BadParameter(f"expected finite numbers, got {bad[0]} in {value!r}")
-        return numbers
+        return _once(numbers, value) if once else numbers
     return parse
 
 
@@ -191,21 +205,70 @@ def _given(*names):
             if ctx.get_parameter_source(n) == click.core.ParameterSource.COMMANDLINE]
 
 
-def _task_sequences(task, lengths, num, data_dir, seed):
-    """{T: xs (num, T, m)}, test sequences of task `task` made with length T (drawn by seed)."""
+def _task_sequences(task, lengths, num, data_dir, seed, perm_seed=None):
+    """{T: xs (num, T, m)}, test sequences of task `task` made with length T (drawn by seed;
+    pmnist's permutation from perm_seed, the default one if None)."""
     from nprnn import analysis
 
-    from nprnn.datasets import get_task
+    from nprnn.datasets import DEFAULT_PERMUTATION_SEED, get_task
     from nprnn.sources import DataError
+
+    perm_seed = DEFAULT_PERMUTATION_SEED if perm_seed is None else perm_seed
 
     sequences = {}
     try:
         for T in lengths:
-            with get_task(task, T=T, data_dir=data_dir) as t:
+            with get_task(task, T=T, data_dir=data_dir, seed=perm_seed) as t:
                 sequences[T] = analysis.task_sequences(t, num, seed=seed)
     except DataError as e:
         raise click.ClickException(f"task {task!r}: {e}") from None
     return sequences
+
+
+def _task_for_checkpoints(task, runs, data_dir):
+    """(perm_seed, data_dir) with which task `task` is read for the models of `runs`, a list of
+    (path, config) of checkpoints (empty for models at initialisation). perm_seed is None but for
+    a permuted task (pmnist), where it is the one a run trained on `task` used (the default for
+    a run of another task); the data folder is `data_dir` (--data-dir) if given, else the one
+    recorded by the first run of `task` (or of any task), else None (the default). ValueError
+    where runs would need different permutations: every model sees the same sequences."""
+    from nprnn.datasets import DEFAULT_PERMUTATION_SEED, TASKS
+
+    perm_seed, spec = None, TASKS.get(task)
+    if spec is not None and spec.layout == "permuted":
+        seeds = {path: config.get("perm_seed", DEFAULT_PERMUTATION_SEED)
+                 if config.get("task") == task else DEFAULT_PERMUTATION_SEED
+                 for path, config in runs}
+        if len(set(seeds.values())) > 1:
+            raise ValueError(f"the checkpoints see different permutations of task {task!r} ("
+                             + ", ".join(f"{p}: perm seed {k}" for p, k in seeds.items())
+                             + "); compare models of one permutation at a time")
+        perm_seed = next(iter(seeds.values()), DEFAULT_PERMUTATION_SEED)
+    if data_dir is None:
+        folders = [c.get("data_dir") for _, c in runs if c.get("task") == task]
+        folders += [c.get("data_dir") for _, c in runs]
+        data_dir = next((d for d in folders if d), None)
+    return perm_seed, data_dir
+
+
+def _task_lengths(task, lengths):
+    """Refuse, before any data is read, --lengths that task `task` cannot have: a length that
+    does not fit it (click.BadParameter), or the default lengths, which are for noise, where the
+    task has a fixed length (a click.UsageError saying which --lengths to give). A name that is no
+    task is get_task's to refuse."""
+    from nprnn.datasets import TASKS
+
+    spec = TASKS.get(task)
+    for T in lengths if spec else []:
+        try:
+            spec.shape(T)
+        except ValueError as e:
+            if _given("lengths"):
+                raise click.BadParameter(str(e), param_hint="--lengths") from None
+            natural = spec.shape()[0]
+            raise click.UsageError(f"task {task!r} has a fixed length T = {natural}, and the "
+                                   f"default --lengths {','.join(map(str, lengths))} are for "
+                                   f"noise: give --lengths {natural}") from None
 
 
 def _say_which(done, total, label, T):
@@ -214,23 +277,39 @@ def _say_which(done, total, label, T):
     click.echo(f"[{done + 1}/{total}] {label}, T={T}", err=True)
 
 
-def _replacing(*paths):
-    """", replacing the earlier X, Y" for those of `paths` that exist (call it before writing
-    them), else ""."""
-    old = [str(p) for p in paths if p.exists()]
-    return f", replacing the earlier {', '.join(old)}" if old else ""
+def _earlier(png, *numbers):
+    """Those of the files `png`, `numbers` that an earlier run left (call it before writing them),
+    deleting the earlier PNG at once: it shows the earlier numbers, and without matplotlib no new
+    PNG takes its place, so kept it would disagree with the new numbers written beside it."""
+    old = [p for p in (png, *numbers) if p.exists()]
+    if png in old:
+        png.unlink()
+    return old
 
 
-def _plot_or_hint(draw, *args, **kwargs):
-    """Call nprnn.plotting.<draw>(*args); without matplotlib print how to get the PNG instead."""
+def _replacing(old):
+    """", replacing the earlier X, Y" for the paths `old` (the files this run wrote over), else
+    ""."""
+    return f", replacing the earlier {', '.join(map(str, old))}" if old else ""
+
+
+def _draw(old, png, draw, *args, indent=""):
+    """Draw `png` with nprnn.plotting.<draw>(*args) (`png` among them) and say so; without
+    matplotlib print how to get it and, where an earlier run left one (it is in `old`, from
+    `_earlier`, which deleted it), that it was removed. Returns the files of `old` that this run
+    wrote over: the earlier PNG only if a new one was drawn."""
     from nprnn import plotting
 
     try:
-        getattr(plotting, draw)(*args, **kwargs)
+        getattr(plotting, draw)(*args)
     except plotting.PlotUnavailable as e:
         click.echo(str(e))
-        return False
-    return True
+    else:
+        click.echo(f"{indent}wrote {png}")
+        return old
+    if png in old:
+        click.echo(f"{indent}removed the earlier {png}: it showed the numbers these replace")
+    return [p for p in old if p != png]
 
 
 @cli.command()
@@ -241,22 +320,30 @@ def _plot_or_hint(draw, *args, **kwargs):
 @click.option("--steps", default=50, show_default=True, type=click.IntRange(min=1),
               help="T, the number of steps.")
 @click.option("--eps", default=0.1, show_default=True,
-              type=FiniteFloat(min=0, min_open=True), help="Step size of feedback panels.")
+              type=FiniteFloat(min=0, min_open=True),
+              help="Step size of feedback panels (Figures 1, 4, 5).")
 @click.option("--seed", default=0, show_default=True, type=SEED,
               help="Seed of Figure 1's random matrices ((a), (c); (d) uses seed+1) and of "
-                   "Figure 5's input.")
+                   "Figure 5's input (Figures 3 and 4 use the paper's seeds 1-16).")
 def simulate(out, figures, steps, eps, seed):
     """Section 4's two-dimensional RNNs from (0, 0.5), (-0.5, -0.5), (0.5, -0.75).
 
-    For each figure N: figureN.json (matrices, eigenvalues, |h| at start/end/min/max per initial
-    state), figureN.csv (every state h_t) and figureN.png. The choices the paper leaves open are
-    stated in nprnn/analysis.py."""
+    For each figure N: figureN.json (the settings it used, matrices, eigenvalues, |h| at
+    start/end/min/max per initial state), figureN.csv (every state h_t) and figureN.png. --eps or
+    --seed given for figures none of which uses it is refused. The choices the paper leaves open
+    are stated in nprnn/analysis.py."""
     from nprnn import analysis
 
     bad = [f for f in figures if f not in analysis.SIMULATION_FIGURES]
     if bad:
         raise click.BadParameter(f"no simulation figure {bad[0]}; choose from "
                                  f"{analysis.SIMULATION_FIGURES}", param_hint="--figures")
+    for option in _given("eps", "seed"):
+        takers = [n for n, used in analysis.FIGURE_SETTINGS.items() if option[2:] in used]
+        if not set(takers) & set(figures):
+            raise click.UsageError(f"{option} is for figures {', '.join(map(str, takers))}, and "
+                                   f"none of --figures {','.join(map(str, figures))} uses it; "
+                                   f"leave it out")
     out = _out_dir(out)
     for number in figures:
         with _enough_memory("--steps"):
@@ -266,7 +353,8 @@ def simulate(out, figures, steps, eps, seed):
                 raise click.ClickException(str(e)) from None
         caption = summary["caption"]
         stem = out / f"figure{number}"
-        replacing = _replacing(*(stem.with_suffix(e) for e in (".png", ".json", ".csv")))
+        png = stem.with_suffix(".png")
+        old = _earlier(png, stem.with_suffix(".json"), stem.with_suffix(".csv"))
         analysis.write_json(stem.with_suffix(".json"), summary)
         analysis.write_csv(stem.with_suffix(".csv"),
                            analysis.panels_to_rows(f"figure{number}", panels))
@@ -276,22 +364,21 @@ def simulate(out, figures, steps, eps, seed):
                                                              p["radius_end"]))
             panel = f"{p['key']} {p['matrix']}" if p["matrix"] else p["key"]
             click.echo(f"  {panel:<8} {p['kind']:<9} {ratios}")
-        if _plot_or_hint("plot_simulation", panels, stem.with_suffix(".png"), 4, caption):
-            click.echo(f"  wrote {stem}.png")
-        click.echo(f"  wrote {stem}.json, {stem}.csv{replacing}")
+        old = _draw(old, png, "plot_simulation", panels, png, 4, caption, indent="  ")
+        click.echo(f"  wrote {stem}.json, {stem}.csv{_replacing(old)}")
 
 
 @cli.command()
 @click.option("--out", required=True, type=click.Path(file_okay=False),
               help="Folder for figure2_jacobian.png/.csv/.json (created if missing).")
 @click.option("--models", default="antisym,lstm", show_default=True,
-              callback=_name_list("model name"),
+              callback=_name_list("model name", once=True),
               help="Comma-separated cells (see `python cli.py params`); a cell with a diffusion "
                    "gamma gives one model per --gammas value.")
 @click.option("--gammas", default="0.001,0.01,0.1,1,5,10", show_default=True,
-              callback=_number_list(float), help="Diffusion constants (Figure 2's).")
+              callback=_number_list(float, once=True), help="Diffusion constants (Figure 2's).")
 @click.option("--lengths", default="100,200,400,800", show_default=True,
-              callback=_number_list(int), help="Sequence lengths T (Figure 2's).")
+              callback=_number_list(int, once=True), help="Sequence lengths T (Figure 2's).")
 @click.option("--hidden-size", default=128, show_default=True, type=click.IntRange(min=1),
               help="n, hidden units.")
 @click.option("--input-size", default=96, show_default=True, type=click.IntRange(min=1),
@@ -309,9 +396,11 @@ def simulate(out, figures, steps, eps, seed):
 @click.option("--task", default=None,
               help="Take the inputs from this task's test split (nprnn.datasets.get_task(TASK, "
                    "T=T)) instead of N(0, 1) noise. A task of fixed length (mnist: 784) needs "
-                   "--lengths to be that length.")
+                   "--lengths to be that length. With --checkpoint, pmnist's permutation is the "
+                   "one the run was trained with.")
 @click.option("--data-dir", default=None, type=click.Path(file_okay=False),
-              help="Data folder for --task (the datasets module's default if left out).")
+              help="Data folder for --task [default: the one a --checkpoint run recorded, else "
+                   "the datasets module's default].")
 @click.option("--sequences", default=8, show_default=True, type=click.IntRange(min=1),
               help="Input sequences per T; the eigenvalues of all of them are pooled.")
 @click.option("--seed", default=0, show_default=True, type=SEED,
@@ -332,6 +421,10 @@ def jacobian(out, models, gammas, lengths, hidden_size, input_size, eps, sigma_w
     from nprnn import analysis
     from nprnn.checkpoint import CheckpointError
 
+    unknown = [m for m in models if m not in nprnn.CELLS]
+    if unknown:
+        raise click.BadParameter(f"unknown model(s) {', '.join(unknown)}; choose from "
+                                 f"{', '.join(nprnn.CELLS)}", param_hint="--models")
     model_options = _given("models", "gammas", "hidden_size", "input_size", "eps", "sigma_w")
     if checkpoints and model_options:
         raise click.UsageError(f"--checkpoint takes the model from the checkpoint; leave out "
@@ -342,41 +435,49 @@ def jacobian(out, models, gammas, lengths, hidden_size, input_size, eps, sigma_w
         raise click.UsageError("--data-dir is where --task's data is; without --task the inputs "
                                "are N(0, 1) noise")
     for option, hyper in (("--gammas", "gamma"), ("--eps", "eps")):
-        if option in model_options and not any(hyper in nprnn.CELLS[m].hyper
-                                                for m in models if m in nprnn.CELLS):
+        if option in model_options and not any(hyper in nprnn.CELLS[m].hyper for m in models):
             raise click.UsageError(f"{option} is for cells with {hyper}, and none of "
                                    f"{', '.join(models)} has one; leave it out")
     if any(T < 1 for T in lengths):
         raise click.BadParameter(f"lengths must be >= 1, got {lengths}", param_hint="--lengths")
+    if task:
+        _task_lengths(task, lengths)
     if any(g < 0 for g in gammas):
         raise click.BadParameter(f"gammas must be >= 0, got {gammas}", param_hint="--gammas")
     out = _out_dir(out)                 # before the work: a bad --out is said at once
     try:
-        # 1. the inputs of a task (their m is the models' input size) ...
+        # 1. trained models, whose input size the inputs must have ...
+        built, runs = [], []
+        for path, name in zip(checkpoints, analysis.distinct_names(checkpoints)):
+            model, config = analysis.model_from_checkpoint(path, dtype)
+            built.append((analysis.checkpoint_label(model, name), model))
+            runs.append((path, config))
+        # 2. the test sequences of a task (with the permutation and the data folder that the
+        # checkpoints trained on it used), their m the models' input size ...
         if task:
-            seqs = _task_sequences(task, lengths, sequences, data_dir, seed)
+            perm_seed, data_dir = _task_for_checkpoints(task, runs, data_dir)
+            seqs = _task_sequences(task, lengths, sequences, data_dir, seed, perm_seed)
             input_size = next(iter(seqs.values())).shape[2]
-        # 2. the models: trained ones, or fresh ones at initialisation ...
-        if checkpoints:
-            built = []
-            for path, name in zip(checkpoints, analysis.distinct_names(checkpoints)):
-                model, _ = analysis.model_from_checkpoint(path, dtype)
-                if task and model.input_size != input_size:
+            for path, (_, model) in zip(checkpoints, built):
+                if model.input_size != input_size:
                     raise ValueError(f"task {task!r} has input size m={input_size}, but "
                                      f"checkpoint {path} is a model of input size "
                                      f"m={model.input_size}: give a task it was trained on")
-                built.append((analysis.checkpoint_label(model, name), model))
+        elif checkpoints:
             sizes = sorted({m.input_size for _, m in built})
-            if not task and len(sizes) > 1:
+            if len(sizes) > 1:
                 raise ValueError(f"the checkpoints have different input sizes {sizes}; compare "
                                  f"models of one input size at a time")
-            input_size = input_size if task else sizes[0]
-        else:
+            input_size = sizes[0]
+        # 3. ... or fresh models at initialisation ...
+        if not checkpoints:
             built = analysis.jacobian_models(models, gammas, hidden_size, input_size, eps,
                                              sigma_w, seed, dtype)
-        # 3. ... or N(0, 1) noise, the same for every model
+        # 4. ... fed those sequences, or N(0, 1) noise, the same for every model
         if task:
-            source, inputs = seqs.__getitem__, f"test sequences of task {task!r}, drawn by seed"
+            permutation = "" if perm_seed is None else f" (permutation seed {perm_seed})"
+            source = seqs.__getitem__
+            inputs = f"test sequences of task {task!r}{permutation}, drawn by seed"
         else:
             def source(T):
                 return analysis.gaussian_sequences(sequences, T, input_size, seed=[seed, T])
@@ -387,7 +488,8 @@ def jacobian(out, models, gammas, lengths, hidden_size, input_size, eps, sigma_w
     except MemoryError as e:
         raise _memory_error(e, "--lengths, --hidden-size, --input-size or --sequences") from None
     stem = out / "figure2_jacobian"
-    replacing = _replacing(*(stem.with_suffix(e) for e in (".png", ".csv", ".json")))
+    png = stem.with_suffix(".png")
+    old = _earlier(png, stem.with_suffix(".csv"), stem.with_suffix(".json"))
     uses_eps = any(m.hyper.get("eps") is not None for _, m in built)
     analysis.write_csv(stem.with_suffix(".csv"), rows)
     analysis.write_json(stem.with_suffix(".json"), dict(
@@ -401,17 +503,27 @@ def jacobian(out, models, gammas, lengths, hidden_size, input_size, eps, sigma_w
     for r in rows:
         click.echo(f"{r['label']:<28} {r['T']:>5} {r['mean']:>14.4g} {r['std']:>13.4g} "
                    f"{r['max']:>13.4g}")
-    zero = [f"{r['label']} at T={r['T']}" for r in rows if r["max"] == 0]
-    if zero:
-        click.echo(f"note: every eigenvalue underflowed to 0 for {'; '.join(zero)}"
-                   + (" (float32: --dtype float64 keeps them)" if dtype == "float32" else "")
-                   + "; the figure leaves these points out")
+    # Eigenvalues all 0 have two causes. h_T may not depend on h_0 at all (rnn and the LSTMs
+    # with weight_hh = 0, sigma_w 0): J is 0 in any dtype, and the cell knows it from its
+    # parameters (Cell.ignores_h0). Otherwise J is a product of nonzero step Jacobians whose
+    # numbers fell below what the dtype holds (a product too small, or tanh' rounded to 0 where
+    # tanh rounds to +-1): rounding, which float64 (down to 1e-308 against float32's 1e-45) may
+    # avoid; a claim that it does would need the float64 run.
+    deaf = {label for label, m in built if m.cell.ignores_h0(m.cell_params())}
+    zero = [r for r in rows if r["max"] == 0]
+    constant = list(dict.fromkeys(r["label"] for r in zero if r["label"] in deaf))
+    rounded = [f"{r['label']} at T={r['T']}" for r in zero if r["label"] not in deaf]
+    if constant:
+        click.echo(f"note: J is 0 for {', '.join(constant)}: h_T does not depend on h_0 (its "
+                   f"recurrent weights are 0); the figure leaves these points out")
+    if rounded:
+        click.echo(f"note: every eigenvalue rounded to 0 in {dtype} for {'; '.join(rounded)}"
+                   + (" (--dtype float64 holds numbers down to 1e-308)" if dtype == "float32"
+                      else "") + "; the figure leaves these points out")
     what = "trained models" if checkpoints else f"initialisation, n = {hidden_size}"
-    if _plot_or_hint("plot_jacobian", rows, stem.with_suffix(".png"),
-                     f"End-to-end Jacobian dh_T/dh_0 ({what}); inputs: {inputs}, "
-                     f"{sequences} per T"):
-        click.echo(f"wrote {stem}.png")
-    click.echo(f"wrote {stem}.csv, {stem}.json{replacing}")
+    old = _draw(old, png, "plot_jacobian", rows, png,
+                f"End-to-end Jacobian dh_T/dh_0 ({what}); inputs: {inputs}, {sequences} per T")
+    click.echo(f"wrote {stem}.csv, {stem}.json{_replacing(old)}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -465,7 +577,8 @@ def gates(runs, out, name, task, T, data_dir, sequences, batch_size, seed):
     except MemoryError as e:
         raise _memory_error(e, "--batch-size or --T") from None
     stem = out / name
-    replacing = _replacing(*(stem.with_suffix(e) for e in (".png", ".csv", ".json")))
+    png = stem.with_suffix(".png")
+    old = _earlier(png, stem.with_suffix(".csv"), stem.with_suffix(".json"))
     analysis.write_csv(stem.with_suffix(".csv"), [
         dict(label=r["label"], model=r["model"], task=r["task"], T=r["T"], gate=g, step=t + 1,
              mean=s["mean"][t], std=s["std"][t])
@@ -478,9 +591,8 @@ def gates(runs, out, name, task, T, data_dir, sequences, batch_size, seed):
     for row in table:
         click.echo("  ".join(f"{v:<{w}}" if k < 4 else f"{v:>{w}}"
                              for k, (v, w) in enumerate(zip(row, widths))).rstrip())
-    if _plot_or_hint("plot_gates", results, stem.with_suffix(".png")):
-        click.echo(f"wrote {stem}.png")
-    click.echo(f"wrote {stem}.csv, {stem}.json{replacing}")
+    old = _draw(old, png, "plot_gates", results, png)
+    click.echo(f"wrote {stem}.csv, {stem}.json{_replacing(old)}")
 
 
 def _gates_of(run, label, model, config, task, T, data_dir, sequences, batch_size, seed):
@@ -539,13 +651,12 @@ def plot_runs(runs, out, name):
     out = _out_dir(out)
     # NAME.csv and NAME.png, not with_suffix: NAME may have a dot of its own ("curves.v2")
     csv_path, png_path = out / f"{name}.csv", out / f"{name}.png"
-    replacing = _replacing(png_path, csv_path)
+    old = _earlier(png_path, csv_path)
     analysis.write_csv(csv_path, analysis.runs_to_rows(loaded))
     for r in loaded:
         click.echo(f"{r['name']}: {r['label']}, {len(r['records'])} records")
-    if _plot_or_hint("plot_learning_curves", loaded, png_path):
-        click.echo(f"wrote {png_path}")
-    click.echo(f"wrote {csv_path}{replacing}")
+    old = _draw(old, png_path, "plot_learning_curves", loaded, png_path)
+    click.echo(f"wrote {csv_path}{_replacing(old)}")
 
 
 # ----------------------------------------------------------------------------------------------

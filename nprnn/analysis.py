@@ -56,6 +56,7 @@ import csv
 import json
 import math
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -173,9 +174,23 @@ def vector_field(W, xlim, ylim, num=15):
     return X, Y, F[:, 0].reshape(X.shape), F[:, 1].reshape(X.shape)
 
 
+# Where the squares of a vector's length leave float64's normal numbers: below SMALL_RADIUS they
+# lose digits (and reach 0 below about 1e-162), above it they overflow past about 1.3e154
+SMALL_RADIUS = float(np.sqrt(np.finfo(np.float64).tiny))      # 1.5e-154
+
+
 def radii(hs):
-    """|h_t| for hs (T+1, S, n): (T+1, S)."""
-    return np.linalg.norm(hs, axis=-1)
+    """|h_t| for hs (T+1, S, n): (T+1, S). As np.linalg.norm computes it, the square root of the
+    sum of squares, except where the squares leave float64's normal range (|h| above about
+    1.3e154, as eps = 1e200 makes it while the states are finite, or below 1.5e-154): there
+    through hypot, which scales as it goes. (Hypot everywhere would move the last bit of some
+    radii, and the committed figures in docs with them.)"""
+    hs = np.asarray(hs, dtype=np.float64)
+    with np.errstate(over="ignore", under="ignore"):
+        r = np.sqrt(np.square(hs).sum(axis=-1))
+    outside = (r < SMALL_RADIUS) | np.isinf(r)
+    r[outside] = np.hypot.reduce(np.abs(hs[outside]), axis=-1)   # abs: n = 1 reduces to h
+    return r
 
 
 def _panel(key, title, kind, W, steps, eps, inputs=None, matrix=None):
@@ -232,6 +247,11 @@ def figure5(steps=SIM_STEPS, eps=SIM_EPS, seed=0):
 
 
 SIMULATION_FIGURES = (1, 3, 4, 5)
+# Which of `simulate`'s settings besides the steps each figure uses: Figure 3's panels are all
+# vanilla (no eps), and Figures 3 and 4 draw their matrices from the paper's seeds 1..16, not from
+# `seed`. A figure's JSON records null for the others, and `simulate` refuses an option that
+# none of the figures asked for uses.
+FIGURE_SETTINGS = {1: ("eps", "seed"), 3: (), 4: ("eps",), 5: ("eps", "seed")}
 
 
 def simulation_figure(number, steps=SIM_STEPS, eps=SIM_EPS, seed=0):
@@ -258,9 +278,12 @@ def simulation_figure(number, steps=SIM_STEPS, eps=SIM_EPS, seed=0):
 
 def simulation_summary(number, steps=SIM_STEPS, eps=SIM_EPS, seed=0):
     """(panels, summary) of Figure `number`: the summary is what `simulate` writes to
-    figureN.json (the caption, the settings, the initial states, each panel without its states)."""
+    figureN.json (the caption, the settings, the initial states, each panel without its states).
+    eps and seed are None in it where the figure does not use them (FIGURE_SETTINGS)."""
     panels, caption = simulation_figure(number, steps, eps, seed)
-    return panels, dict(caption=caption, steps=steps, eps=eps, seed=seed,
+    used = FIGURE_SETTINGS[number]
+    return panels, dict(caption=caption, steps=steps, eps=eps if "eps" in used else None,
+                        seed=seed if "seed" in used else None,
                         initial_states=INITIAL_STATES, panels=panels_to_json(panels))
 
 
@@ -613,11 +636,34 @@ def runs_to_rows(runs):
 # Writing the numbers
 # ----------------------------------------------------------------------------------------------
 
+@contextmanager
+def written_atomically(path):
+    """A temporary name beside `path` to write the new file to; when the block ends, the file is
+    flushed to disk and moved over `path` with os.replace. So `path` holds either what it held
+    before or the whole new file, never part of one (a `simulate` killed while writing its CSV
+    left a truncated figure3.csv beside a complete figure3.json). On an exception the temporary
+    is deleted and `path` is untouched; the temporary of a writer that was killed is deleted by
+    the next write into its folder (`sources.remove_stale_temporaries`). Checkpoints and caches
+    are written the same way."""
+    from .sources import remove_stale_temporaries, temporary_name
+
+    path = Path(path)
+    remove_stale_temporaries(path.parent, "tmp")
+    tmp = temporary_name(path, "tmp")
+    try:
+        yield tmp
+        with open(tmp, "rb+") as f:          # the bytes reach the disk before the rename
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def write_csv(path, rows):
-    """rows (list of dicts with the same keys) -> CSV with a header line."""
+    """rows (list of dicts with the same keys) -> CSV with a header line, written atomically."""
     if not rows:
         raise ValueError(f"no rows to write to {path}")
-    with open(path, "w", newline="") as f:
+    with written_atomically(path) as tmp, open(tmp, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
@@ -625,7 +671,7 @@ def write_csv(path, rows):
 
 def write_json(path, obj):
     """obj -> indented JSON (NumPy arrays and scalars converted to lists and floats; nan and
-    +-inf, which JSON has no words for, written as null)."""
+    +-inf, which JSON has no words for, written as null), written atomically."""
     def plain(o):
         if isinstance(o, dict):
             return {k: plain(v) for k, v in o.items()}
@@ -637,6 +683,6 @@ def write_json(path, obj):
             return None
         return o
 
-    with open(path, "w") as f:
+    with written_atomically(path) as tmp, open(tmp, "w") as f:
         json.dump(plain(obj), f, indent=1, allow_nan=False)
         f.write("\n")

@@ -16,6 +16,8 @@ A cell is a recurrence h_t = f(h_{t-1}, x_t) over a whole sequence. Each entry o
                             eq. 13, ("i", "f", "o") of the LSTMs, ("r", "z") of the GRU
     gate_values(cache)      {gate: its values at every step, (T, B, n)}, views into a forward's
                             cache (what `analysis.gate_statistics` reads)
+    ignores_h0(p)           whether h_1 (and so h_T) is the same whatever h_0 is: dh_T/dh_0 is
+                            then exactly 0, not a product too small for the dtype
 
 Tests iterate over `CELLS`, so a cell added here cannot arrive without its gradient checks.
 """
@@ -78,6 +80,12 @@ class Cell:
 
     def gate_values(self, cache):
         return {}
+
+    def ignores_h0(self, p):
+        """Whether h_1, and so every later h_t, is the same whatever h_0 is, for parameters `p`.
+        Never, for a cell that carries h_{t-1} into h_t past its weights, as the Euler cells do
+        (h_{t-1} + ...); the cells whose only path from h_{t-1} is a recurrent matrix say so."""
+        return False
 
     def reference_forward(self, p, x, h0=None, **hyper):
         return getattr(reference, self.ref_name + "_forward")(p, x, h0=h0, **hyper)
@@ -344,6 +352,11 @@ class StackedGateCell(Cell):
         return {g: cache["gates"][:, :, k * n:(k + 1) * n] for k, g in enumerate(self.gates)
                 if g in self.sigmoid_gates}
 
+    def ignores_h0(self, p):
+        # rnn and the LSTMs read h_{t-1} through weight_hh alone (the peepholes read c, and c_0 = 0
+        # is fixed), so with weight_hh all 0 (sigma_w = 0) h_1 is a function of x_1 only
+        return not np.any(p["weight_hh"])
+
     def _no_hyper(self, hyper):
         if hyper:
             raise ValueError(f"model {self.name!r} takes no hyperparameters, got "
@@ -469,6 +482,9 @@ class GRUCell(StackedGateCell):
 
     gates = ("r", "z", "n")
     sigmoid_gates = ("r", "z")               # n is the candidate, tanh
+
+    def ignores_h0(self, p):
+        return False                         # h_t = (1 - z) n + z h_{t-1}: h_{t-1} passes z
 
     def forward(self, p, x, h0=None, ws=None, **hyper):
         self._no_hyper(hyper)

@@ -30,6 +30,16 @@ def _figure(**kwargs):
     return Figure(**kwargs)
 
 
+def _save(fig, path, dpi):
+    """Save `fig` as a PNG at `path` atomically (`analysis.written_atomically`): a run killed
+    while saving leaves the earlier PNG or none, never part of one. The temporary name has no
+    .png, so the format is named."""
+    from .analysis import written_atomically
+
+    with written_atomically(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=dpi)
+
+
 def _rgba(color, alpha):
     from matplotlib.colors import to_rgba
 
@@ -86,7 +96,7 @@ def plot_simulation(panels, path, ncols, title=""):
         ax.set_visible(False)
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.savefig(path, dpi=110 if nrows <= 2 else 80)    # the 4x4 grids at a lower resolution
+    _save(fig, path, dpi=110 if nrows <= 2 else 80)    # the 4x4 grids at a lower resolution
 
 
 def plot_jacobian(rows, path, title=""):
@@ -99,7 +109,7 @@ def plot_jacobian(rows, path, title=""):
         rs = sorted((r for r in rows if r["label"] == label), key=lambda r: r["T"])
         T = [r["T"] for r in rs]
         style = "--" if rs[0]["model"].startswith("lstm") else "-"
-        # a mean of 0 (every eigenvalue underflowed, in float32) has no place on the log axis
+        # a mean of 0 (J is 0, or its eigenvalues rounded to 0) has no place on the log axis
         shown = [r for r in rs if r["mean"] > 0]
         ax_mean.plot([r["T"] for r in shown], [r["mean"] for r in shown], style, marker="o",
                      label=label)
@@ -114,7 +124,7 @@ def plot_jacobian(rows, path, title=""):
     ax_std.legend(fontsize=7)
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.savefig(path, dpi=110)
+    _save(fig, path, dpi=110)
 
 
 # the evaluation splits' markers in learning curves: a run with --valid-size has both
@@ -163,7 +173,7 @@ def plot_learning_curves(runs, path, title=""):
             ax.legend(fontsize=7)
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.savefig(path, dpi=110)
+    _save(fig, path, dpi=110)
 
 
 def plot_gates(runs, path):
@@ -188,4 +198,4 @@ def plot_gates(runs, path):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="lower right")
     axes[-1].set_xlabel("step t")
-    fig.savefig(path, dpi=110)
+    _save(fig, path, dpi=110)

@@ -6,6 +6,7 @@ and each command with and without matplotlib.
 """
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -162,6 +163,30 @@ def test_panels_to_rows_and_json():
     json.dumps(A.panels_to_json(panels))
 
 
+def test_radii_do_not_overflow_where_the_states_are_finite(tmp_path, no_matplotlib):
+    """|h| of states past 1.3e154 (eps = 1e200): the sum of squares overflows, the radius does
+    not (nor below 1.5e-154, where the squares underflow); figure1.json has numbers there, not
+    null, and no overflow warning gets out."""
+    import warnings
+
+    hs = A.simulate(A.W_PLUS, A.INITIAL_STATES, 3, "feedback", 1e200)
+    assert np.abs(hs).max() > 1e200
+    np.testing.assert_allclose(A.radii(hs), 1e200 * A.radii(hs / 1e200), rtol=1e-15)
+    h0 = A.INITIAL_STATES[None]                           # (1, 3, 2), |h| from 0.5 to 0.9
+    for scale in (1e300, 1e-300):
+        np.testing.assert_allclose(A.radii(scale * h0), scale * A.radii(h0), rtol=1e-15)
+    np.testing.assert_allclose(A.radii(hs)[0], np.linalg.norm(A.INITIAL_STATES, axis=-1),
+                               rtol=1e-15)
+    assert A.radii(np.array([[[-2.0]]])) == 2.0                          # n = 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = run_cli(["simulate", "--out", str(tmp_path), "--figures", "1", "--eps", "1e200",
+                       "--steps", "3"])
+    assert "inf" not in out
+    panels = json.loads((tmp_path / "figure1.json").read_text())["panels"]
+    assert all(r is not None and r > 1e199 for p in panels[4:] for r in p["radius_end"])
+
+
 @pytest.mark.parametrize("kwargs, match", [
     (dict(W=np.eye(3)), "shape"),
     (dict(kind="lstm"), "kind"),
@@ -188,7 +213,8 @@ def test_simulation_figure_rejects_unknown_figure():
 
 def tiny_model(name, **kw):
     hyper = nprnn.CELLS[name].hyper
-    return nprnn.make_model(name, input_size=2, hidden_size=3, num_classes=2, sigma_w=2.0,
+    return nprnn.make_model(name, input_size=2, hidden_size=3, num_classes=2,
+                            sigma_w=kw.get("sigma_w", 2.0),
                             dtype="float64", seed=1, eps=0.7 if "eps" in hyper else None,
                             gamma=kw.get("gamma", 0.1) if "gamma" in hyper else None)
 
@@ -241,6 +267,40 @@ def test_more_diffusion_shrinks_the_eigenvalues():
     assert rows[1]["mean"] < 0.5 * rows[0]["mean"]
     assert rows[0]["sequences"] == 2 and rows[0]["T"] == 12 and rows[0]["gamma"] == 0.0
     assert A.eigenvalue_magnitudes(models[0][1], xs).shape == (2, 3)
+
+
+@pytest.mark.parametrize("name", list(nprnn.CELLS))
+def test_a_cell_ignores_h0_where_its_jacobian_is_0_in_any_dtype(name):
+    """Cell.ignores_h0: h_T does not depend on h_0 (rnn and the LSTMs with weight_hh = 0, as
+    sigma_w = 0 makes it), so J is exactly 0 and not by underflow; every other cell and sigma_w
+    gives a J that is not 0."""
+    x = np.random.default_rng(2).standard_normal((4, 2))
+    h0 = np.random.default_rng(3).standard_normal(3)
+    for sigma_w in (0.0, 2.0):
+        model = tiny_model(name, sigma_w=sigma_w)
+        ignores = model.cell.ignores_h0(model.cell_params())
+        assert ignores == (sigma_w == 0 and name in ("rnn", "lstm", "peephole-lstm")), sigma_w
+        J = A.end_to_end_jacobian(model, x, h0)
+        assert (not J.any()) == ignores, J
+        if ignores:
+            np.testing.assert_array_equal(fd_jacobian(model, x, h0), 0.0)   # not rounding
+
+
+def test_jacobian_tells_a_jacobian_of_0_from_eigenvalues_rounded_to_0(tmp_path, no_matplotlib):
+    out = run_cli(["jacobian", "--out", str(tmp_path), "--models", "lstm,gru", "--lengths", "3",
+                   "--hidden-size", "3", "--input-size", "1", "--sequences", "1", "--sigma-w",
+                   "0", "--dtype", "float32"])
+    assert ("note: J is 0 for lstm: h_T does not depend on h_0 (its recurrent weights are 0); "
+            "the figure leaves these points out") in out
+    assert "rounded" not in out and "underflow" not in out
+    # |W| ~ 1e-20: J ~ 1e-60, below float32's 1e-45 but a number in float64
+    args = ["jacobian", "--out", str(tmp_path), "--models", "rnn", "--lengths", "3",
+            "--hidden-size", "2", "--input-size", "1", "--sequences", "1", "--sigma-w", "1e-20"]
+    out = run_cli(args + ["--dtype", "float32"])
+    assert ("note: every eigenvalue rounded to 0 in float32 for rnn at T=3 (--dtype float64 "
+            "holds numbers down to 1e-308); the figure leaves these points out") in out
+    assert "J is 0" not in out
+    assert "note:" not in run_cli(args + ["--dtype", "float64"])
 
 
 def test_jacobian_spectra_of_huge_eigenvalues():
@@ -394,6 +454,22 @@ def test_matplotlib_is_not_imported_by_the_library():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_a_figure_records_only_the_settings_it_uses(tmp_path, no_matplotlib):
+    """Figure 3 has no eps, and Figures 3 and 4 take their seeds from the paper (1..16): their
+    JSON says null there rather than a value that changed nothing."""
+    for number, used in ((1, ("eps", "seed")), (3, ()), (4, ("eps",)), (5, ("eps", "seed"))):
+        _, summary = A.simulation_summary(number, 4, eps=0.3, seed=7)
+        assert (summary["eps"], summary["seed"]) == (0.3 if "eps" in used else None,
+                                                   7 if "seed" in used else None), number
+    seed7, seed8 = (A.simulation_summary(4, 4, eps=0.3, seed=s)[1] for s in (7, 8))
+    assert A.panels_to_json(A.figure4(4, 0.3)) == seed7["panels"] == seed8["panels"]
+    run_cli(["simulate", "--out", str(tmp_path), "--figures", "3,4,5", "--steps", "4",
+             "--seed", "7", "--eps", "0.3"])
+    saved = {n: json.loads((tmp_path / f"figure{n}.json").read_text()) for n in (3, 4, 5)}
+    assert [(saved[n]["eps"], saved[n]["seed"]) for n in (3, 4, 5)] == [
+        (None, None), (0.3, None), (0.3, 7)]
+
+
 def test_simulate_command(tmp_path):
     pytest.importorskip("matplotlib")
     out = run_cli(["simulate", "--out", str(tmp_path), "--steps", "5", "--figures", "1,5"])
@@ -450,6 +526,41 @@ def test_json_has_null_where_a_number_is_not_finite(tmp_path):
     assert json.loads((tmp_path / "x.json").read_text()) == dict(a=[1.0, None], b=None)
 
 
+def test_a_writer_that_fails_halfway_leaves_the_earlier_file(tmp_path):
+    """write_csv, write_json and the PNGs write to a temporary beside the file and move it into
+    place only when it is whole: a failure (or a kill) halfway leaves the earlier file as it was,
+    and no temporary stays behind."""
+    import socket
+    from nprnn import plotting
+
+    csv_path, json_path, png_path = tmp_path / "f.csv", tmp_path / "f.json", tmp_path / "f.png"
+    A.write_csv(csv_path, [dict(a=1, b=2)])
+    A.write_json(json_path, dict(a=1))
+    png_path.write_bytes(PNG_MAGIC + b"earlier")
+    before = {p: p.read_bytes() for p in (csv_path, json_path, png_path)}
+    rows = [dict(a=k, b=k) for k in range(1000)] + [dict(a=0, c=0)]     # the last one is bad
+    with pytest.raises(ValueError, match="fields not in fieldnames"):
+        A.write_csv(csv_path, rows)
+    with pytest.raises(TypeError, match="not JSON serializable"):
+        A.write_json(json_path, dict(a=list(range(1000)), b={1, 2}))
+    assert {p: p.read_bytes() for p in before} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.csv", "f.json", "f.png"]
+
+    class HalfAFigure:
+        def savefig(self, path, **kwargs):
+            Path(path).write_bytes(PNG_MAGIC)
+            raise OSError("No space left on device")
+    with pytest.raises(OSError, match="No space left"):
+        plotting._save(HalfAFigure(), png_path, dpi=110)
+    assert {p: p.read_bytes() for p in before} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.csv", "f.json", "f.png"]
+    # what a killed writer left (its process is gone) goes at the next write into the folder
+    stale = tmp_path / f".f.csv.tmp-{socket.gethostname()}-{2**22 + 1}-0000"
+    stale.write_text("a,b\n1,")
+    A.write_csv(csv_path, [dict(a=3, b=4)])
+    assert not stale.exists() and csv_path.read_text() == "a,b\n3,4\n"
+
+
 def test_commands_write_numbers_without_matplotlib(tmp_path, no_matplotlib):
     out = run_cli(["simulate", "--out", str(tmp_path), "--steps", "3", "--figures", "4"])
     assert "pip install -e '.[plot]'" in out
@@ -463,10 +574,37 @@ def test_commands_write_numbers_without_matplotlib(tmp_path, no_matplotlib):
     assert not list(tmp_path.glob("*.png"))
 
 
+def test_without_matplotlib_an_earlier_png_is_removed_not_kept(tmp_path, no_matplotlib):
+    """A PNG left by an earlier run shows the earlier numbers: where no new one can be drawn it
+    is removed (and said so), and "replacing" names only the files written over."""
+    d = tmp_path
+    commands = {
+        "figure4": ["simulate", "--out", str(d), "--steps", "3", "--figures", "4"],
+        "figure2_jacobian": ["jacobian", "--out", str(d), "--models", "lstm", "--lengths", "2",
+                             "--hidden-size", "2", "--input-size", "1", "--sequences", "1"],
+        "learning_curves": ["plot", str(make_run(tmp_path, "r")), "--out", str(d)],
+    }
+    for stem, args in commands.items():
+        run_cli(args)                                  # the numbers of an earlier run, no PNG
+        (d / f"{stem}.png").write_bytes(PNG_MAGIC + b"drawn from other numbers")
+        out = run_cli(args)
+        assert not (d / f"{stem}.png").exists(), out
+        assert f"removed the earlier {d / stem}.png: it showed the numbers these replace" in out
+        numbers = ([d / f"{stem}.csv"] if stem == "learning_curves" else
+                   [d / f"{stem}.{e}" for e in (("json", "csv") if stem == "figure4"
+                                                else ("csv", "json"))])
+        assert out.rstrip().endswith(f"replacing the earlier {', '.join(map(str, numbers))}")
+
+
 @pytest.mark.parametrize("args, match", [
     (["simulate", "--figures", "2"], "no simulation figure 2"),
     (["simulate", "--figures", "one"], "comma-separated int"),
-    (["jacobian", "--models", "transformer"], "unknown model 'transformer'"),
+    (["simulate", "--figures", "3,4", "--seed", "7"],
+     "--seed is for figures 1, 5, and none of --figures 3,4 uses it; leave it out"),
+    (["simulate", "--figures", "3", "--eps", "0.2"],
+     "--eps is for figures 1, 4, 5, and none of --figures 3 uses it"),
+    (["jacobian", "--models", "transformer"], "unknown model(s) transformer; choose from "
+                                              "antisym, antisym-gated"),
     (["jacobian", "--lengths", "0"], "lengths must be >= 1"),
     (["jacobian", "--gammas", "-1"], "gammas must be >= 0"),
     (["jacobian", "--models", "lstm,gru", "--gammas", "1"],
@@ -535,7 +673,6 @@ def test_distinct_names_are_the_shortest_tails_no_other_path_shares(tmp_path):
 def test_two_checkpoints_of_one_folder_name_are_two_lines(tmp_path, trained_run):
     """runs/1/run and runs/2/run: labels that tell them apart, so the figure and the table keep
     them apart (it groups rows by label)."""
-    import shutil
     copies = [shutil.copytree(trained_run, tmp_path / k / "run") for k in ("1", "2")]
     out = run_cli(["jacobian", "--out", str(tmp_path / "fig"), "--checkpoint", str(copies[0]),
                    "--checkpoint", str(copies[1]), "--lengths", "4", "--sequences", "2"])
@@ -593,6 +730,54 @@ def test_jacobian_refuses_a_task_that_does_not_fit_the_checkpoint(tmp_path, trai
     assert result.exit_code == 1 and result.exc_info[0] is SystemExit
     assert (f"task 'toy' has input size m=3, but checkpoint {trained_run} is a model of input "
             f"size m=2") in result.output
+
+
+def test_jacobian_feeds_a_checkpoint_the_permutation_it_was_trained_on(tmp_path, monkeypatch):
+    """--task pmnist with --checkpoint reads the permutation (perm_seed) and the data folder the
+    run recorded, not permutation 0 and the default folder; --data-dir still picks the folder.
+    Checkpoints trained on different permutations are refused: every model sees one input."""
+    import fake_data
+    import nprnn.datasets
+    from nprnn import sources
+    from nprnn.datasets import get_task
+    from nprnn.train import train
+
+    data = tmp_path / "data"
+    arrays = fake_data.write_fake_mnist(data / "mnist")
+    monkeypatch.setitem(sources.SOURCES, "mnist", fake_data.fake_idx_source(data, arrays=arrays))
+    runs = {}
+    for perm_seed in (5, 0):
+        runs[perm_seed] = tmp_path / "runs" / f"perm{perm_seed}"
+        train(dict(model="antisym", task="pmnist", perm_seed=perm_seed, hidden=2, iterations=1,
+                   batch_size=4, eval_every=1, log_every=1, data_dir=str(data)),
+              out=runs[perm_seed], progress=False, echo=lambda *a: None)
+    asked = []
+
+    def recording(name, **kw):
+        asked.append((name, kw.get("seed"), str(kw.get("data_dir"))))
+        return get_task(name, **kw)
+    monkeypatch.setattr(nprnn.datasets, "get_task", recording)
+    monkeypatch.chdir(tmp_path / "runs")               # the default folder ./data is not there
+    args = ["jacobian", "--out", str(tmp_path / "fig"), "--task", "pmnist", "--lengths", "784",
+            "--sequences", "2"]
+    run_cli(args + ["--checkpoint", str(runs[5])])
+    assert asked == [("pmnist", 5, str(data.resolve()))]
+    saved = json.loads((tmp_path / "fig" / "figure2_jacobian.json").read_text())
+    assert saved["inputs"] == "test sequences of task 'pmnist' (permutation seed 5), drawn by seed"
+    model, _ = A.model_from_checkpoint(runs[5])
+    with get_task("pmnist", data_dir=data, seed=5) as task:
+        xs = A.task_sequences(task, 2)
+    assert saved["rows"][0]["mean"] == pytest.approx(A.eigenvalue_magnitudes(model, xs).mean(),
+                                                     rel=1e-12)
+    other = tmp_path / "other"
+    shutil.copytree(data, other)
+    run_cli(args + ["--checkpoint", str(runs[5]), "--data-dir", str(other)])
+    assert asked[-1] == ("pmnist", 5, str(other))
+    result = CliRunner().invoke(cli, args + ["--checkpoint", str(runs[5]), "--checkpoint",
+                                             str(runs[0])])
+    assert result.exit_code == 1 and (
+        f"the checkpoints see different permutations of task 'pmnist' ({runs[5]}: perm seed 5, "
+        f"{runs[0]}: perm seed 0); compare models of one permutation at a time") in result.output
 
 
 # ----------------------------------------------------------------------------------------------

@@ -222,6 +222,41 @@ def test_empty_items_are_ignored(tmp_path, no_matplotlib):
     assert [ln.split()[0] for ln in result.output.splitlines() if "nprnn" in ln] == ["antisym"]
 
 
+@pytest.mark.parametrize("args, option, message", [
+    (["--models", "nosuch,lstm"], "--models", "unknown model(s) nosuch; choose from antisym, "
+                                              "antisym-gated, ablation, feedback, rnn, lstm"),
+    (["--models", "rnn,lstm,rnn"], "'--models'", "rnn is given twice in 'rnn,lstm,rnn'; give "
+                                                 "each once"),
+    (["--lengths", "3,5,3"], "'--lengths'", "3 is given twice in '3,5,3'"),
+    (["--gammas", "0.1,1,0.10"], "'--gammas'", "0.1 is given twice in '0.1,1,0.10'"),
+])
+def test_jacobian_refuses_unknown_and_repeated_items(tmp_path, args, option, message):
+    """A model name not in the registry is a bad --models (exit 2), as in bench; a model, length
+    or gamma given twice would give the same rows twice."""
+    result = invoke(["jacobian", "--out", tmp_path / "out"] + args)
+    assert_one_line_error(result, 2, option, message)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--task", "mnist"], "Error: task 'mnist' has a fixed length T = 784, and the default "
+                          "--lengths 100,200,400,800 are for noise: give --lengths 784"),
+    (["--task", "mnist", "--lengths", "784,100"], "Invalid value for --lengths: task 'mnist' "
+                                                  "has a fixed length T = 784; got T=100"),
+    (["--task", "mnist-noise", "--lengths", "10"], "Invalid value for --lengths: task "
+                                                   "'mnist-noise' needs an integer T >= 28"),
+])
+def test_jacobian_says_which_lengths_a_task_takes(tmp_path, monkeypatch, args, message):
+    """Before any data is read: a task of fixed length with the default --lengths (for noise)
+    is told to give its length, and a length a task cannot have is a bad --lengths."""
+    def get_task(*args, **kwargs):
+        raise AssertionError("get_task was called")
+    monkeypatch.setattr(nprnn.datasets, "get_task", get_task)
+    result = invoke(["jacobian", "--out", tmp_path / "out"] + args)
+    assert_one_line_error(result, 2, message)
+    assert not (tmp_path / "out").exists()
+
+
 # ----------------------------------------------------------------------------------------------
 # 6. sizes beyond memory
 # ----------------------------------------------------------------------------------------------
