@@ -591,6 +591,10 @@ def gates(runs, out, name, task, T, data_dir, sequences, batch_size, seed):
     for row in table:
         click.echo("  ".join(f"{v:<{w}}" if k < 4 else f"{v:>{w}}"
                              for k, (v, w) in enumerate(zip(row, widths))).rstrip())
+    for r in results:
+        if r["sequences"] < sequences:
+            click.echo(f"note: {r['label']}: {r['task']} has {r['sequences']:,} test sequences, "
+                       f"fewer than --sequences {sequences:,}; all of them were used")
     old = _draw(old, png, "plot_gates", results, png)
     click.echo(f"wrote {stem}.csv, {stem}.json{_replacing(old)}")
 

@@ -895,6 +895,13 @@ def test_gates_command_on_a_noise_task(tmp_path, gated_noise_run):
         assert "wrote" in out and "gates.png" in out
     else:
         assert "pip install -e '.[plot]'" in out
+    assert "note:" not in out
+    # more sequences than the test split holds: all of them, and the table's reader is told
+    out = run_cli(["gates", str(gated_noise_run), "--out", str(tmp_path / "g"), "--name", "all",
+                   "--sequences", "25", "--batch-size", "7"])
+    assert (f"note: {label}: mnist-noise has 20 test sequences, fewer than --sequences 25; all "
+            f"of them were used") in out
+    assert json.loads((tmp_path / "g" / "all.json").read_text())["runs"][0]["sequences"] == 20
 
 
 def test_gates_command_refuses_what_it_cannot_measure(tmp_path, trained_run, gated_noise_run):
