@@ -506,8 +506,8 @@ class GRUCell(StackedGateCell):
         dh_T = _dh_T(dh_T, hs)
         with one_blas_thread():
             K_gru.gru_backward_cpu(g["weight_ih"], g["weight_hh"], g["bias_ih"], g["bias_hh"],
-                                   dh0, _buffer(ws, "da", gates.shape, gates.dtype),
-                                   _buffer(ws, "dah", gates.shape, gates.dtype), dh_T, hs,
+                                   dh0, _buffer(ws, "dgi", gates.shape, gates.dtype),
+                                   _buffer(ws, "dgh", gates.shape, gates.dtype), dh_T, hs,
                                    gates, hn, x, p["weight_hh"])
         return g, dh0
 

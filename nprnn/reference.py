@@ -171,6 +171,7 @@ def readout_backward(cache):
     h, W_out, p, y = cache["h"], cache["W_out"], cache["p"], cache["y"]
     B = h.shape[0]
     # forward was: loss = mean_b -log p[b, y_b],  p = softmax(logits)
+    # so:          dloss/dlogits[b, k] = (p[b, k] - [k = y_b]) / B   (the mean divides by B)
     dlogits = p.copy()
     dlogits[np.arange(B), y] -= 1.0
     dlogits /= B
@@ -266,6 +267,8 @@ def _lstm_backward(p, cache, dh_T):
         c, c_prev = cs[t + 1], cs[t]
         tc = np.tanh(c)
         # forward was: h_t = o * tanh(c_t)
+        # so:          do = dh_t tanh(c_t) ;  dL/dc_t = (the part through c_{t+1}, in dc)
+        #                                             + dh_t o (1 - tanh(c_t)**2)
         do = dh * tc
         dc = dc + dh * o * (1.0 - tc ** 2)
         # forward was: o = sigmoid(a_o [+ w_co * c_t])

@@ -24,7 +24,8 @@ row form (the CPU code): the same numbers.
 
 How the CPU work is split (the standard recipe, on threads that own batch rows):
   1. one large matrix product for the input projections of all T steps, (T*B, m) @ (m, n);
-  2. the batch rows are split into one slice per CPU thread; each thread runs all T steps of its
+  2. the batch rows are split into slices of 64 (`common.SLICE_ROWS`, fixed so that the sums do
+     not depend on the core count), which numba's threads share; a thread runs all T steps of a
      slice: per step one (B_slice, n) @ (n, n) product for the recurrence, then the elementwise
      work fused into one pass. Threads never wait for each other inside the time loop (see
      `common.py` for why BLAS itself is kept to one thread);
@@ -175,7 +176,7 @@ def euler_backward_cpu(dA, dV_h, db_h, dh0, da, dh_T, hs, th, x, A, eps):
         b0, b1 = row_slice(c, S, B)
         mode = flush_denormals(dh0)      # float32: subnormals to zero (common.py)
         dh = dh0[b0:b1]
-        dA_h = np.empty((b1 - b0, n), dtype=dh0.dtype)
+        dh_rec = np.empty((b1 - b0, n), dtype=dh0.dtype)  # the part of dh_{t-1} through A
         for t in range(T - 1, -1, -1):
             for b in range(b0, b1):
                 for i in range(n):
@@ -185,8 +186,8 @@ def euler_backward_cpu(dA, dV_h, db_h, dh0, da, dh_T, hs, th, x, A, eps):
                     da[t, b, i] = euler_unit_backward(dh[b - b0, i], th[t, b, i], eps)
             # forward was: a_t = h_{t-1} A^T + x_t V_h^T + b_h   (row form: rows are batch rows)
             # so:          dh_{t-1} += da_t A
-            np.dot(da[t, b0:b1], A, dA_h)
-            dh += dA_h
+            np.dot(da[t, b0:b1], A, dh_rec)
+            dh += dh_rec
         restore_fp_mode(mode)
     # 3. parameter gradients over all steps at once
     da2 = da.reshape(T * B, n)
@@ -244,7 +245,7 @@ def euler_gated_backward_cpu(dA, dV_h, db_h, dV_z, db_z, dh0, da, dzp, ds,
         b0, b1 = row_slice(c, S, B)
         mode = flush_denormals(dh0)      # float32: subnormals to zero (common.py)
         dh = dh0[b0:b1]
-        dA_h = np.empty((b1 - b0, n), dtype=dh0.dtype)
+        dh_rec = np.empty((b1 - b0, n), dtype=dh0.dtype)  # the part of dh_{t-1} through A
         for t in range(T - 1, -1, -1):
             for b in range(b0, b1):
                 for i in range(n):
@@ -259,10 +260,11 @@ def euler_gated_backward_cpu(dA, dV_h, db_h, dV_z, db_z, dh0, da, dzp, ds,
                     da[t, b, i] = da_i
                     dzp[t, b, i] = dzp_i
                     ds[t, b, i] = da_i + dzp_i
-            # forward was: a_t = A h_{t-1} + ..., zp_t = A h_{t-1} + ...  (both read A h_{t-1})
+            # forward was: a_t = h_{t-1} A^T + ..., zp_t = h_{t-1} A^T + ...  (row form; both
+            #              read h_{t-1} A^T)
             # so:          dh_{t-1} += (da_t + dzp_t) A
-            np.dot(ds[t, b0:b1], A, dA_h)
-            dh += dA_h
+            np.dot(ds[t, b0:b1], A, dh_rec)
+            dh += dh_rec
         restore_fp_mode(mode)
     x2 = x.reshape(T * B, m)
     matmul_tn_rows(dA, ds.reshape(T * B, n), hs[:T].reshape(T * B, n))  # sum_t (da+dzp)^T h

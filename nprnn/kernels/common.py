@@ -2,9 +2,13 @@
 
 Each function of the first part works on one scalar. It is compiled with `numba.njit`, and
 numba-cuda can call such a function from inside a `@cuda.jit` kernel as well, so the math exists
-exactly once and the twins differ only in how they split the work. The floating-point mode
-switches (flush_denormals) and, in the second part, the row-splitting helpers that the CPU twins
-share (row_slice, matmul_tn_rows, ...) work on arrays.
+exactly once and the twins differ only in how they split the work. Those whose float32 and
+float64 versions differ (`tanh`, `sigmoid`, `dtanh_from_y`, `dsigmoid_from_y`, `flush_subnormal`)
+are plain Python functions with a numba `@overload` below each: called from Python they run the
+body shown, while inside `@njit` and `@cuda.jit` code numba replaces each call with what the
+overload returns for the argument's type. That is where float32 and float64 part. The
+floating-point mode switches (flush_denormals) and, in the second part, the row-splitting helpers
+that the CPU twins share (row_slice, matmul_tn_rows, ...) work on arrays.
 
 Derivatives are written in terms of the *output* of the nonlinearity, because that is what the
 forward pass stores for BPTT:
@@ -265,8 +269,9 @@ def row_slice(c, num_slices, rows):
 
 
 # How many rows a thread's slice holds. Fixed, rather than derived from the number of threads, so
-# that every sum is taken in the same order on any machine: results do not depend on the core
-# count (a resumed run is bit-identical to an uninterrupted one on another machine, too).
+# that our sums are taken in the same order whatever the core count: results do not depend on it
+# (a run resumed with other NUMBA_NUM_THREADS is bit-identical to an uninterrupted one; another
+# CPU model may still change the bits, through the code paths BLAS and LLVM pick for it).
 SLICE_ROWS = 64
 # Rows of one partial product in matmul_tn_rows, matmul_nt_rows, sum_rows and the peephole sums:
 # large enough that each product runs at BLAS speed, small enough that T*B = 100,352 rows make

@@ -61,19 +61,20 @@ def gru_unit(gi_r, gi_z, gi_n, gh_r, gh_z, hn, h_prev):
 
 
 @njit_inline
-def gru_unit_backward(d, r, z, n_t, hn, h_prev):
-    """BPTT through gru_unit, given d = dL/dh_t.
+def gru_unit_backward(dh, r, z, n_t, hn, h_prev):
+    """BPTT through gru_unit, given dh = dL/dh_t.
 
     forward was: h_t = (1 - z) n_t + z h_{t-1}
-    so:          dn_t = d (1 - z) ;  dz = d (h_{t-1} - n_t) ;  dh_{t-1} = d z + (through gh)
+    so:          dn_t = dh (1 - z) ;  dz = dh (h_{t-1} - n_t) ;  dh_{t-1} = dh * z + (through gh)
     forward was: n_t = tanh(gi_n + r hn),  r = sigmoid(gi_r + gh_r),  z = sigmoid(gi_z + gh_z)
     so:          da_n = dn_t (1 - n_t**2) ;  da_r = da_n hn r (1 - r) ;  da_z = dz z (1 - z)
                  dgi = (da_r, da_z, da_n) ;  dgh = (da_r, da_z, da_n r)
-    Returns (da_r, da_z, da_n, da_n r, d z)."""
-    carry = d * z                                   # the direct part of dh_{t-1}
-    da_n = (d - carry) * dtanh_from_y(n_t)          # d (1 - z) (1 - n_t**2)
+    (dz is dL/dz; dh * z, a product, is the part of dL/dh_{t-1} that skips W_hh.)
+    Returns (da_r, da_z, da_n, da_n r, dh * z)."""
+    carry = dh * z                                  # the direct part of dh_{t-1}
+    da_n = (dh - carry) * dtanh_from_y(n_t)         # dh (1 - z) (1 - n_t**2)
     da_r = da_n * hn * dsigmoid_from_y(r)
-    da_z = d * (h_prev - n_t) * dsigmoid_from_y(z)
+    da_z = dh * (h_prev - n_t) * dsigmoid_from_y(z)
     return da_r, da_z, da_n, da_n * r, carry
 
 
@@ -133,7 +134,7 @@ def gru_backward_cpu(dW_ih, dW_hh, db_ih, db_hh, dh0, dgi, dgh, dh_T, hs, gates,
         b0, b1 = row_slice(c, S, B)
         mode = flush_denormals(dh0)      # float32: subnormals to zero (common.py)
         dh = dh0[b0:b1]
-        dWh = np.empty((b1 - b0, n), dtype=dh0.dtype)
+        dh_rec = np.empty((b1 - b0, n), dtype=dh0.dtype)  # the part of dh_{t-1} through W_hh
         for t in range(T - 1, -1, -1):
             # forward was: (r, z, n_t, h_t) from gi_t, gh_t and h_{t-1} (gru_unit)
             # so:          dgi_t, dgh_t by gru_unit_backward; dh keeps z o dh_t, the part of
@@ -157,8 +158,8 @@ def gru_backward_cpu(dW_ih, dW_hh, db_ih, db_hh, dh0, dgi, dgh, dh_T, hs, gates,
                     dh[k, j] = flush_subnormal(carry)
             # forward was: gh_t = h_{t-1} W_hh^T + b_hh (row form), feeding r, z and hn_t
             # so:          dh_{t-1} += dgh_t W_hh
-            np.dot(dgh[t, b0:b1], W_hh, dWh)
-            dh += dWh
+            np.dot(dgh[t, b0:b1], W_hh, dh_rec)
+            dh += dh_rec
         restore_fp_mode(mode)
     # 3. weight gradients over all steps at once
     dgi2 = dgi.reshape(T * B, 3 * n)
@@ -221,7 +222,7 @@ def gru_forward_step_kernel(hs, gates, hn, x, W_ih, WT, b_ih, b_hh, t):
 @cuda.jit
 def gru_backward_unit_kernel(dgi, dgh, dh, hs, gates, hn, t):
     """The elementwise part of BPTT through step t (gru_unit_backward).
-    Written (=): dgi[t], dgh[t] (B, 3n). Updated: dh (B, n), dL/dh_t -> d z, the part of
+    Written (=): dgi[t], dgh[t] (B, 3n). Updated: dh (B, n), dL/dh_t -> dh * z, the part of
     dL/dh_{t-1} that does not pass through W_hh. Read: hs[t], gates[t], hn[t].
     One thread per (b, j)."""
     j, b = cuda.grid(2)
@@ -287,7 +288,7 @@ def gru_forward_persistent_kernel(hs, gates, hn, x, W_ih, WT, b_ih, b_hh, rows):
 @persistent_kernel
 def gru_backward_persistent_kernel(dh0, dgi, dgh, dh_T, hs, gates, hn, W_hh, rows):
     """BPTT through all T steps in one launch (gru_unit_backward, then
-    dh_{t-1} = d z + dgh_t W_hh in row form).
+    dh_{t-1} = dh_t * z + dgh_t W_hh in row form).
 
     Written (=): dh0 (B, n), dgi, dgh (T, B, 3n). Read: dh_T (B, n), hs, gates, hn, W_hh (3n, n).
     Work split as in the forward kernel. Shared memory: the rows' dL/dh (each value touched only
