@@ -585,6 +585,7 @@ def train(config=None, out="runs/run", resume=False, given=None, task=None, echo
         raise TrainError(f"cannot create the run folder {out}: {e.strerror or e}") from None
     _write_json(out / CONFIG, config)
 
+    arithmetic = _arithmetic()               # what this process's steps run with
     echo(("resuming" if resume else "training") + f" {model.name} on {task.name} in {out}")
     echo(format_config(config, model))
     if resume:
@@ -595,15 +596,15 @@ def train(config=None, out="runs/run", resume=False, given=None, task=None, echo
                  f"continues with NumPy {np.__version__}. NumPy does not promise the same random "
                  f"streams across versions, so the order from here on may differ from an "
                  f"uninterrupted run's")
-        now = _arithmetic()
-        before = prog.get("arithmetic", now)          # (runs saved before it was recorded)
-        moved = [f"{k} {before.get(k)} -> {now[k]}" for k in now if before.get(k) != now[k]]
+        before = prog.get("arithmetic", arithmetic)   # (runs saved before it was recorded)
+        moved = [f"{k} {before.get(k)} -> {v}" for k, v in arithmetic.items()
+                 if before.get(k) != v]
         if moved:
             echo(f"note: this run's last steps ran elsewhere ({'; '.join(moved)}). The kernels' "
                  f"floating-point results may differ in their last bits there, so the parameters "
                  f"from here on need not be bit-identical to an uninterrupted run's")
     prog["numpy"] = np.__version__            # the NumPy whose Generator draws the data order
-    prog["arithmetic"] = _arithmetic()
+    prog["arithmetic"] = arithmetic
 
     saved_at = [prog["iteration"]]            # the iteration of the checkpoint on disk
     # The interval's running loss, accuracy and gradient norm are summed where the step runs
