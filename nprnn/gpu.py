@@ -16,9 +16,10 @@ stays on the GPU until the training loop reads its running totals.
 
 Kernel versions (nprnn/kernels/antisym.py explains them):
     "step"        one thread per (b, i), one launch per time step
-    "persistent"  one launch per pass, each block owning batch rows for all T steps; the Euler
-                  family keeps the recurrent matrix in shared memory (antisym: only its upper
-                  triangle), the baselines keep their rows' state there and read W_hh from L2
+    "persistent"  one launch per pass, each block owning batch rows for all T steps and keeping
+                  their state in shared memory; the Euler family keeps the recurrent matrix
+                  there too where it fits (antisym: only its upper triangle) and reads it from
+                  L2 where it does not, as the baselines read W_hh
     "auto"        persistent where the block's shared memory fits, else step (the default;
                   `model.gpu_version` picks another)
 
@@ -44,19 +45,24 @@ VERSIONS = ("auto", "step", "persistent")
 # Launch configuration of the model path: `step_block` (units, rows) per block of the step
 # kernels; `threads` per block (None: n rounded up to a warp) and `rows` per block of the
 # persistent kernels; `tile` of the parameter-gradient products; `readout_block` of the readout
-# kernels (and its first entry: threads per block of the softmax). The tests shrink these so that
-# the CUDA simulator runs several small blocks; the benchmark may tune them.
-LAUNCH = dict(step_block=(128, 1), threads=None, rows=1, tile=16, readout_block=(16, 16))
+# kernels (and its first entry: threads per block of the softmax); `layout` of the Euler cells'
+# persistent kernels: None lets kernels/antisym.py's `persistent_layout` pick, "global" reads the
+# matrix from global memory even where shared memory would hold it (the benchmark times both).
+# The tests shrink these so that the CUDA simulator runs several small blocks; the benchmark may
+# tune them.
+LAUNCH = dict(step_block=(128, 1), threads=None, rows=1, tile=16, readout_block=(16, 16),
+              layout=None)
 
 
-def _launch(version, backward, skew=None):
-    """Keyword launch options of a kernel host function for `version` ("step"/"persistent")."""
+def _launch(version, backward, layout=None):
+    """Keyword launch options of a kernel host function for `version` ("step"/"persistent"),
+    with the matrix `layout` of an Euler cell's persistent kernels."""
     if version == "step":
         opts = dict(block=LAUNCH["step_block"])
     else:
         opts = dict(threads=LAUNCH["threads"], rows=LAUNCH["rows"])
-        if skew is not None:
-            opts["skew"] = skew
+        if layout is not None:
+            opts["layout"] = layout
     if backward:
         opts["tile"] = LAUNCH["tile"]
     return opts
@@ -262,11 +268,24 @@ def _initial_states(ws, x, n, h0):
 
 class EulerGPU(GPUCell):
     """antisym, antisym-gated, ablation, feedback: the kernels of nprnn/kernels/antisym.py.
-    The antisymmetric models use the "skew" shared-memory layout (n(n-1)/2 values)."""
+    Their persistent passes keep the matrix in shared memory where it fits (the antisymmetric
+    models only its upper triangle: the "skew" layout; the others all of it: "dense") and read
+    it from global memory where it does not ("global")."""
+
+    def layout(self, n, dtype, backward):
+        """The matrix layout of a persistent pass (kernels/antisym.py, `persistent_layout`), or
+        "global" where LAUNCH["layout"] says so."""
+        if LAUNCH["layout"] is not None:
+            if LAUNCH["layout"] != "global":
+                raise ValueError(f"LAUNCH['layout'] is None or 'global', got "
+                                 f"{LAUNCH['layout']!r}")
+            return "global"
+        return K_euler.persistent_layout(n, dtype, self.cell.antisymmetric, backward=backward,
+                                         rows=LAUNCH["rows"])
 
     def persistent_fits(self, n, dtype, backward):
-        return K_euler.persistent_fits(n, dtype, self.cell.antisymmetric, backward=backward,
-                                       rows=LAUNCH["rows"])
+        return K_euler.persistent_fits(n, dtype, self.layout(n, dtype, backward),
+                                       backward=backward, rows=LAUNCH["rows"])
 
     def matrix(self, W, gamma, ws):
         """A on the device: W - W^T - gamma I (antisym), W - gamma I (ablation), W (feedback)."""
@@ -289,7 +308,7 @@ class EulerGPU(GPUCell):
         th = _buffer(ws, "th", (T, B, n), x.dtype)
         cache = dict(x=x, A=A, hs=hs, th=th, version=version)
         v = self.pick(version, n, x.dtype, backward=False)
-        opts = _launch(v, False, skew=self.cell.antisymmetric)
+        opts = _launch(v, False, self.layout(n, x.dtype, backward=False))
         if self.cell.gated:
             z = cache["z"] = _buffer(ws, "z", (T, B, n), x.dtype)
             run = (K_euler.euler_gated_forward_gpu_persistent if v == "persistent"
@@ -311,7 +330,7 @@ class EulerGPU(GPUCell):
         dA = _buffer(ws, "dA", A.shape, A.dtype) if self.cell.antisymmetric else g["W"]
         da = _buffer(ws, "da", (T, B, n), x.dtype)
         v = self.pick(cache["version"], n, x.dtype, backward=True)
-        opts = _launch(v, True, skew=self.cell.antisymmetric)
+        opts = _launch(v, True, self.layout(n, x.dtype, backward=True))
         if self.cell.gated:
             dzp = _buffer(ws, "dzp", (T, B, n), x.dtype)
             ds = _buffer(ws, "ds", (T, B, n), x.dtype)
@@ -508,12 +527,15 @@ def time_model(name, x, y, n=128, K=10, versions=("step", "persistent"), repeats
     and readout, as `model.forward`), forward_backward_ms (everything `loss_and_grad` does on the
     GPU: the same plus the loss, the readout's and the cell's backward), both the median of
     `repeats` runs timed with CUDA events, and `note` (why a version did not run, else "").
+    For an Euler cell whose persistent passes keep the matrix in shared memory, the persistent
+    version is followed by "persistent, global matrix": the same kernels reading the matrix from
+    global memory instead (LAUNCH["layout"]), to show which is faster where both fit.
     The batch is on the GPU before timing starts, batch-first as `Task.batches(device="cuda")`
     yields it, so host transfers are not included but its change to time-major layout is; the
     activations and gradients live in workspaces, as in training, so no allocation is timed.
     Under the CUDA simulator the times are meaningless (the simulator records none) and are
     reported as nan."""
-    from .device import resolve_device, simulator_enabled
+    from .device import resolve_device
     from .model import make_model
     resolve_device("cuda")
     B, T, m = x.shape
@@ -525,28 +547,46 @@ def time_model(name, x, y, n=128, K=10, versions=("step", "persistent"), repeats
     runner = gpu_cell(name)
     rows = []
     for version in versions:
-        row = dict(model=name, version=version, B=B, n=n, m=m, T=T, dtype=str(dtype),
-                   forward_ms=float("nan"), forward_backward_ms=float("nan"), note="")
-        misfits = [] if version != "persistent" else [
-            label for label, backward in (("forward", False), ("BPTT", True))
-            if not runner.persistent_fits(n, dtype, backward)]
-        if misfits:
-            row["note"] = (f"persistent {' and '.join(misfits)} "
-                           f"{'does' if len(misfits) == 1 else 'do'} not fit in shared memory "
-                           f"at n={n}, {dtype}; 'auto' runs 'step' there")
-        if "forward" not in misfits:        # a forward that fits is timed even if BPTT is not
-            fwd = lambda: model_logits(model, time_major(x_batch, dtype, ws),  # noqa: E731
-                                       version, ws)
-            row["forward_ms"] = _elapsed_ms(fwd, repeats, warmup)
-        if not misfits:
-            both = lambda: model_loss_and_grad(                                  # noqa: E731
-                model, time_major(x_batch, dtype, ws), y, version, ws, out)
-            row["forward_backward_ms"] = _elapsed_ms(both, repeats, warmup)
-        if simulator_enabled():
-            row["forward_ms"] = row["forward_backward_ms"] = float("nan")
-            row["note"] = "; ".join(filter(None, [row["note"], "CUDA simulator: no timings"]))
-        rows.append(row)
+        rows.append(_time_version(model, runner, version, x_batch, y, ws, out, repeats, warmup))
+        if (version == "persistent" and isinstance(runner, EulerGPU) and LAUNCH["layout"] is None
+                and any(runner.layout(n, dtype, backward) != "global"
+                        for backward in (False, True))):
+            LAUNCH["layout"] = "global"
+            try:
+                rows.append(_time_version(model, runner, version, x_batch, y, ws, out, repeats,
+                                          warmup))
+            finally:
+                LAUNCH["layout"] = None
+            rows[-1]["version"] = "persistent, global matrix"
     return rows
+
+
+def _time_version(model, runner, version, x_batch, y, ws, out, repeats, warmup):
+    """One row of `time_model`: `version` of `model` on the device batch x_batch (B, T, m)."""
+    from .device import simulator_enabled
+    B, T, m = x_batch.shape
+    n, dtype = model.hidden_size, model.dtype
+    row = dict(model=model.name, version=version, B=B, n=n, m=m, T=T, dtype=str(dtype),
+               forward_ms=float("nan"), forward_backward_ms=float("nan"), note="")
+    misfits = [] if version != "persistent" else [
+        label for label, backward in (("forward", False), ("BPTT", True))
+        if not runner.persistent_fits(n, dtype, backward)]
+    if misfits:
+        row["note"] = (f"persistent {' and '.join(misfits)} "
+                       f"{'does' if len(misfits) == 1 else 'do'} not fit in shared memory "
+                       f"at n={n}, {dtype}; 'auto' runs 'step' there")
+    if "forward" not in misfits:        # a forward that fits is timed even if BPTT is not
+        fwd = lambda: model_logits(model, time_major(x_batch, dtype, ws),      # noqa: E731
+                                   version, ws)
+        row["forward_ms"] = _elapsed_ms(fwd, repeats, warmup)
+    if not misfits:
+        both = lambda: model_loss_and_grad(                                      # noqa: E731
+            model, time_major(x_batch, dtype, ws), y, version, ws, out)
+        row["forward_backward_ms"] = _elapsed_ms(both, repeats, warmup)
+    if simulator_enabled():
+        row["forward_ms"] = row["forward_backward_ms"] = float("nan")
+        row["note"] = "; ".join(filter(None, [row["note"], "CUDA simulator: no timings"]))
+    return row
 
 
 def device_name():

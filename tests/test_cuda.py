@@ -3,16 +3,17 @@ memory arithmetic, and a run of the GPU tests (tests/gpu) under Numba's CUDA sim
 
 Why a subprocess: numba chooses between the real CUDA target and the simulator once, when
 `numba.cuda` is first imported, from NUMBA_ENABLE_CUDASIM. This pytest process has imported the
-real target already (the CPU tests and tests/test_ptx.py need it), so the simulator run is a
-second pytest process started with NUMBA_ENABLE_CUDASIM=1, over the same test files that run
-directly on a GPU when one is present. On a machine with a GPU that subprocess is skipped: the
-same tests then run in this process, on the GPU.
+real target already (the CPU tests and tests/test_ptx.py need it), so the simulator runs are
+further pytest processes started with NUMBA_ENABLE_CUDASIM=1, over the same test files that run
+directly on a GPU when one is present. On a machine with a GPU they are skipped: the same tests
+then run in this process, on the GPU.
 """
 import importlib.util
 import os
 import re
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +27,33 @@ ROOT = Path(__file__).resolve().parents[1]
 HAS_GPU = device.cuda_available()[0] and not device.simulator_enabled()
 
 
+def simulator_workers():
+    """How many simulator processes run at once: one per CPU this process may use, at most 4
+    (each holds its own numba and test data)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(4, cpus or 1))
+
+
+def run_under_the_simulator(path):
+    """pytest on one file of tests/gpu under the simulator: (its return code, its output, the
+    counts of its summary line, e.g. {"passed": 12, "deselected": 1}; {} when it printed none)."""
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    cmd = [sys.executable, "-m", "pytest", str(path.relative_to(ROOT)), "-q", "-p",
+           "no:cacheprovider", "--no-header", "-rfE", "-m", "not real_gpu"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
+    # the summary line, e.g. "15 passed, 1 deselected in 30.2s", whatever stderr printed after it
+    summary = re.findall(r"^=*\s*(\d+ \w+(?:, \d+ \w+)*) in [\d.]+s", proc.stdout, re.M)
+    counts = ({word: int(k) for k, word in re.findall(r"(\d+) (\w+)", summary[-1])}
+              if summary else {})
+    return proc.returncode, proc.stdout + proc.stderr, counts
+
+
 def test_gpu_tests_pass_under_the_cuda_simulator():
+    """Every test of tests/gpu but those marked real_gpu runs and passes under the simulator.
+    Each file runs in a pytest process of its own, `simulator_workers()` at a time (the
+    simulator runs every GPU thread as a Python thread, on one core), the largest files first
+    so that the last to finish is a short one: on CI's 2 cores this halves the suite's longest
+    item."""
     if HAS_GPU:
         pytest.skip("a GPU is present: tests/gpu run on it in this process")
     if device.simulator_enabled():
@@ -34,21 +61,17 @@ def test_gpu_tests_pass_under_the_cuda_simulator():
     if importlib.util.find_spec("numba_cuda") is None:
         pytest.skip("numba-cuda is not installed (pip install -e '.[cuda]'): no CUDA target to "
                     "simulate")
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
-    cmd = [sys.executable, "-m", "pytest", "tests/gpu", "-q", "-p", "no:cacheprovider",
-           "--no-header", "-rfE", "-m", "not real_gpu"]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, (f"GPU tests failed under the CUDA simulator "
-                                  f"({' '.join(cmd[1:])}, NUMBA_ENABLE_CUDASIM=1):\n{out[-8000:]}")
-    # the summary line, e.g. "115 passed, 4 deselected in 301.2s": every test selected ran and
-    # passed (nothing skipped, no empty run), whatever stderr printed after it
-    summary = re.findall(r"^=*\s*(\d+ \w+(?:, \d+ \w+)*) in [\d.]+s", proc.stdout, re.M)
-    assert summary, f"no pytest summary line in the simulator run's output:\n{out[-2000:]}"
-    counts = {word: int(k) for k, word in re.findall(r"(\d+) (\w+)", summary[-1])}
+    files = sorted((ROOT / "tests" / "gpu").glob("test_*.py"), key=lambda p: -p.stat().st_size)
+    assert len(files) >= 10, files
+    with ThreadPoolExecutor(simulator_workers()) as pool:
+        results = dict(zip(files, pool.map(run_under_the_simulator, files)))
     allowed = {"passed", "deselected", "warning", "warnings"}
-    assert counts.get("passed", 0) > 0 and set(counts) <= allowed, (
-        f"under the simulator: {summary[-1]}\n{out[-2000:]}")
+    for path, (returncode, out, counts) in results.items():
+        where = f"{path.relative_to(ROOT)} under the CUDA simulator (NUMBA_ENABLE_CUDASIM=1)"
+        # every test selected ran and passed: nothing skipped, failed or missing
+        assert returncode == 0, f"{where} failed:\n{out[-8000:]}"
+        assert counts.get("passed", 0) > 0 and set(counts) <= allowed, (
+            f"{where}: {counts or 'no pytest summary line'}\n{out[-2000:]}")
 
 
 # -- device selection -----------------------------------------------------------------------
@@ -192,22 +215,34 @@ def test_the_gpu_checks_stop_at_once_without_a_gpu(tmp_path):
 
 def test_persistent_kernels_fit_the_paper_sizes():
     # antisym at n = 128 in float32: the upper triangle is 8128 values = 31.75 KiB
-    assert K.persistent_shared_bytes(128, 1, 4, True, 3) == (8128 + 3 * 128) * 4
-    assert K.persistent_fits(128, "float32", skew=True, backward=True)
-    # the dense matrix (ablation, feedback) at n = 128 is 64 KiB: step kernels instead
-    assert not K.persistent_fits(128, "float32", skew=False, backward=False)
-    assert K.persistent_fits(96, "float32", skew=False, backward=True)
-    assert not K.persistent_fits(128, "float64", skew=True, backward=False)
+    assert K.persistent_shared_bytes(128, 1, 4, "skew", 3) == (8128 + 3 * 128) * 4
+    assert K.persistent_fits(128, "float32", "skew", backward=True)
+    assert K.persistent_layout(128, "float32", antisymmetric=True) == "skew"
+    # the dense matrix (ablation, feedback) at n = 128 is 64 KiB: it stays in global memory
+    assert not K.persistent_fits(128, "float32", "dense", backward=False)
+    assert K.persistent_shared_bytes(128, 1, 4, "global", 3) == 3 * 128 * 4
+    assert K.persistent_layout(128, "float32", antisymmetric=False, backward=False) == "global"
+    assert K.persistent_layout(96, "float32", antisymmetric=False) == "dense"
+    # antisym in float64 at n = 128 (63.5 KiB), and at Table 2's n = 256 in float32 (127.5 KiB)
+    assert K.persistent_layout(128, "float64", antisymmetric=True, backward=False) == "global"
+    assert K.persistent_layout(256, "float32", antisymmetric=True) == "global"
+    with pytest.raises(ValueError, match=r"layout is one of \('skew', 'dense', 'global'\), "
+                                         r"got layout='shared'"):
+        K.persistent_fits(8, "float32", "shared")
 
 
-# README.md's table: the largest n whose persistent (forward, backward) passes fit, one row per
-# block, in float32 and float64
+# README.md's tables: the largest n whose persistent (forward, backward) passes fit, one row per
+# block, in float32 and float64; and for the Euler family, the largest n whose matrix is kept in
+# shared memory (above it, in global memory)
 LARGEST_PERSISTENT_N = {
-    ("antisym", "antisym-gated"): {"float32": (155, 154), "float64": (109, 108)},
-    ("ablation", "feedback"): {"float32": (109, 109), "float64": (77, 76)},
-    ("rnn",): {"float32": (6144, 4096), "float64": (3072, 2048)},
+    ("antisym", "antisym-gated", "ablation", "feedback", "rnn"):
+        {"float32": (6144, 4096), "float64": (3072, 2048)},
     ("lstm", "peephole-lstm"): {"float32": (6144, 1228), "float64": (3072, 614)},
     ("gru",): {"float32": (6144, 1755), "float64": (3072, 877)},
+}
+LARGEST_SHARED_MATRIX_N = {
+    ("antisym", "antisym-gated"): {"float32": (155, 154), "float64": (109, 108)},
+    ("ablation", "feedback"): {"float32": (109, 109), "float64": (77, 76)},
 }
 
 
@@ -225,15 +260,34 @@ def test_auto_runs_the_persistent_kernels_up_to_the_readmes_sizes_then_the_step_
         cell.pick("fast", 8, "float32", False)
 
 
+@pytest.mark.parametrize("names", list(LARGEST_SHARED_MATRIX_N))
+def test_euler_cells_keep_the_matrix_in_shared_memory_up_to_the_readmes_sizes(names):
+    gpu = pytest.importorskip("nprnn.gpu")
+    for name in names:
+        cell = gpu.gpu_cell(name)
+        shared = "skew" if cell.cell.antisymmetric else "dense"
+        for dtype, largest in LARGEST_SHARED_MATRIX_N[names].items():
+            for backward, n in zip((False, True), largest):
+                assert cell.layout(n, dtype, backward) == shared, (name, dtype, n)
+                assert cell.layout(n + 1, dtype, backward) == "global", (name, dtype, n + 1)
+
+
 def test_persistent_launch_refuses_what_does_not_fit_and_says_why():
-    with pytest.raises(ValueError, match=r"needs 67072 bytes of shared memory at n=128.*step"):
-        K.persistent_launch(B=4, n=128, dtype=np.float64, skew=True, buffers=2, rows=1,
+    with pytest.raises(ValueError, match=r"needs 67072 bytes of shared memory at n=128.*skew "
+                                         r"layout.*use layout='global', or the step kernels"):
+        K.persistent_launch(B=4, n=128, dtype=np.float64, layout="skew", buffers=2, rows=1,
                             threads=None)
-    grid, threads, shared = K.persistent_launch(B=5, n=100, dtype=np.float32, skew=True,
+    grid, threads, shared = K.persistent_launch(B=5, n=100, dtype=np.float32, layout="skew",
                                                 buffers=2, rows=2, threads=None)
     assert (grid, threads) == (3, 128) and shared == (4950 + 2 * 2 * 100) * 4
+    grid, threads, shared = K.persistent_launch(B=5, n=100, dtype=np.float32, layout="global",
+                                                buffers=2, rows=2, threads=None)
+    assert (grid, threads) == (3, 128) and shared == 2 * 2 * 100 * 4
+    with pytest.raises(ValueError, match=r"needs 49164 bytes.*global layout.*fewer rows"):
+        K.persistent_launch(B=4, n=4097, dtype=np.float32, layout="global", buffers=3, rows=1,
+                            threads=None)
     with pytest.raises(ValueError, match="threads"):
-        K.persistent_launch(B=4, n=8, dtype=np.float32, skew=True, buffers=2, rows=1,
+        K.persistent_launch(B=4, n=8, dtype=np.float32, layout="skew", buffers=2, rows=1,
                             threads=2048)
 
 

@@ -65,7 +65,7 @@ ARG_KINDS = {
                         "dw_ci", "dw_cf", "dw_co", "losses", "a", "p", "v", "g", "G")},
     "eps": "f", "value": "f", "gamma": "f64", "lr": "f64", "momentum": "f64", "clip": "f64",
     "scale": "f64_1", "total": "f64_1", "stats": "f64_1",
-    "delta": "f64", "t": "i", "t0": "i", "rows": "i", "skew": "b", "peephole": "b",
+    "delta": "f64", "t": "i", "t0": "i", "rows": "i", "layout": "i", "peephole": "b",
     "accumulate": "b",
     "y": "i64_1", "out": "f64_1", "block_sums": "f64_1", "starts": "u64_1",
 }

@@ -283,8 +283,9 @@ def euler_gated_backward_cpu(dA, dV_h, db_h, dV_z, db_z, dh0, da, dzp, ds,
 #   version 1, "step"        one thread per (b, i) and one launch per time step. Obvious, and at
 #                            n = 128 the T launches cost more than the arithmetic they run.
 #   version 2, "persistent"  one launch runs all T steps (the persistent RNN of Diamos et al.,
-#                            2016). Block k owns batch rows [k R, (k+1) R) and keeps A and its
-#                            rows' state in shared memory for the whole sequence. Rows never
+#                            2016). Block k owns batch rows [k R, (k+1) R) and keeps its rows'
+#                            state, and A where it fits, in shared memory for the whole
+#                            sequence (A stays in global memory where it does not). Rows never
 #                            exchange data, so blocks never wait for each other and
 #                            cuda.syncthreads() is the only synchronisation: one per step.
 #
@@ -537,24 +538,41 @@ def euler_param_grads_gpu(dA, dV_h, db_h, ds, da, hs, x, *, tile=TILE):
 
 # -- version 2: persistent, one launch per pass ----------------------------------------------
 #
-# Shared-memory layout of the recurrent matrix. Thread i of a block computes unit i (and
-# i + blockDim, ...) of A v for the block's rows, where v is h_{t-1} (forward) or, transposed,
-# of A^T d for the BPTT signal d. Two layouts:
+# Each step of a pass multiplies by the recurrent matrix once: the forward pass forms A h_{t-1},
+# BPTT forms A^T d for its signal d. The kernels write both as one product, u = D^T v:
 #
-# * dense ("skew" false; ablation, feedback): all n*n values, M[j*n + i] = A[i, j] for the
-#   forward pass (A^T stored row by row) and M[j*n + i] = A[j, i] for BPTT, so that for each j
-#   the threads of a warp read consecutive addresses (no bank conflicts).
-# * skew ("skew" true; antisym, antisym-gated): A = S - gamma I with S antisymmetric, so A is
-#   known from the n(n-1)/2 values above the diagonal plus gamma = -A[0, 0]. They are stored by
-#   diagonals, P[diag_start(k) + i] = S[i, i + k] for k = 1 .. n-1, and thread i visits
-#   j = (i + k) mod n for k = 1 .. n-1: above the diagonal S[i, j] = P[diag_start(k) + i], below
-#   it S[i, j] = -S[j, i] = -P[diag_start(n - k) + j]. For a given k consecutive threads read
-#   consecutive addresses in either case. n = 128 in float32 needs 8128 * 4 bytes = 31.75 KiB.
+#     u_i = sum_j D[j, i] v[j]          thread i reads column i of D
+#
+# with D = A^T in the forward pass (the transposed copy the step kernels read too) and D = A in
+# BPTT. For each j the threads of a warp read D[j, i .. i+31], consecutive addresses, wherever D
+# is kept. Where the block finds D's values is the pass's `layout`:
+#
+# * "skew" (antisym, antisym-gated): D = S - gamma I with S antisymmetric (A is, and so is A^T
+#   with S^T = -S in place of S). The n(n-1)/2 values of S above the diagonal, plus
+#   gamma = -D[0, 0], determine D. They go to shared memory by diagonals,
+#   P[diag_start(k) + i] = S[i, i + k] for k = 1 .. n-1, and thread i visits j = (i + k) mod n
+#   for k = 1 .. n-1: above the diagonal S[i, j] = P[diag_start(k) + i], below it
+#   S[i, j] = -S[j, i] = -P[diag_start(n - k) + j]. For a given k consecutive threads read
+#   consecutive addresses in either case. Then u_i = -gamma v_i + (S^T v)_i = -gamma v_i - (S v)_i
+#   (the forward pass's S is the transpose of BPTT's, so the same line gives A h and A^T d).
+#   n = 128 in float32 needs 8128 * 4 bytes = 31.75 KiB.
+# * "dense" (ablation, feedback): all n*n values in shared memory, M[j*n + i] = D[j, i].
+#   n = 128 in float32 would need 64 KiB.
+# * "global": D read in place from global memory, through the L1 and L2 caches, as the
+#   baselines' persistent kernels read W_hh. Any matrix, antisymmetric or not, and no shared
+#   memory for it: the passes of ablation and feedback at n = 128 in float32, and of antisym at
+#   n = 256 (Table 2), run in one launch this way rather than in T.
 #
 # A block also keeps its rows' state vectors in shared memory (`buffers` vectors of n per row).
-# Everything must fit in SHARED_BYTES_MAX (48 KiB); `persistent_fits` says whether it does, and
-# nprnn/gpu.py falls back to version 1 when it does not (dense n = 128 in float32 is 64 KiB,
-# skew n = 128 in float64 is 63.5 KiB: both run version 1).
+# Everything must fit in SHARED_BYTES_MAX (48 KiB). `persistent_layout` picks a pass's layout:
+# the matrix in shared memory (skew for an antisymmetric A, else dense) where it fits beside the
+# state, else global. nprnn/gpu.py runs version 1 only where not even the state fits. Whether a
+# shared layout beats the global one where both fit has not been measured yet (no GPU so far):
+# `python cli.py bench --device cuda` times both.
+
+LAYOUTS = ("skew", "dense", "global")
+SKEW, DENSE, GLOBAL = range(3)              # the kernels' `layout` argument: LAYOUTS.index(name)
+
 
 @cuda.jit(device=True)
 def diag_start(k, n):
@@ -588,7 +606,7 @@ def skew_dot(P, v, i, n):
 
 @cuda.jit(device=True)
 def dense_dot(M, v, i, n):
-    """sum_j M[j*n + i] v[j]: row i of the n x n matrix whose transpose M holds row by row."""
+    """sum_j D[j, i] v[j] for the n x n matrix D held row by row in the flat array M."""
     acc = v.dtype.type(0)
     for j in range(n):
         acc += M[j * n + i] * v[j]
@@ -596,37 +614,47 @@ def dense_dot(M, v, i, n):
 
 
 @cuda.jit(device=True)
-def load_matrix(Msh, A, skew, transpose):
-    """Copy A into the block's shared memory, every thread taking a share (see the layouts
-    above): skew -> P (the strict upper triangle by diagonals); dense -> M = A^T row by row if
-    `transpose` (forward: row i of A times v) else M = A (BPTT: row i of A^T times d)."""
-    n = A.shape[0]
-    tid, nthreads = cuda.threadIdx.x, cuda.blockDim.x
-    if skew:
-        for k in range(1, n):
-            for i in range(tid, n - k, nthreads):
-                Msh[diag_start(k, n) + i] = A[i, i + k]
-    else:
-        for e in range(tid, n * n, nthreads):
-            j, i = e // n, e % n
-            Msh[e] = A[i, j] if transpose else A[j, i]
+def column_dot(D, v, i, n):
+    """sum_j D[j, i] v[j] for D (n, n) in global memory."""
+    acc = v.dtype.type(0)
+    for j in range(n):
+        acc += D[j, i] * v[j]
+    return acc
 
 
 @cuda.jit(device=True)
-def matvec_row(Msh, v, i, n, skew, diag, transposed):
-    """(A v)_i, or (A^T v)_i if `transposed`, for A in shared memory (a dense Msh must have been
-    loaded with transpose = not transposed). skew: A = S - gamma I with diag = -gamma and
-    S^T = -S, so (A v)_i = diag v_i + (S v)_i and (A^T v)_i = diag v_i - (S v)_i."""
-    if skew:
-        s = skew_dot(Msh, v, i, n)
-        return diag * v[i] - s if transposed else diag * v[i] + s
-    return dense_dot(Msh, v, i, n)
+def load_matrix(Msh, D, layout):
+    """Copy what `layout` keeps of D into the block's shared memory, every thread taking a
+    share (see the layouts above): skew -> P, the strict upper triangle of D by diagonals;
+    dense -> M, all of D row by row; global -> nothing (D is read where it is)."""
+    n = D.shape[0]
+    tid, nthreads = cuda.threadIdx.x, cuda.blockDim.x
+    if layout == SKEW:
+        for k in range(1, n):
+            for i in range(tid, n - k, nthreads):
+                Msh[diag_start(k, n) + i] = D[i, i + k]
+    elif layout == DENSE:
+        for e in range(tid, n * n, nthreads):
+            Msh[e] = D[e // n, e % n]
 
 
-def persistent_shared_bytes(n, rows, itemsize, skew, buffers):
-    """Shared memory of one block of a persistent kernel: the matrix plus `buffers` state
-    vectors of n values per batch row."""
-    matrix = n * (n - 1) // 2 if skew else n * n
+@cuda.jit(device=True)
+def matrix_dot(Msh, D, v, i, n, layout, diag):
+    """u_i = (D^T v)_i = sum_j D[j, i] v[j], reading D as `layout` says (load_matrix has filled
+    Msh). skew: D = diag I + S with S antisymmetric and diag = D[0, 0], so
+    (D^T v)_i = diag v_i - (S v)_i."""
+    if layout == SKEW:
+        return diag * v[i] - skew_dot(Msh, v, i, n)
+    if layout == DENSE:
+        return dense_dot(Msh, v, i, n)
+    return column_dot(D, v, i, n)
+
+
+def persistent_shared_bytes(n, rows, itemsize, layout, buffers):
+    """Shared memory of one block of a persistent kernel: what `layout` keeps of the matrix
+    (n(n-1)/2 values for skew, n*n for dense, none for global) plus `buffers` state vectors of
+    n values per batch row."""
+    matrix = {"skew": n * (n - 1) // 2, "dense": n * n, "global": 0}[_layout_name(layout)]
     return (matrix + buffers * rows * n) * itemsize
 
 
@@ -634,44 +662,62 @@ FORWARD_BUFFERS = 2             # h_{t-1} and h_t of the block's rows (read one,
 BACKWARD_BUFFERS = 3            # dL/dh and two copies of the signal da_t (read one, write other)
 
 
-def persistent_fits(n, dtype, skew, backward=True, rows=1):
+def persistent_fits(n, dtype, layout, backward=True, rows=1):
     """Whether a persistent kernel's shared memory fits in SHARED_BYTES_MAX."""
     buffers = BACKWARD_BUFFERS if backward else FORWARD_BUFFERS
-    return persistent_shared_bytes(n, rows, np.dtype(dtype).itemsize, skew,
+    return persistent_shared_bytes(n, rows, np.dtype(dtype).itemsize, layout,
                                    buffers) <= SHARED_BYTES_MAX
 
 
-def persistent_launch(B, n, dtype, skew, buffers, rows, threads):
+def persistent_layout(n, dtype, antisymmetric, backward=True, rows=1):
+    """The layout of a persistent pass over an n x n matrix: in shared memory where it fits
+    beside the rows' state ("skew" for an antisymmetric A, else "dense"), else "global". Whether
+    the global layout fits is `persistent_fits(n, dtype, "global", ...)`."""
+    shared = "skew" if antisymmetric else "dense"
+    return shared if persistent_fits(n, dtype, shared, backward, rows) else "global"
+
+
+def _layout_name(layout):
+    if layout not in LAYOUTS:
+        raise ValueError(f"a persistent kernel's matrix layout is one of {LAYOUTS}, "
+                         f"got layout={layout!r}")
+    return layout
+
+
+def persistent_launch(B, n, dtype, layout, buffers, rows, threads):
     """(grid, threads, shared bytes) of a persistent kernel, or ValueError if it cannot fit."""
-    shared = persistent_shared_bytes(n, rows, np.dtype(dtype).itemsize, skew, buffers)
+    shared = persistent_shared_bytes(n, rows, np.dtype(dtype).itemsize, layout, buffers)
+    instead = ("use fewer rows per block, or the step kernels (version 1)" if layout == "global"
+               else "use layout='global', or the step kernels (version 1)")
     return persistent_grid(B, n, rows, threads, shared,
                            f"the persistent kernel needs {shared} bytes of shared memory at "
-                           f"n={n}, rows={rows}, {np.dtype(dtype).name}, "
-                           f"{'skew' if skew else 'dense'} matrix; at most {SHARED_BYTES_MAX} are "
-                           f"available: use the step kernels (version 1)")
+                           f"n={n}, rows={rows}, {np.dtype(dtype).name}, {layout} layout; at most "
+                           f"{SHARED_BYTES_MAX} are available: {instead}")
 
 
 @persistent_kernel
-def euler_forward_persistent_kernel(hs, th, x, A, V_h, b_h, eps, skew, rows):
+def euler_forward_persistent_kernel(hs, th, x, AT, V_h, b_h, eps, layout, rows):
     """All T steps of (12) in one launch:
         a = A h_{t-1} + V_h x_t + b_h ;  th_t = tanh(a) ;  h_t = h_{t-1} + eps th_t
 
-    Written (=): hs[1:] of (T+1, B, n), th (T, B, n). Read: hs[0] = h_0, x (T, B, m), A (n, n),
-    V_h (n, m), b_h (n,). skew: A = S - gamma I with S antisymmetric (antisym).
+    Written (=): hs[1:] of (T+1, B, n), th (T, B, n). Read: hs[0] = h_0, x (T, B, m),
+    AT (n, n) = A^T, V_h (n, m), b_h (n,). `layout` (SKEW, DENSE or GLOBAL) says where the
+    matrix is read from (see above); SKEW requires A = S - gamma I with S antisymmetric.
     Work split: block k owns batch rows b = k*rows .. k*rows + rows - 1; thread `tid` computes
-    units i = tid, tid + blockDim, ... of each of them. Shared memory: the matrix, then two
-    (rows, n) copies of the rows' hidden state, h_{t-1} read while h_t is written.
+    units i = tid, tid + blockDim, ... of each of them. Shared memory: the matrix (unless
+    GLOBAL), then two (rows, n) copies of the rows' hidden state, h_{t-1} read while h_t is
+    written.
     """
     T, B, m = x.shape
-    n = A.shape[0]
+    n = AT.shape[0]
     tid, nthreads = cuda.threadIdx.x, cuda.blockDim.x
     b0 = cuda.blockIdx.x * rows
-    size_A = n * (n - 1) // 2 if skew else n * n
+    size_A = n * (n - 1) // 2 if layout == SKEW else (n * n if layout == DENSE else 0)
     smem = cuda.shared.array(0, dtype=hs.dtype)
     Msh = smem[:size_A]
     hbuf = smem[size_A:size_A + 2 * rows * n]
-    load_matrix(Msh, A, skew, True)
-    diag = A[0, 0]
+    load_matrix(Msh, AT, layout)
+    diag = AT[0, 0]
     load_block_rows(hbuf, hs[0], b0, rows)
     cuda.syncthreads()
     for t in range(T):
@@ -681,7 +727,7 @@ def euler_forward_persistent_kernel(hs, th, x, A, V_h, b_h, eps, skew, rows):
             if b < B:
                 h = hbuf[cur + r * n:cur + r * n + n]                   # h_{t-1}, row b
                 for i in range(tid, n, nthreads):
-                    a = matvec_row(Msh, h, i, n, skew, diag, False) + b_h[i]
+                    a = matrix_dot(Msh, AT, h, i, n, layout, diag) + b_h[i]    # (A h)_i + b_i
                     for k in range(m):
                         a += V_h[i, k] * x[t, b, k]
                     y, h_new = euler_unit(a, h[i], eps)
@@ -692,24 +738,25 @@ def euler_forward_persistent_kernel(hs, th, x, A, V_h, b_h, eps, skew, rows):
 
 
 @persistent_kernel
-def euler_gated_forward_persistent_kernel(hs, th, z, x, A, V_h, b_h, V_z, b_z, eps, skew, rows):
+def euler_gated_forward_persistent_kernel(hs, th, z, x, AT, V_h, b_h, V_z, b_z, eps, layout,
+                                          rows):
     """All T steps of (13) in one launch: with s = A h_{t-1} (shared by gate and candidate),
         z_t = sigmoid(s + V_z x_t + b_z) ; th_t = tanh(s + V_h x_t + b_h)
         h_t = h_{t-1} + eps z_t th_t
 
-    Written (=): hs[1:], th, z (T, B, n). Read: hs[0], x, A, V_h, b_h, V_z, b_z.
-    Work split and shared memory as in euler_forward_persistent_kernel.
+    Written (=): hs[1:], th, z (T, B, n). Read: hs[0], x, AT = A^T, V_h, b_h, V_z, b_z.
+    Layout, work split and shared memory as in euler_forward_persistent_kernel.
     """
     T, B, m = x.shape
-    n = A.shape[0]
+    n = AT.shape[0]
     tid, nthreads = cuda.threadIdx.x, cuda.blockDim.x
     b0 = cuda.blockIdx.x * rows
-    size_A = n * (n - 1) // 2 if skew else n * n
+    size_A = n * (n - 1) // 2 if layout == SKEW else (n * n if layout == DENSE else 0)
     smem = cuda.shared.array(0, dtype=hs.dtype)
     Msh = smem[:size_A]
     hbuf = smem[size_A:size_A + 2 * rows * n]
-    load_matrix(Msh, A, skew, True)
-    diag = A[0, 0]
+    load_matrix(Msh, AT, layout)
+    diag = AT[0, 0]
     load_block_rows(hbuf, hs[0], b0, rows)
     cuda.syncthreads()
     for t in range(T):
@@ -719,7 +766,7 @@ def euler_gated_forward_persistent_kernel(hs, th, z, x, A, V_h, b_h, V_z, b_z, e
             if b < B:
                 h = hbuf[cur + r * n:cur + r * n + n]
                 for i in range(tid, n, nthreads):
-                    s = matvec_row(Msh, h, i, n, skew, diag, False)
+                    s = matrix_dot(Msh, AT, h, i, n, layout, diag)               # (A h)_i
                     a = s + b_h[i]
                     zp = s + b_z[i]
                     for k in range(m):
@@ -734,27 +781,28 @@ def euler_gated_forward_persistent_kernel(hs, th, z, x, A, V_h, b_h, V_z, b_z, e
 
 
 @persistent_kernel
-def euler_backward_persistent_kernel(dh0, da, dh_T, th, A, eps, skew, rows):
+def euler_backward_persistent_kernel(dh0, da, dh_T, th, A, eps, layout, rows):
     """BPTT through all T steps of (12) in one launch.
 
     forward was: h_t = h_{t-1} + eps * tanh(a_t),   a_t = A h_{t-1} + V_h x_t + b_h
     so:          da_t = dh_t * eps * (1 - th_t**2) ;  dh_{t-1} = dh_t + A^T da_t
 
-    Written (=): dh0 (B, n) = dL/dh_0, da (T, B, n). Read: dh_T (B, n), th (T, B, n), A (n, n).
-    Work split as in the forward kernel. Shared memory: the matrix, the rows' dL/dh (each value
-    touched only by the thread that owns it), and two copies of the rows' da_t: step t writes one
-    while step t+1's copy may still be read, so one barrier per step suffices.
+    Written (=): dh0 (B, n) = dL/dh_0, da (T, B, n). Read: dh_T (B, n), th (T, B, n), A (n, n),
+    where `layout` says (the forward kernel's layouts, with D = A). Work split as in the forward
+    kernel. Shared memory: the matrix (unless GLOBAL), the rows' dL/dh (each value touched only
+    by the thread that owns it), and two copies of the rows' da_t: step t writes one while step
+    t+1's copy may still be read, so one barrier per step suffices.
     """
     T, B = th.shape[0], th.shape[1]
     n = A.shape[0]
     tid, nthreads = cuda.threadIdx.x, cuda.blockDim.x
     b0 = cuda.blockIdx.x * rows
-    size_A = n * (n - 1) // 2 if skew else n * n
+    size_A = n * (n - 1) // 2 if layout == SKEW else (n * n if layout == DENSE else 0)
     smem = cuda.shared.array(0, dtype=dh0.dtype)
     Msh = smem[:size_A]
     dh = smem[size_A:size_A + rows * n]
     dbuf = smem[size_A + rows * n:size_A + 3 * rows * n]
-    load_matrix(Msh, A, skew, False)
+    load_matrix(Msh, A, layout)
     diag = A[0, 0]
     load_block_rows(dh, dh_T, b0, rows)
     for t in range(T - 1, -1, -1):
@@ -772,7 +820,7 @@ def euler_backward_persistent_kernel(dh0, da, dh_T, th, A, eps, skew, rows):
             if b < B:
                 d = dbuf[cur + r * n:cur + r * n + n]
                 for i in range(tid, n, nthreads):
-                    dh[r * n + i] += matvec_row(Msh, d, i, n, skew, diag, True)
+                    dh[r * n + i] += matrix_dot(Msh, A, d, i, n, layout, diag)  # (A^T da_t)_i
     for r in range(rows):
         b = b0 + r
         if b < B:
@@ -781,7 +829,7 @@ def euler_backward_persistent_kernel(dh0, da, dh_T, th, A, eps, skew, rows):
 
 
 @persistent_kernel
-def euler_gated_backward_persistent_kernel(dh0, da, dzp, ds, dh_T, th, z, A, eps, skew, rows):
+def euler_gated_backward_persistent_kernel(dh0, da, dzp, ds, dh_T, th, z, A, eps, layout, rows):
     """BPTT through all T steps of (13) in one launch.
 
     forward was: h_t = h_{t-1} + eps * z_t * th_t,  th_t = tanh(a_t), z_t = sigmoid(zp_t),
@@ -791,18 +839,19 @@ def euler_gated_backward_persistent_kernel(dh0, da, dzp, ds, dh_T, th, z, A, eps
                  ds_t  = da_t + dzp_t ;   dh_{t-1} = dh_t + A^T ds_t
 
     Written (=): dh0 (B, n), da, dzp, ds (T, B, n). Read: dh_T, th, z, A.
-    Work split and shared memory as in euler_backward_persistent_kernel (ds_t in place of da_t).
+    Layout, work split and shared memory as in euler_backward_persistent_kernel (ds_t in place
+    of da_t).
     """
     T, B = th.shape[0], th.shape[1]
     n = A.shape[0]
     tid, nthreads = cuda.threadIdx.x, cuda.blockDim.x
     b0 = cuda.blockIdx.x * rows
-    size_A = n * (n - 1) // 2 if skew else n * n
+    size_A = n * (n - 1) // 2 if layout == SKEW else (n * n if layout == DENSE else 0)
     smem = cuda.shared.array(0, dtype=dh0.dtype)
     Msh = smem[:size_A]
     dh = smem[size_A:size_A + rows * n]
     dbuf = smem[size_A + rows * n:size_A + 3 * rows * n]
-    load_matrix(Msh, A, skew, False)
+    load_matrix(Msh, A, layout)
     diag = A[0, 0]
     load_block_rows(dh, dh_T, b0, rows)
     for t in range(T - 1, -1, -1):
@@ -823,7 +872,7 @@ def euler_gated_backward_persistent_kernel(dh0, da, dzp, ds, dh_T, th, z, A, eps
             if b < B:
                 d = dbuf[cur + r * n:cur + r * n + n]
                 for i in range(tid, n, nthreads):
-                    dh[r * n + i] += matvec_row(Msh, d, i, n, skew, diag, True)
+                    dh[r * n + i] += matrix_dot(Msh, A, d, i, n, layout, diag)  # (A^T ds_t)_i
     for r in range(rows):
         b = b0 + r
         if b < B:
@@ -831,52 +880,52 @@ def euler_gated_backward_persistent_kernel(dh0, da, dzp, ds, dh_T, th, z, A, eps
                 dh0[b, i] = dh[r * n + i]
 
 
-def euler_forward_gpu_persistent(hs, th, x, A, V_h, b_h, eps, *, skew=False, rows=1,
-                                 threads=None):
-    """Version 2 twin of euler_forward_cpu: one launch of euler_forward_persistent_kernel.
-    skew=True (antisym) keeps only A's upper triangle in shared memory and requires
-    A = S - gamma I with S antisymmetric. ValueError if the block's shared memory would not fit
-    (see `persistent_fits`). Written (=): hs[1:], th."""
+def euler_forward_gpu_persistent(hs, th, x, A, V_h, b_h, eps, *, layout, rows=1, threads=None):
+    """Version 2 twin of euler_forward_cpu: A^T into a scratch buffer, then one launch of
+    euler_forward_persistent_kernel. `layout` is one of LAYOUTS ("skew" requires
+    A = S - gamma I with S antisymmetric; `persistent_layout` picks one). ValueError if the
+    block's shared memory would not fit (see `persistent_fits`). Written (=): hs[1:], th."""
     T, B, _ = x.shape
-    grid, threads, shared = persistent_launch(B, A.shape[0], hs.dtype, skew, FORWARD_BUFFERS,
+    grid, threads, shared = persistent_launch(B, A.shape[0], hs.dtype, layout, FORWARD_BUFFERS,
                                               rows, threads)
     euler_forward_persistent_kernel[grid, threads, 0, shared](
-        hs, th, x, A, V_h, b_h, hs.dtype.type(eps), skew, rows)
+        hs, th, x, transposed(A), V_h, b_h, hs.dtype.type(eps), LAYOUTS.index(layout), rows)
 
 
-def euler_gated_forward_gpu_persistent(hs, th, z, x, A, V_h, b_h, V_z, b_z, eps, *, skew=False,
+def euler_gated_forward_gpu_persistent(hs, th, z, x, A, V_h, b_h, V_z, b_z, eps, *, layout,
                                        rows=1, threads=None):
-    """Version 2 twin of euler_gated_forward_cpu: one launch of
+    """Version 2 twin of euler_gated_forward_cpu: A^T into a scratch buffer, then one launch of
     euler_gated_forward_persistent_kernel. Written (=): hs[1:], th, z."""
     T, B, _ = x.shape
-    grid, threads, shared = persistent_launch(B, A.shape[0], hs.dtype, skew, FORWARD_BUFFERS,
+    grid, threads, shared = persistent_launch(B, A.shape[0], hs.dtype, layout, FORWARD_BUFFERS,
                                               rows, threads)
     euler_gated_forward_persistent_kernel[grid, threads, 0, shared](
-        hs, th, z, x, A, V_h, b_h, V_z, b_z, hs.dtype.type(eps), skew, rows)
+        hs, th, z, x, transposed(A), V_h, b_h, V_z, b_z, hs.dtype.type(eps),
+        LAYOUTS.index(layout), rows)
 
 
-def euler_backward_gpu_persistent(dA, dV_h, db_h, dh0, da, dh_T, hs, th, x, A, eps, *,
-                                  skew=False, rows=1, threads=None, tile=TILE):
+def euler_backward_gpu_persistent(dA, dV_h, db_h, dh0, da, dh_T, hs, th, x, A, eps, *, layout,
+                                  rows=1, threads=None, tile=TILE):
     """Version 2 twin of euler_backward_cpu: one launch of euler_backward_persistent_kernel,
     then the parameter-gradient products. Written (=): dA, dV_h, db_h, dh0, da."""
     T, B, _ = x.shape
-    grid, threads, shared = persistent_launch(B, A.shape[0], dh0.dtype, skew, BACKWARD_BUFFERS,
+    grid, threads, shared = persistent_launch(B, A.shape[0], dh0.dtype, layout, BACKWARD_BUFFERS,
                                               rows, threads)
     euler_backward_persistent_kernel[grid, threads, 0, shared](
-        dh0, da, dh_T, th, A, dh0.dtype.type(eps), skew, rows)
+        dh0, da, dh_T, th, A, dh0.dtype.type(eps), LAYOUTS.index(layout), rows)
     euler_param_grads_gpu(dA, dV_h, db_h, da, da, hs, x, tile=tile)
 
 
 def euler_gated_backward_gpu_persistent(dA, dV_h, db_h, dV_z, db_z, dh0, da, dzp, ds,
-                                        dh_T, hs, th, z, x, A, eps, *, skew=False, rows=1,
+                                        dh_T, hs, th, z, x, A, eps, *, layout, rows=1,
                                         threads=None, tile=TILE):
     """Version 2 twin of euler_gated_backward_cpu: one launch of
     euler_gated_backward_persistent_kernel, then the parameter-gradient products.
     Written (=): dA, dV_h, db_h, dV_z, db_z, dh0, da, dzp, ds."""
     T, B, _ = x.shape
-    grid, threads, shared = persistent_launch(B, A.shape[0], dh0.dtype, skew, BACKWARD_BUFFERS,
+    grid, threads, shared = persistent_launch(B, A.shape[0], dh0.dtype, layout, BACKWARD_BUFFERS,
                                               rows, threads)
     euler_gated_backward_persistent_kernel[grid, threads, 0, shared](
-        dh0, da, dzp, ds, dh_T, th, z, A, dh0.dtype.type(eps), skew, rows)
+        dh0, da, dzp, ds, dh_T, th, z, A, dh0.dtype.type(eps), LAYOUTS.index(layout), rows)
     euler_param_grads_gpu(dA, dV_h, db_h, ds, da, hs, x, tile=tile)
     euler_input_grads_gpu(dV_z, db_z, dzp, x, tile=tile)

@@ -16,9 +16,10 @@ partial[s]; a second kernel sums the S slices. No atomics, so every run gives th
 A bias gradient is the same product with a column of ones: db = DA^T 1_N.
 
 Why not accumulate dA inside the persistent BPTT kernel, block by block? Each block would need a
-private n x n accumulator (64 KiB at n = 128 in float32) beside the recurrent matrix it already
-keeps in shared memory, and a reduction over blocks at the end; the stored-states product costs
-one extra read of DA and H (which BPTT keeps anyway) and is a textbook, well-tiled kernel.
+private n x n accumulator (64 KiB at n = 128 in float32, more than a block's shared memory, even
+before the recurrent matrix it may keep there), and a reduction over blocks at the end; the
+stored-states product costs one extra read of DA and H (which BPTT keeps anyway) and is a
+textbook, well-tiled kernel.
 
 Compiling without a GPU
 -----------------------

@@ -4,6 +4,9 @@ Each test runs the CPU twin, then the GPU twin on the same inputs, and compares 
 backward tests feed the GPU the CPU's forward results, so a forward error cannot hide or cause a
 backward one. "skew" is an antisymmetric A = W - W^T - gamma I (antisym, antisym-gated; the
 persistent kernels keep only its upper triangle); "dense" an unstructured A (ablation, feedback).
+Version "persistent" keeps the matrix in shared memory, "persistent-global" reads it from global
+memory (kernels/antisym.py's layouts; the simulator does not limit shared memory, so both run at
+any size here).
 """
 import numpy as np
 import pytest
@@ -60,12 +63,15 @@ def problem(dtype, gated, structure, seed=0, T=T):
 def launch_options(version, structure, backward, rows=ROWS):
     if version == "step":
         return dict(block=STEP_BLOCK, tile=TILE) if backward else dict(block=STEP_BLOCK)
-    opts = dict(skew=structure == "skew", rows=rows, threads=THREADS)
+    layout = "global" if version == "persistent-global" else structure    # skew or dense
+    opts = dict(layout=layout, rows=rows, threads=THREADS)
     return dict(opts, tile=TILE) if backward else opts
 
 
+# the global layout reads any matrix as a dense one: an unstructured A tests it
 CASES = [(dtype, gated, structure, version) for dtype in DTYPES for gated in (False, True)
-         for structure in ("skew", "dense") for version in ("step", "persistent")]
+         for structure in ("skew", "dense") for version in ("step", "persistent")] + [
+    (dtype, gated, "dense", "persistent-global") for dtype in DTYPES for gated in (False, True)]
 
 
 @pytest.mark.parametrize("dtype, gated, structure, version", CASES)
@@ -81,17 +87,18 @@ def test_step_version_for_any_number_of_steps(steps):
 
 
 @pytest.mark.parametrize("gated", [False, True])
-@pytest.mark.parametrize("rows", [1, 3])
-def test_persistent_kernels_at_other_rows_per_block(rows, gated):
+@pytest.mark.parametrize("rows, version", [(1, "persistent"), (3, "persistent"),
+                                           (3, "persistent-global")])
+def test_persistent_kernels_at_other_rows_per_block(rows, version, gated):
     """rows = 1 is what `gpu.LAUNCH` uses; 3 rows per block leave a block with one row of 3.
     (The state copies in shared memory are placed by rows: ROWS = 2 alone hid a wrong offset.)"""
-    check("float64", gated, "skew", "persistent", T, rows=rows)
+    check("float64", gated, "skew", version, T, rows=rows)
 
 
 def check(dtype, gated, structure, version, T, rows=ROWS):
     p, fw, bw, eps = problem(dtype, gated, structure, T=T)
     d = {k: dev(v) for k, v in p.items()}
-    suffix = "_persistent" if version == "persistent" else ""
+    suffix = "" if version == "step" else "_persistent"
     # forward: hs[0] given, the rest written
     hs = dev(np.concatenate([fw["hs"][:1], np.zeros_like(fw["hs"][1:])]))
     th, z = empty_like(fw["th"]), empty_like(fw["z"])

@@ -95,6 +95,32 @@ def test_a_given_h0_and_its_gradient_dh0_match_the_cpu(name, version):
         gt.assert_close(g_d[k], g[k], "float64", f"grad {k}")
 
 
+@pytest.mark.parametrize("name", ["antisym", "antisym-gated", "ablation", "feedback"])
+def test_a_matrix_too_big_for_shared_memory_is_read_from_global_memory(name, monkeypatch):
+    """Shared memory shrunk so that a block holds its rows' state but not the matrix: 'auto'
+    still runs the persistent passes, with the matrix in global memory, and they match the CPU."""
+    from nprnn.kernels import antisym as K_euler
+    monkeypatch.setattr(K_euler, "SHARED_BYTES_MAX", 300)   # state <= 288 B; matrix >= 120 B
+    runner = gpu.gpu_cell(name)
+    for backward in (False, True):
+        assert runner.layout(gt.N, "float64", backward) == "global"
+        assert runner.pick("auto", gt.N, "float64", backward) == "persistent"
+    launched = []
+    for kernel in ("forward", "backward"):
+        kernel = f"euler_{'gated_' if runner.cell.gated else ''}{kernel}_gpu_persistent"
+        run = getattr(K_euler, kernel)
+        monkeypatch.setattr(K_euler, kernel, lambda *a, run=run, **kw: (
+            launched.append(kw["layout"]), run(*a, **kw)))
+    cpu, dev = pair(name, "float64")
+    x, y = data()
+    loss_c, g_c = cpu.loss_and_grad(x, y)
+    loss_d, g_d = dev.loss_and_grad(x, y)
+    assert launched == ["global", "global"]
+    assert abs(loss_d - loss_c) <= 1e-12 * max(1.0, abs(loss_c))
+    for k in g_c:
+        gt.assert_close(g_d[k], g_c[k], "float64", f"grad {k}")
+
+
 @pytest.mark.parametrize("name", ["antisym", "antisym-gated"])
 def test_float32_model_on_cuda_matches_cpu(name):
     cpu, dev = pair(name, "float32")
@@ -160,10 +186,24 @@ def test_unknown_kernel_version_is_refused():
         dev.loss_and_grad(*data())
 
 
-def test_time_model_reports_every_version():
+def test_time_model_reports_every_version(monkeypatch):
+    """antisym's persistent passes keep the matrix in shared memory at this size: they are also
+    timed reading it from global memory (a row of its own). rnn has no such choice."""
+    from nprnn.kernels import antisym as K_euler
+    layouts = []
+    for kernel in ("euler_forward_gpu_persistent", "euler_backward_gpu_persistent"):
+        run = getattr(K_euler, kernel)
+        monkeypatch.setattr(K_euler, kernel, lambda *a, run=run, **kw: (
+            layouts.append(kw["layout"]), run(*a, **kw)))
     rows = gpu.time_model("antisym", *bench_inputs(2, 2, 1, "float32", K=3), n=4, K=3,
                           repeats=1, warmup=0)
-    assert [r["version"] for r in rows] == ["step", "persistent"]
+    assert [r["version"] for r in rows] == ["step", "persistent", "persistent, global matrix"]
+    # each row: the forward pass timed, then forward and backward
+    assert layouts == ["skew"] * 3 + ["global"] * 3, layouts
+    assert gpu.LAUNCH["layout"] is None
+    rnn_rows = gpu.time_model("rnn", *bench_inputs(2, 2, 1, "float32", K=3), n=4, K=3,
+                              repeats=1, warmup=0)
+    assert [r["version"] for r in rnn_rows] == ["step", "persistent"]
     for r in rows:
         assert set(r) >= {"forward_ms", "forward_backward_ms", "note", "B", "n", "T", "dtype"}
         if gt.CUDA_WHY.startswith("Numba CUDA simulator"):

@@ -143,10 +143,11 @@ def assert_race_free(check, expect_shared):
 
 
 @pytest.mark.parametrize("gated", [False, True])
-@pytest.mark.parametrize("structure", ["skew", "dense"])
-def test_euler_kernels_are_race_free(gated, structure):
+@pytest.mark.parametrize("structure, versions", [
+    ("skew", ("step", "persistent")), ("dense", ("step", "persistent", "persistent-global"))])
+def test_euler_kernels_are_race_free(gated, structure, versions):
     with RaceCheck() as check:
-        for version in ("step", "persistent"):
+        for version in versions:
             test_gpu_euler.check("float64", gated, structure, version, T)
     kind = "euler_gated" if gated else "euler"
     assert_race_free(check, [f"{kind}_forward_persistent_kernel",
