@@ -654,7 +654,7 @@ def persistent_shared_bytes(n, rows, itemsize, layout, buffers):
     """Shared memory of one block of a persistent kernel: what `layout` keeps of the matrix
     (n(n-1)/2 values for skew, n*n for dense, none for global) plus `buffers` state vectors of
     n values per batch row."""
-    matrix = {"skew": n * (n - 1) // 2, "dense": n * n, "global": 0}[_layout_name(layout)]
+    matrix = {"skew": n * (n - 1) // 2, "dense": n * n, "global": 0}[_checked_layout(layout)]
     return (matrix + buffers * rows * n) * itemsize
 
 
@@ -677,7 +677,7 @@ def persistent_layout(n, dtype, antisymmetric, backward=True, rows=1):
     return shared if persistent_fits(n, dtype, shared, backward, rows) else "global"
 
 
-def _layout_name(layout):
+def _checked_layout(layout):
     if layout not in LAYOUTS:
         raise ValueError(f"a persistent kernel's matrix layout is one of {LAYOUTS}, "
                          f"got layout={layout!r}")
