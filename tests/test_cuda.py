@@ -1,7 +1,7 @@
 """The GPU path without a GPU: device selection and its errors, the persistent kernels' shared
 memory arithmetic, and a run of the GPU tests (tests/gpu) under Numba's CUDA simulator.
 
-Why a subprocess: numba chooses between the real CUDA target and the simulator once, when
+Why subprocesses: numba chooses between the real CUDA target and the simulator once, when
 `numba.cuda` is first imported, from NUMBA_ENABLE_CUDASIM. This pytest process has imported the
 real target already (the CPU tests and tests/test_ptx.py need it), so the simulator runs are
 further pytest processes started with NUMBA_ENABLE_CUDASIM=1, over the same test files that run
