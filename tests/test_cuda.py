@@ -201,7 +201,7 @@ def test_the_gpu_checks_stop_at_once_without_a_gpu(tmp_path):
     assert proc.returncode == 100                    # not a count of failed steps
     assert proc.stderr.strip().startswith(".ci/gpu: no GPU to check: ")
     assert device.cuda_available()[1] in proc.stderr
-    assert list((tmp_path / "logs").iterdir()) == []
+    assert not (tmp_path / "logs").exists()                # nothing made either
     # a step name it does not know stops it before anything runs (a typo used to run nothing
     # and exit 0); step names are space-separated
     proc = subprocess.run(["bash", str(repo / ".ci" / "gpu"), str(tmp_path / "logs")],
@@ -209,6 +209,40 @@ def test_the_gpu_checks_stop_at_once_without_a_gpu(tmp_path):
                           env=dict(env, GPU_STEPS="tests,bench"))
     assert proc.returncode == 100
     assert proc.stderr.startswith(".ci/gpu: unknown step 'tests,bench' in GPU_STEPS")
+    proc = subprocess.run(["bash", str(repo / ".ci" / "gpu"), str(tmp_path / "logs")],
+                          capture_output=True, text=True, timeout=120,
+                          env=dict(env, GPU_STEP_TIMEOUT="5m"))
+    assert proc.returncode == 100
+    assert proc.stderr.startswith(".ci/gpu: GPU_STEP_TIMEOUT is a whole number of seconds, "
+                                  "got '5m'")
+
+
+def test_the_gpu_checks_run_in_the_order_asked_for_with_a_time_limit(tmp_path):
+    """GPU_DRY_RUN shows what .ci/gpu would run, GPU or not: by default the tests and the
+    timings before the sanitizers (a short lease spends itself on what the issues need);
+    GPU_STEPS picks steps and their order; GPU_STEP_TIMEOUT wraps each in `timeout`."""
+    repo = Path(__file__).resolve().parents[1]
+
+    def dry_run(**env):
+        proc = subprocess.run(["bash", str(repo / ".ci" / "gpu"), str(tmp_path / "logs"),
+                               str(tmp_path / "data")], capture_output=True, text=True,
+                              timeout=60, env=dict(os.environ, GPU_DRY_RUN="1", **env))
+        assert proc.returncode == 0, proc.stderr
+        return [line.split(": ", 1) for line in proc.stdout.splitlines()]
+
+    steps = dry_run()
+    assert [name for name, _ in steps] == [
+        "== GPU tests", "== kernel timings", "== batch timings, cuda", "== batch timings, cpu",
+        "== compute-sanitizer memcheck", "== compute-sanitizer racecheck",
+        "== compute-sanitizer synccheck"]
+    assert steps[1][1].split() == ["python3", "cli.py", "bench", "--device", "cuda", "--model",
+                                   "all"]
+    # without MNIST in DATA_DIR the batch timings take the synthetic task only
+    assert steps[2][1].split()[-4:] == ["--data-dir", str(tmp_path / "data"), "--tasks", "''"]
+    steps = dry_run(GPU_STEPS="bench tests", GPU_STEP_TIMEOUT="240")
+    assert [name for name, _ in steps] == ["== kernel timings", "== GPU tests"]
+    assert steps[0][1].startswith("timeout --signal=INT --kill-after=30 240 python3 cli.py bench")
+    assert not (tmp_path / "logs").exists()
 
 
 # -- persistent kernels: what fits in a block's shared memory ------------------------------
