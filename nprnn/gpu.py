@@ -19,7 +19,8 @@ Kernel versions (nprnn/kernels/antisym.py explains them):
     "persistent"  one launch per pass, each block owning batch rows for all T steps and keeping
                   their state in shared memory; the Euler family keeps the recurrent matrix
                   there too where it fits (antisym: only its upper triangle) and reads it from
-                  L2 where it does not, as the baselines read W_hh
+                  global memory, through the L1 and L2 caches, where it does not, as the
+                  baselines read W_hh
     "auto"        persistent where the block's shared memory fits, else step (the default;
                   `model.gpu_version` picks another)
 

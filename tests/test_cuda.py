@@ -191,11 +191,19 @@ def test_cuda_without_a_gpu_is_a_clear_error_not_a_driver_traceback():
 
 
 @pytest.mark.skipif(HAS_GPU, reason="a GPU is present: .ci/gpu would run its checks")
+def gpu_script_env(**settings):
+    """The environment for .ci/gpu in a test: this one without the script's own settings, which
+    a caller of .ci/gpu has set when its `tests` step runs this file, plus `settings`."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("GPU_STEPS", "GPU_STEP_TIMEOUT", "GPU_DRY_RUN", "PYTHON")}
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    return dict(env, **settings)
+
+
 def test_the_gpu_checks_stop_at_once_without_a_gpu(tmp_path):
     """.ci/gpu (the GPU session's checks) says why it cannot run, and runs nothing."""
     repo = Path(__file__).resolve().parents[1]
-    env = dict(os.environ, PATH=os.pathsep.join([str(Path(sys.executable).parent),
-                                                 os.environ.get("PATH", "")]))
+    env = gpu_script_env()
     proc = subprocess.run(["bash", str(repo / ".ci" / "gpu"), str(tmp_path / "logs")],
                           capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 100                    # not a count of failed steps
@@ -215,6 +223,11 @@ def test_the_gpu_checks_stop_at_once_without_a_gpu(tmp_path):
     assert proc.returncode == 100
     assert proc.stderr.startswith(".ci/gpu: GPU_STEP_TIMEOUT is a whole number of seconds, "
                                   "got '5m'")
+    proc = subprocess.run(["bash", str(repo / ".ci" / "gpu"), str(tmp_path / "logs")],
+                          capture_output=True, text=True, timeout=120,
+                          env=dict(env, GPU_DRY_RUN="yes"))
+    assert proc.returncode == 100
+    assert proc.stderr.startswith(".ci/gpu: GPU_DRY_RUN is 0 or 1, got 'yes'")
 
 
 def test_the_gpu_checks_run_in_the_order_asked_for_with_a_time_limit(tmp_path):
@@ -226,7 +239,7 @@ def test_the_gpu_checks_run_in_the_order_asked_for_with_a_time_limit(tmp_path):
     def dry_run(**env):
         proc = subprocess.run(["bash", str(repo / ".ci" / "gpu"), str(tmp_path / "logs"),
                                str(tmp_path / "data")], capture_output=True, text=True,
-                              timeout=60, env=dict(os.environ, GPU_DRY_RUN="1", **env))
+                              timeout=60, env=gpu_script_env(GPU_DRY_RUN="1", **env))
         assert proc.returncode == 0, proc.stderr
         return [line.split(": ", 1) for line in proc.stdout.splitlines()]
 
@@ -304,6 +317,20 @@ def test_euler_cells_keep_the_matrix_in_shared_memory_up_to_the_readmes_sizes(na
             for backward, n in zip((False, True), largest):
                 assert cell.layout(n, dtype, backward) == shared, (name, dtype, n)
                 assert cell.layout(n + 1, dtype, backward) == "global", (name, dtype, n + 1)
+
+
+def test_only_the_global_layout_can_be_forced(monkeypatch):
+    """gpu.LAUNCH["layout"] forces the global layout (the benchmark times it beside the shared
+    one); forcing skew on a matrix that is not antisymmetric would give wrong numbers, so any
+    other value is refused."""
+    gpu = pytest.importorskip("nprnn.gpu")
+    monkeypatch.setitem(gpu.LAUNCH, "layout", "global")
+    assert gpu.gpu_cell("antisym").layout(8, "float32", backward=True) == "global"
+    for bad in ("skew", "dense", "Global"):
+        monkeypatch.setitem(gpu.LAUNCH, "layout", bad)
+        with pytest.raises(ValueError, match=f"LAUNCH\\['layout'\\] is None or 'global', "
+                                             f"got '{bad}'"):
+            gpu.gpu_cell("ablation").pick("auto", 8, "float32", backward=False)
 
 
 def test_persistent_launch_refuses_what_does_not_fit_and_says_why():

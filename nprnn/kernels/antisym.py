@@ -82,8 +82,8 @@ def antisym_dW_cpu(dW, dA):
 # The unit's math, shared by the CPU and the GPU twins of every version
 # ------------------------------------------------------------------------------------------
 # The kernels below differ in how they form the pre-activations (a BLAS product, a loop over the
-# matrix in shared memory) and split the work; what one unit does with its pre-activations, and
-# the derivative of that, is written once here.
+# matrix in shared or global memory) and split the work; what one unit does with its
+# pre-activations, and the derivative of that, is written once here.
 
 @njit_inline
 def euler_unit(a, h_prev, eps):

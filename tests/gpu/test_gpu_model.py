@@ -204,6 +204,11 @@ def test_time_model_reports_every_version(monkeypatch):
     rnn_rows = gpu.time_model("rnn", *bench_inputs(2, 2, 1, "float32", K=3), n=4, K=3,
                               repeats=1, warmup=0)
     assert [r["version"] for r in rnn_rows] == ["step", "persistent"]
+    # a matrix that shared memory cannot hold is read from global memory anyway: no second row
+    monkeypatch.setattr(K_euler, "SHARED_BYTES_MAX", 100)    # ablation's 4 x 4 needs 64 + 96 B
+    global_rows = gpu.time_model("ablation", *bench_inputs(2, 2, 1, "float32", K=3), n=4, K=3,
+                                 repeats=1, warmup=0)
+    assert [r["version"] for r in global_rows] == ["step", "persistent"]
     for r in rows:
         assert set(r) >= {"forward_ms", "forward_backward_ms", "note", "B", "n", "T", "dtype"}
         if gt.CUDA_WHY.startswith("Numba CUDA simulator"):
