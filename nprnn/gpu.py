@@ -528,9 +528,10 @@ def time_model(name, x, y, n=128, K=10, versions=("step", "persistent"), repeats
     and readout, as `model.forward`), forward_backward_ms (everything `loss_and_grad` does on the
     GPU: the same plus the loss, the readout's and the cell's backward), both the median of
     `repeats` runs timed with CUDA events, and `note` (why a version did not run, else "").
-    For an Euler cell whose persistent passes keep the matrix in shared memory, the persistent
-    version is followed by "persistent, global matrix": the same kernels reading the matrix from
-    global memory instead (LAUNCH["layout"]), to show which is faster where both fit.
+    For an Euler cell the persistent version's note says where its passes read the matrix, and
+    where that is shared memory, it is followed by "persistent, global matrix": the same kernels
+    reading the matrix from global memory instead (LAUNCH["layout"]), to show which is faster
+    where both fit.
     The batch is on the GPU before timing starts, batch-first as `Task.batches(device="cuda")`
     yields it, so host transfers are not included but its change to time-major layout is; the
     activations and gradients live in workspaces, as in training, so no allocation is timed.
@@ -549,9 +550,13 @@ def time_model(name, x, y, n=128, K=10, versions=("step", "persistent"), repeats
     rows = []
     for version in versions:
         rows.append(_time_version(model, runner, version, x_batch, y, ws, out, repeats, warmup))
-        if (version == "persistent" and isinstance(runner, EulerGPU) and LAUNCH["layout"] is None
-                and any(runner.layout(n, dtype, backward) != "global"
-                        for backward in (False, True))):
+        if version != "persistent" or not isinstance(runner, EulerGPU):
+            continue
+        if not all(runner.persistent_fits(n, dtype, backward) for backward in (False, True)):
+            continue                                 # its note says which pass does not fit
+        layouts = [runner.layout(n, dtype, backward) for backward in (False, True)]
+        rows[-1]["note"] = "; ".join(filter(None, [_layout_note(*layouts), rows[-1]["note"]]))
+        if LAUNCH["layout"] is None and layouts != ["global", "global"]:
             LAUNCH["layout"] = "global"
             try:
                 rows.append(_time_version(model, runner, version, x_batch, y, ws, out, repeats,
@@ -560,6 +565,15 @@ def time_model(name, x, y, n=128, K=10, versions=("step", "persistent"), repeats
                 LAUNCH["layout"] = None
             rows[-1]["version"] = "persistent, global matrix"
     return rows
+
+
+def _layout_note(forward, backward):
+    """Where an Euler cell's persistent passes read the matrix, for the benchmark's note."""
+    def where(layout):
+        return "global memory" if layout == "global" else f"shared memory ({layout})"
+    if forward == backward:
+        return f"matrix in {where(forward)}"
+    return f"matrix in {where(forward)} forward, in {where(backward)} in BPTT"
 
 
 def _time_version(model, runner, version, x_batch, y, ws, out, repeats, warmup):

@@ -200,6 +200,8 @@ def test_time_model_reports_every_version(monkeypatch):
     assert [r["version"] for r in rows] == ["step", "persistent", "persistent, global matrix"]
     # each row: the forward pass timed, then forward and backward
     assert layouts == ["skew"] * 3 + ["global"] * 3, layouts
+    assert rows[1]["note"].startswith("matrix in shared memory (skew)")
+    assert not rows[0]["note"].startswith("matrix") and not rows[2]["note"].startswith("matrix")
     assert gpu.LAUNCH["layout"] is None
     rnn_rows = gpu.time_model("rnn", *bench_inputs(2, 2, 1, "float32", K=3), n=4, K=3,
                               repeats=1, warmup=0)
@@ -209,6 +211,7 @@ def test_time_model_reports_every_version(monkeypatch):
     global_rows = gpu.time_model("ablation", *bench_inputs(2, 2, 1, "float32", K=3), n=4, K=3,
                                  repeats=1, warmup=0)
     assert [r["version"] for r in global_rows] == ["step", "persistent"]
+    assert global_rows[1]["note"].startswith("matrix in global memory")
     for r in rows:
         assert set(r) >= {"forward_ms", "forward_backward_ms", "note", "B", "n", "T", "dtype"}
         if gt.CUDA_WHY.startswith("Numba CUDA simulator"):
