@@ -575,6 +575,17 @@ SKEW, DENSE, GLOBAL = range(3)              # the kernels' `layout` argument: LA
 
 
 @cuda.jit(device=True)
+def matrix_values(n, layout):
+    """How many values of the n x n matrix a block keeps in shared memory under `layout` (a
+    code: SKEW, DENSE or GLOBAL). The host's `persistent_shared_bytes` counts with it too."""
+    if layout == SKEW:
+        return n * (n - 1) // 2
+    if layout == DENSE:
+        return n * n
+    return 0
+
+
+@cuda.jit(device=True)
 def diag_start(k, n):
     """Offset of diagonal k (1 <= k < n) of the strict upper triangle in the packed layout:
     diagonals 1 .. k-1 come first and hold (n - 1) + ... + (n - k + 1) values."""
@@ -654,7 +665,7 @@ def persistent_shared_bytes(n, rows, itemsize, layout, buffers):
     """Shared memory of one block of a persistent kernel: what `layout` keeps of the matrix
     (n(n-1)/2 values for skew, n*n for dense, none for global) plus `buffers` state vectors of
     n values per batch row."""
-    matrix = {"skew": n * (n - 1) // 2, "dense": n * n, "global": 0}[_checked_layout(layout)]
+    matrix = matrix_values.py_func(n, LAYOUTS.index(_checked_layout(layout)))
     return (matrix + buffers * rows * n) * itemsize
 
 
@@ -712,7 +723,7 @@ def euler_forward_persistent_kernel(hs, th, x, AT, V_h, b_h, eps, layout, rows):
     n = AT.shape[0]
     tid, nthreads = cuda.threadIdx.x, cuda.blockDim.x
     b0 = cuda.blockIdx.x * rows
-    size_A = n * (n - 1) // 2 if layout == SKEW else (n * n if layout == DENSE else 0)
+    size_A = matrix_values(n, layout)
     smem = cuda.shared.array(0, dtype=hs.dtype)
     Msh = smem[:size_A]
     hbuf = smem[size_A:size_A + 2 * rows * n]
@@ -751,7 +762,7 @@ def euler_gated_forward_persistent_kernel(hs, th, z, x, AT, V_h, b_h, V_z, b_z, 
     n = AT.shape[0]
     tid, nthreads = cuda.threadIdx.x, cuda.blockDim.x
     b0 = cuda.blockIdx.x * rows
-    size_A = n * (n - 1) // 2 if layout == SKEW else (n * n if layout == DENSE else 0)
+    size_A = matrix_values(n, layout)
     smem = cuda.shared.array(0, dtype=hs.dtype)
     Msh = smem[:size_A]
     hbuf = smem[size_A:size_A + 2 * rows * n]
@@ -797,7 +808,7 @@ def euler_backward_persistent_kernel(dh0, da, dh_T, th, A, eps, layout, rows):
     n = A.shape[0]
     tid, nthreads = cuda.threadIdx.x, cuda.blockDim.x
     b0 = cuda.blockIdx.x * rows
-    size_A = n * (n - 1) // 2 if layout == SKEW else (n * n if layout == DENSE else 0)
+    size_A = matrix_values(n, layout)
     smem = cuda.shared.array(0, dtype=dh0.dtype)
     Msh = smem[:size_A]
     dh = smem[size_A:size_A + rows * n]
@@ -846,7 +857,7 @@ def euler_gated_backward_persistent_kernel(dh0, da, dzp, ds, dh_T, th, z, A, eps
     n = A.shape[0]
     tid, nthreads = cuda.threadIdx.x, cuda.blockDim.x
     b0 = cuda.blockIdx.x * rows
-    size_A = n * (n - 1) // 2 if layout == SKEW else (n * n if layout == DENSE else 0)
+    size_A = matrix_values(n, layout)
     smem = cuda.shared.array(0, dtype=dh0.dtype)
     Msh = smem[:size_A]
     dh = smem[size_A:size_A + rows * n]
