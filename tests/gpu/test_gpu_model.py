@@ -95,6 +95,19 @@ def test_a_given_h0_and_its_gradient_dh0_match_the_cpu(name, version):
         gt.assert_close(g_d[k], g[k], "float64", f"grad {k}")
 
 
+def record_layouts(monkeypatch, gated):
+    """A list that the Euler persistent host functions (gated or not) append their `layout`
+    to, launch by launch, as they run."""
+    from nprnn.kernels import antisym as K_euler
+    layouts = []
+    for direction in ("forward", "backward"):
+        kernel = f"euler_{'gated_' if gated else ''}{direction}_gpu_persistent"
+        run = getattr(K_euler, kernel)
+        monkeypatch.setattr(K_euler, kernel, lambda *a, run=run, **kw: (
+            layouts.append(kw["layout"]), run(*a, **kw)))
+    return layouts
+
+
 @pytest.mark.parametrize("name", ["antisym", "antisym-gated", "ablation", "feedback"])
 def test_a_matrix_too_big_for_shared_memory_is_read_from_global_memory(name, monkeypatch):
     """Shared memory shrunk so that a block holds its rows' state but not the matrix: 'auto'
@@ -105,12 +118,7 @@ def test_a_matrix_too_big_for_shared_memory_is_read_from_global_memory(name, mon
     for backward in (False, True):
         assert runner.layout(gt.N, "float64", backward) == "global"
         assert runner.pick("auto", gt.N, "float64", backward) == "persistent"
-    launched = []
-    for kernel in ("forward", "backward"):
-        kernel = f"euler_{'gated_' if runner.cell.gated else ''}{kernel}_gpu_persistent"
-        run = getattr(K_euler, kernel)
-        monkeypatch.setattr(K_euler, kernel, lambda *a, run=run, **kw: (
-            launched.append(kw["layout"]), run(*a, **kw)))
+    launched = record_layouts(monkeypatch, runner.cell.gated)
     cpu, dev = pair(name, "float64")
     x, y = data()
     loss_c, g_c = cpu.loss_and_grad(x, y)
@@ -190,11 +198,7 @@ def test_time_model_reports_every_version(monkeypatch):
     """antisym's persistent passes keep the matrix in shared memory at this size: they are also
     timed reading it from global memory (a row of its own). rnn has no such choice."""
     from nprnn.kernels import antisym as K_euler
-    layouts = []
-    for kernel in ("euler_forward_gpu_persistent", "euler_backward_gpu_persistent"):
-        run = getattr(K_euler, kernel)
-        monkeypatch.setattr(K_euler, kernel, lambda *a, run=run, **kw: (
-            layouts.append(kw["layout"]), run(*a, **kw)))
+    layouts = record_layouts(monkeypatch, gated=False)
     rows = gpu.time_model("antisym", *bench_inputs(2, 2, 1, "float32", K=3), n=4, K=3,
                           repeats=1, warmup=0)
     assert [r["version"] for r in rows] == ["step", "persistent", "persistent, global matrix"]
