@@ -1,7 +1,7 @@
 """nprnn's command line: a thin click group that parses options, calls into `nprnn`, and prints.
 
     python cli.py params                  parameter counts at the paper's configurations
-    python cli.py bench --model antisym   forward / forward+backward timings (see README)
+    python cli.py bench --model antisym   forward / forward+backward timings (see docs/speed.md)
     python cli.py --help                  everything else
 """
 import math
@@ -907,9 +907,9 @@ def bench(models, B, T, m, n, dtype, repeat, with_torch, device):
         with_torch = False
     with _enough_memory("--batch, --T, --input-size or --hidden"):
         if device == "cuda":
-            from nprnn import gpu
+            from nprnn import autotune
             click.echo(f"B={B} T={T} m={m} n={n} {dtype}, median of {repeat}; "
-                       f"{gpu.device_name()}")
+                       f"{autotune.device_name()}")
             rows = B_.run_gpu(names, B, T, m, n, dtype=dtype, repeat=repeat,
                               with_torch=with_torch)
         else:

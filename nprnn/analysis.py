@@ -56,10 +56,11 @@ import csv
 import json
 import math
 import os
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
+
+from .files import written_atomically
 
 # ----------------------------------------------------------------------------------------------
 # Section 4: the setup
@@ -635,29 +636,6 @@ def runs_to_rows(runs):
 # ----------------------------------------------------------------------------------------------
 # Writing the numbers
 # ----------------------------------------------------------------------------------------------
-
-@contextmanager
-def written_atomically(path):
-    """A temporary name beside `path` to write the new file to; when the block ends, the file is
-    flushed to disk and moved over `path` with os.replace. So `path` holds either what it held
-    before or the whole new file, never part of one (a `simulate` killed while writing its CSV
-    left a truncated figure3.csv beside a complete figure3.json). On an exception the temporary
-    is deleted and `path` is untouched; the temporary of a writer that was killed is deleted by
-    the next write into its folder (`sources.remove_stale_temporaries`). Checkpoints and caches
-    are written the same way."""
-    from .sources import remove_stale_temporaries, temporary_name
-
-    path = Path(path)
-    remove_stale_temporaries(path.parent, "tmp")
-    tmp = temporary_name(path, "tmp")
-    try:
-        yield tmp
-        with open(tmp, "rb+") as f:          # the bytes reach the disk before the rename
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
 
 def write_csv(path, rows):
     """rows (list of dicts with the same keys) -> CSV with a header line, written atomically."""

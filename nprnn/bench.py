@@ -2,7 +2,7 @@
 
 Each measurement runs the call once to warm up (compilation, caches), then `repeat` times, and
 reports the median: of the wall time on the CPU; on the GPU, of CUDA events around nprnn's
-launches (nprnn.gpu.time_model) and of the wall time up to torch.cuda.synchronize() for PyTorch.
+launches (nprnn.autotune.time_model) and of the wall time up to torch.cuda.synchronize() for PyTorch.
 "forward" is model.forward (cell + readout); "fwd+bwd" is model.loss_and_grad (forward, loss,
 full BPTT). The PyTorch side does the same work: the cell, the readout, cross-entropy, and
 `loss.backward()`. Both sides get the same batch: x (B, T, m) uniform on [0, 1), as pixels are,
@@ -220,17 +220,19 @@ def format_table(rows):
 
 
 def run_gpu(names, B, T, m, n, dtype="float32", repeat=5, with_torch=True, seed=0):
-    """Each GPU kernel version of each model (nprnn.gpu.time_model, CUDA events), and PyTorch on
+    """Each GPU kernel option of each model (nprnn.autotune.time_model, CUDA events; a note says
+    which 'auto' runs on this GPU), and PyTorch on
     the same GPU in the same run: the same cell as an eager loop for the Euler family, cuDNN for
     rnn, lstm, gru. Also cuDNN nn.RNN (tanh) and nn.LSTM of the same size, the issue's yardsticks.
     Ratios are nprnn's time over the same model's PyTorch time."""
-    from . import gpu
+    from . import autotune
     rows = []
     x, y = bench_inputs(B, T, m, dtype, seed)
     for name in names:
         f_all = flops(name, B, T, m, n)[1]
         theirs = bench_torch(name, x, y, n, repeat, seed, device="cuda") if with_torch else None
-        for r in gpu.time_model(name, n=n, x=x, y=y, repeats=repeat, seed=seed):
+        model = make_model(name, m, n, 10, seed=seed, dtype=dtype, device="cuda")
+        for r in autotune.time_model(model, x, y, repeats=repeat):
             row = dict(model=name, impl=f"nprnn cuda, {r['version']}", note=r["note"],
                        forward=r["forward_ms"] / 1e3, fwd_bwd=r["forward_backward_ms"] / 1e3)
             row["gflops"] = f_all / row["fwd_bwd"] / 1e9              # nan: not measured

@@ -75,6 +75,7 @@ import h5py
 import numpy as np
 
 from . import noise, sources
+from .files import remove_stale_temporaries, temporary_name
 
 SPLITS = ("train", "valid", "test")
 DEVICES = ("cpu", "cuda")                   # where batches.x lives
@@ -579,7 +580,7 @@ def build_cache(name, data_dir=None, seed=DEFAULT_PERMUTATION_SEED, download=Tru
                                          f"{W}, {C}) with N labels; got {images.dtype} "
                                          f"{images.shape} and {len(labels)} labels")
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = sources.temporary_name(path, "tmp")
+    tmp = temporary_name(path, "tmp")
     _say(f"building {path} from {raw.origin}")
     try:
         with h5py.File(tmp, "w") as f:
@@ -893,7 +894,7 @@ def get_task(name, data_dir=None, T=None, seed=DEFAULT_PERMUTATION_SEED, valid_s
     valid_size = _check_int("valid_size", valid_size)  # its upper bound needs the cache
     data_dir = resolve_data_dir(data_dir)
     path = cache_path(name, data_dir, seed)
-    sources.remove_stale_temporaries(path.parent, "tmp")      # what killed builds left behind
+    remove_stale_temporaries(path.parent, "tmp")      # what killed builds left behind
     problem = check_cache(path, name, seed)
     if problem is not None:
         if path.exists():

@@ -17,11 +17,19 @@ the CPU (correct, and thousands of times slower). That is how the GPU tests run 
 without a GPU. "auto" never picks it: it stands for speed.
 """
 import functools
+import importlib.metadata
 import importlib.util
 import os
 import platform
+import re
 
 DEVICES = ("cpu", "cuda", "auto")
+
+# The NumPy that the cuda extra asks for (setup.cfg says why: numba-cuda 0.30 calls np.row_stack,
+# which numpy 2.5 removed). A kernel that fails to build beside a newer NumPy is reported as this
+# clash, with the command that mends it.
+CUDA_NUMPY = "numpy<2.5"
+CUDA_NUMPY_BELOW = (2, 5)
 
 
 class DeviceUnavailable(RuntimeError):
@@ -82,9 +90,27 @@ def cuda_available():
     try:
         launch_check()
     except Exception as exc:               # NVVM, nvJitLink or the driver cannot build or run code
+        clash = version_clash(exc)
+        why = f" ({_one_line(exc)})" if clash is None else f": {clash}"
         return False, (f"{name} (compute capability {major}.{minor}) is there, but a kernel "
-                       f"cannot be compiled and run on it ({_one_line(exc)})")
+                       f"cannot be compiled and run on it{why}")
     return True, f"{name}, compute capability {major}.{minor}"
+
+
+def version_clash(exc, numpy_version=None):
+    """Where a kernel failed to build (`exc`) beside a NumPy newer than CUDA_NUMPY allows: the
+    versions that clash and the command that mends it, in one line; else None."""
+    if numpy_version is None:
+        import numpy
+        numpy_version = numpy.__version__
+    if tuple(int(v) for v in re.findall(r"\d+", numpy_version)[:2]) < CUDA_NUMPY_BELOW:
+        return None
+    try:
+        numba_cuda = "numba-cuda " + importlib.metadata.version("numba-cuda")
+    except importlib.metadata.PackageNotFoundError:
+        numba_cuda = "numba-cuda"
+    return (f"{numba_cuda} does not work with numpy {numpy_version} ({_one_line(exc)}); "
+            f"install the numpy nprnn's cuda extra asks for: pip install '{CUDA_NUMPY}'")
 
 
 def launch_check():

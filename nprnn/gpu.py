@@ -14,19 +14,22 @@ Per step the batch and its labels go in, through a `Staging`: page-locked buffer
 asynchronous copies, so that the host makes the next batch while the GPU runs this step; the loss
 stays on the GPU until the training loop reads its running totals.
 
-Kernel versions (nprnn/kernels/antisym.py explains them):
+Kernel versions (nprnn/kernels/antisym.py explains them), each pass's choice a `Kernels` value:
     "step"        one thread per (b, i), one launch per time step
     "persistent"  one launch per pass, each block owning batch rows for all T steps and keeping
-                  their state in shared memory; the Euler family keeps the recurrent matrix
-                  there too where it fits (antisym: only its upper triangle) and reads it from
-                  global memory, through the L1 and L2 caches, where it does not, as the
-                  baselines read W_hh
-    "auto"        persistent where the block's shared memory fits, else step (the default;
-                  `model.gpu_version` picks another)
+                  their state in shared memory; the Euler family reads the recurrent matrix
+                  from global memory, through the L1 and L2 caches, as the baselines read W_hh
+                  (layout "global"), or keeps it in shared memory where it fits there too
+                  (antisym: only its upper triangle, "skew"; the others all of it, "dense")
+    "auto"        the fastest that fits, as nprnn/autotune.py timed it on this GPU (the
+                  default; `model.gpu_version` picks another); untimed, the first of
+                  `GPUCell.options`: persistent with the matrix in global memory, else step
 
 Cells are registered in GPU_CELLS under their names in nprnn.CELLS; tests/gpu checks every cell
 against its CPU twin through this module, so a cell without GPU kernels fails there.
 """
+from dataclasses import dataclass
+
 import numpy as np
 
 from . import cells
@@ -46,24 +49,39 @@ VERSIONS = ("auto", "step", "persistent")
 # Launch configuration of the model path: `step_block` (units, rows) per block of the step
 # kernels; `threads` per block (None: n rounded up to a warp) and `rows` per block of the
 # persistent kernels; `tile` of the parameter-gradient products; `readout_block` of the readout
-# kernels (and its first entry: threads per block of the softmax); `layout` of the Euler cells'
-# persistent kernels: None lets kernels/antisym.py's `persistent_layout` pick, "global" reads the
-# matrix from global memory even where shared memory would hold it (the benchmark times both).
-# The tests shrink these so that the CUDA simulator runs several small blocks; the benchmark may
-# tune them.
-LAUNCH = dict(step_block=(128, 1), threads=None, rows=1, tile=16, readout_block=(16, 16),
-              layout=None)
+# kernels (and its first entry: threads per block of the softmax). The tests shrink these so that
+# the CUDA simulator runs several small blocks.
+LAUNCH = dict(step_block=(128, 1), threads=None, rows=1, tile=16, readout_block=(16, 16))
 
 
-def _launch(version, backward, layout=None):
-    """Keyword launch options of a kernel host function for `version` ("step"/"persistent"),
-    with the matrix `layout` of an Euler cell's persistent kernels."""
-    if version == "step":
+@dataclass(frozen=True)
+class Kernels:
+    """The kernels one pass runs: `version` "step" or "persistent" and, for an Euler cell's
+    persistent kernels, where they read the matrix: `layout` "global", "skew" or "dense"."""
+    version: str
+    layout: str = None
+
+    def __str__(self):
+        if self.layout is None:
+            return self.version
+        where = ("global memory" if self.layout == "global" else
+                 f"shared memory ({self.layout})")
+        return f"{self.version}, matrix in {where}"
+
+    @property
+    def token(self):
+        """"step", "persistent" or "persistent/global": the key of the autotuner's cache file."""
+        return self.version if self.layout is None else f"{self.version}/{self.layout}"
+
+
+def _launch(kernels, backward):
+    """Keyword launch options of a kernel host function running `kernels` (a Kernels)."""
+    if kernels.version == "step":
         opts = dict(block=LAUNCH["step_block"])
     else:
         opts = dict(threads=LAUNCH["threads"], rows=LAUNCH["rows"])
-        if layout is not None:
-            opts["layout"] = layout
+        if kernels.layout is not None:
+            opts["layout"] = kernels.layout
     if backward:
         opts["tile"] = LAUNCH["tile"]
     return opts
@@ -221,24 +239,52 @@ class GPUCell:
     def __init__(self, cell):
         self.cell = cell
 
-    def persistent_fits(self, n, dtype, backward):
-        """Whether the persistent kernel of this cell fits in shared memory at this size."""
+    def options(self, n, dtype, backward):
+        """The Kernels that can run a pass at this size, the one to prefer until timed first:
+        the persistent kernels where a block's shared memory fits them, then the step ones."""
         raise NotImplementedError
 
-    def pick(self, version, n, dtype, backward):
-        """The version that runs: "auto" -> persistent if it fits, else step."""
+    def persistent_fits(self, n, dtype, backward):
+        """Whether a persistent kernel of this cell fits in shared memory at this size."""
+        return self.options(n, dtype, backward)[0].version == "persistent"
+
+    def resolve(self, version, n, dtype, backward):
+        """The Kernels a pass runs for `version`: a Kernels (checked to fit), "step",
+        "persistent" (the preferred persistent option) or "auto" (the preferred option; the
+        model's autotuner passes Kernels it timed instead)."""
+        options = self.options(n, dtype, backward)
+        if isinstance(version, Kernels):
+            if version not in options:
+                raise ValueError(f"{self.cell.name} cannot run '{version}' "
+                                 f"{'BPTT' if backward else 'forward'} at n={n}, "
+                                 f"{np.dtype(dtype).name}; it can run: "
+                                 f"{', '.join(map(str, options))}")
+            return version
         if version not in VERSIONS:
             raise ValueError(f"GPU kernel version must be one of {VERSIONS}, got {version!r}")
         if version == "auto":
-            return "persistent" if self.persistent_fits(n, dtype, backward) else "step"
-        return version
+            return options[0]
+        chosen = [k for k in options if k.version == version]
+        if not chosen:               # the persistent kernel's own check says what does not fit
+            return Kernels(version, self._unfitting_layout())
+        return chosen[0]
+
+    def _unfitting_layout(self):
+        return None
 
     def forward(self, p, x, h0=None, version="auto", ws=None, **hyper):
         raise NotImplementedError
 
-    def backward(self, p, cache, dh_T, ws=None, out=None, **hyper):
-        """(grads, dh_0); `out` is a Workspace to hold them (fresh arrays when None)."""
+    def backward(self, p, cache, dh_T, ws=None, out=None, version=None, **hyper):
+        """(grads, dh_0); `out` is a Workspace to hold them (fresh arrays when None); `version`
+        as forward's (None: what the forward pass was asked for, a Kernels value aside)."""
         raise NotImplementedError
+
+
+def _backward_version(cache):
+    """The version BPTT runs when none is given: the forward pass's, where that was a name."""
+    version = cache["version"]
+    return version.version if isinstance(version, Kernels) else version
 
 
 def _gradients(out, p, B, n, dtype):
@@ -273,20 +319,13 @@ class EulerGPU(GPUCell):
     models only its upper triangle: the "skew" layout; the others all of it: "dense") and read
     it from global memory where it does not ("global")."""
 
-    def layout(self, n, dtype, backward):
-        """The matrix layout of a persistent pass (kernels/antisym.py, `persistent_layout`), or
-        "global" where LAUNCH["layout"] says so."""
-        if LAUNCH["layout"] is not None:
-            if LAUNCH["layout"] != "global":
-                raise ValueError(f"LAUNCH['layout'] is None or 'global', got "
-                                 f"{LAUNCH['layout']!r}")
-            return "global"
-        return K_euler.persistent_layout(n, dtype, self.cell.antisymmetric, backward=backward,
-                                         rows=LAUNCH["rows"])
+    def options(self, n, dtype, backward):
+        layouts = K_euler.persistent_layouts(n, dtype, self.cell.antisymmetric,
+                                             backward=backward, rows=LAUNCH["rows"])
+        return [Kernels("persistent", layout) for layout in layouts] + [Kernels("step")]
 
-    def persistent_fits(self, n, dtype, backward):
-        return K_euler.persistent_fits(n, dtype, self.layout(n, dtype, backward),
-                                       backward=backward, rows=LAUNCH["rows"])
+    def _unfitting_layout(self):
+        return "global"
 
     def matrix(self, W, gamma, ws):
         """A on the device: W - W^T - gamma I (antisym), W - gamma I (ablation), W (feedback)."""
@@ -308,20 +347,21 @@ class EulerGPU(GPUCell):
         hs = _initial_states(ws, x, n, h0)
         th = _buffer(ws, "th", (T, B, n), x.dtype)
         cache = dict(x=x, A=A, hs=hs, th=th, version=version)
-        v = self.pick(version, n, x.dtype, backward=False)
-        opts = _launch(v, False, self.layout(n, x.dtype, backward=False))
+        k = self.resolve(version, n, x.dtype, backward=False)
+        opts = _launch(k, False)
         if self.cell.gated:
             z = cache["z"] = _buffer(ws, "z", (T, B, n), x.dtype)
-            run = (K_euler.euler_gated_forward_gpu_persistent if v == "persistent"
+            run = (K_euler.euler_gated_forward_gpu_persistent if k.version == "persistent"
                    else K_euler.euler_gated_forward_gpu)
             run(hs, th, z, x, A, p["V_h"], p["b_h"], p["V_z"], p["b_z"], eps, **opts)
         else:
-            run = (K_euler.euler_forward_gpu_persistent if v == "persistent"
+            run = (K_euler.euler_forward_gpu_persistent if k.version == "persistent"
                    else K_euler.euler_forward_gpu)
             run(hs, th, x, A, p["V_h"], p["b_h"], eps, **opts)
         return hs[T], cache
 
-    def backward(self, p, cache, dh_T, ws=None, out=None, eps=DEFAULT_EPS, gamma=DEFAULT_GAMMA):
+    def backward(self, p, cache, dh_T, ws=None, out=None, version=None, eps=DEFAULT_EPS,
+                 gamma=DEFAULT_GAMMA):
         x, A, hs, th = cache["x"], cache["A"], cache["hs"], cache["th"]
         T, B, _ = x.shape
         n = A.shape[0]
@@ -330,17 +370,17 @@ class EulerGPU(GPUCell):
         # the antisymmetric models turn dA into dW; the others' dW is dA itself
         dA = _buffer(ws, "dA", A.shape, A.dtype) if self.cell.antisymmetric else g["W"]
         da = _buffer(ws, "da", (T, B, n), x.dtype)
-        v = self.pick(cache["version"], n, x.dtype, backward=True)
-        opts = _launch(v, True, self.layout(n, x.dtype, backward=True))
+        k = self.resolve(version or _backward_version(cache), n, x.dtype, backward=True)
+        opts = _launch(k, True)
         if self.cell.gated:
             dzp = _buffer(ws, "dzp", (T, B, n), x.dtype)
             ds = _buffer(ws, "ds", (T, B, n), x.dtype)
-            run = (K_euler.euler_gated_backward_gpu_persistent if v == "persistent"
+            run = (K_euler.euler_gated_backward_gpu_persistent if k.version == "persistent"
                    else K_euler.euler_gated_backward_gpu)
             run(dA, g["V_h"], g["b_h"], g["V_z"], g["b_z"], dh0, da, dzp, ds,
                 dh_T, hs, th, cache["z"], x, A, eps, **opts)
         else:
-            run = (K_euler.euler_backward_gpu_persistent if v == "persistent"
+            run = (K_euler.euler_backward_gpu_persistent if k.version == "persistent"
                    else K_euler.euler_backward_gpu)
             run(dA, g["V_h"], g["b_h"], dh0, da, dh_T, hs, th, x, A, eps, **opts)
         if self.cell.antisymmetric:
@@ -357,12 +397,13 @@ class StackedGPU(GPUCell):
         super().__init__(cell)
         self.module, self.prefix = module, prefix
 
-    def persistent_fits(self, n, dtype, backward):
+    def options(self, n, dtype, backward):
         values = self.module.BACKWARD_VALUES if backward else self.module.FORWARD_VALUES
-        return values * n * LAUNCH["rows"] * np.dtype(dtype).itemsize <= SHARED_BYTES_MAX
+        fits = values * n * LAUNCH["rows"] * np.dtype(dtype).itemsize <= SHARED_BYTES_MAX
+        return [Kernels("persistent")] * fits + [Kernels("step")]
 
-    def _kernel(self, direction, version):
-        suffix = "_persistent" if version == "persistent" else ""
+    def _kernel(self, direction, kernels):
+        suffix = "_persistent" if kernels.version == "persistent" else ""
         return getattr(self.module, f"{self.prefix}_{direction}_gpu{suffix}")
 
     def _peepholes(self, p):
@@ -385,12 +426,12 @@ class StackedGPU(GPUCell):
             fill(cs[0], 0)                                  # c_0 = 0: h0 sets h_0 only
             cache["gates"] = _buffer(ws, "gates", (T, B, 4 * n), x.dtype)
             state = (hs, cs, cache["gates"])
-        v = self.pick(version, n, x.dtype, backward=False)
-        self._kernel("forward", v)(*state, x, p["weight_ih"], p["weight_hh"], p["bias_ih"],
-                                   p["bias_hh"], *self._peepholes(p), **_launch(v, False))
+        k = self.resolve(version, n, x.dtype, backward=False)
+        self._kernel("forward", k)(*state, x, p["weight_ih"], p["weight_hh"], p["bias_ih"],
+                                   p["bias_hh"], *self._peepholes(p), **_launch(k, False))
         return hs[T], cache
 
-    def backward(self, p, cache, dh_T, ws=None, out=None, **hyper):
+    def backward(self, p, cache, dh_T, ws=None, out=None, version=None, **hyper):
         self.cell._no_hyper(hyper)
         x, hs = cache["x"], cache["hs"]
         T, B, _ = x.shape
@@ -414,8 +455,8 @@ class StackedGPU(GPUCell):
             else:
                 args = (dW + (g["w_ci"], g["w_cf"], g["w_co"], dh0, da, dh_T) + state
                         + self._peepholes(p))
-        v = self.pick(cache["version"], n, x.dtype, backward=True)
-        self._kernel("backward", v)(*args, **_launch(v, True))
+        k = self.resolve(version or _backward_version(cache), n, x.dtype, backward=True)
+        self._kernel("backward", k)(*args, **_launch(k, True))
         return g, dh0
 
 
@@ -452,26 +493,27 @@ _register_all()
 # The model: cell + readout + softmax cross-entropy (Model.forward / loss_and_grad on cuda)
 # ------------------------------------------------------------------------------------------
 
-def model_hidden(model, xt, version=None, ws=None, staging=None):
+def model_hidden(model, xt, kernels=("auto", "auto"), ws=None, staging=None):
     """h_T (B, n) on the device for time-major x (T, B, m) (host or device; a host x is copied
-    into slot "x" of `staging` if given)."""
+    into slot "x" of `staging` if given). `kernels`: the versions of the forward and backward
+    passes (names or Kernels values; the model's autotuner chooses them)."""
     x = to_device(xt, model.dtype, staging, "x")
     runner = gpu_cell(model.name)
-    h_T, _ = runner.forward(model.cell_params(), x, None, version or model.gpu_version, ws,
-                            **model.hyper)
+    h_T, _ = runner.forward(model.cell_params(), x, None, kernels[0], ws, **model.hyper)
     return h_T
 
 
-def model_logits(model, xt, version=None, ws=None, staging=None):
+def model_logits(model, xt, kernels=("auto", "auto"), ws=None, staging=None):
     """logits (B, K) on the device."""
-    h_T = model_hidden(model, xt, version, ws, staging)
+    h_T = model_hidden(model, xt, kernels, ws, staging)
     logits = _buffer(ws, "logits", (h_T.shape[0], model.num_classes), model.dtype)
     K_readout.readout_forward_gpu(logits, h_T, model.params["W_out"], model.params["b_out"],
                                   block=LAUNCH["readout_block"])
     return logits
 
 
-def model_loss_and_grad(model, xt, y, version=None, ws=None, out=None, staging=None):
+def model_loss_and_grad(model, xt, y, kernels=("auto", "auto"), ws=None, out=None,
+                        staging=None):
     """(losses (B,), grads, logits (B, K)), all on the device, for time-major x (T, B, m) and
     labels y (B,). The mean of `losses` is the loss; grads has the keys of model.params and
     lives in the Workspace `out` (fresh arrays when None). Host arrays are copied into slots
@@ -480,8 +522,7 @@ def model_loss_and_grad(model, xt, y, version=None, ws=None, out=None, staging=N
     y = to_device(y, np.int64, staging, "y")
     p = model.params
     runner = gpu_cell(model.name)
-    h_T, cache = runner.forward(model.cell_params(), x, None, version or model.gpu_version, ws,
-                                **model.hyper)
+    h_T, cache = runner.forward(model.cell_params(), x, None, kernels[0], ws, **model.hyper)
     B, K = h_T.shape[0], model.num_classes
     logits = _buffer(ws, "logits", (B, K), model.dtype)
     block = LAUNCH["readout_block"]
@@ -493,123 +534,7 @@ def model_loss_and_grad(model, xt, y, version=None, ws=None, out=None, staging=N
     db_out = _buffer(out, "db_out", p["b_out"].shape, model.dtype)
     dh_T = _buffer(ws, "dh_T", h_T.shape, model.dtype)
     K_readout.readout_backward_gpu(dW_out, db_out, dh_T, dlogits, h_T, p["W_out"], block=block)
-    grads, _ = runner.backward(model.cell_params(), cache, dh_T, ws, out, **model.hyper)
+    grads, _ = runner.backward(model.cell_params(), cache, dh_T, ws, out, kernels[1],
+                               **model.hyper)
     grads.update(W_out=dW_out, b_out=db_out)
     return losses, grads, logits
-
-
-# ------------------------------------------------------------------------------------------
-# Timings (for `cli.py bench --device cuda`)
-# ------------------------------------------------------------------------------------------
-
-def _elapsed_ms(fn, repeats, warmup):
-    """Median over `repeats` runs of fn's GPU time in milliseconds, measured with CUDA events
-    around each run (after `warmup` untimed runs, which also compile the kernels)."""
-    for _ in range(warmup):
-        fn()
-    cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = cuda.event(), cuda.event()
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return float(np.median(times))
-
-
-def time_model(name, x, y, n=128, K=10, versions=("step", "persistent"), repeats=5, warmup=1,
-               seed=0):
-    """Time each GPU kernel version of model `name` (n units, K classes, x's dtype) on the batch
-    x (B, T, m), y (B,) (host arrays; bench.bench_inputs makes them).
-
-    Returns one dict per version: model, version, B, n, m, T, dtype, forward_ms (cell forward
-    and readout, as `model.forward`), forward_backward_ms (everything `loss_and_grad` does on the
-    GPU: the same plus the loss, the readout's and the cell's backward), both the median of
-    `repeats` runs timed with CUDA events, and `note` (why a version did not run, else "").
-    For an Euler cell the persistent version's note says where its passes read the matrix, and
-    where that is shared memory, it is followed by "persistent, global matrix": the same kernels
-    reading the matrix from global memory instead (LAUNCH["layout"]), to show which is faster
-    where both fit.
-    The batch is on the GPU before timing starts, batch-first as `Task.batches(device="cuda")`
-    yields it, so host transfers are not included but its change to time-major layout is; the
-    activations and gradients live in workspaces, as in training, so no allocation is timed.
-    Under the CUDA simulator the times are meaningless (the simulator records none) and are
-    reported as nan."""
-    from .device import resolve_device
-    from .model import make_model
-    resolve_device("cuda")
-    B, T, m = x.shape
-    dtype = x.dtype
-    model = make_model(name, m, n, K, seed=seed, dtype=dtype, device="cuda")
-    x_batch = device_copy(np.ascontiguousarray(x))                   # (B, T, m), as a task's
-    y = device_copy(np.asarray(y, dtype=np.int64))
-    ws, out = Workspace(), Workspace()
-    runner = gpu_cell(name)
-    rows = []
-    for version in versions:
-        rows.append(_time_version(model, runner, version, x_batch, y, ws, out, repeats, warmup))
-        if version != "persistent" or not isinstance(runner, EulerGPU):
-            continue
-        if not all(runner.persistent_fits(n, dtype, backward) for backward in (False, True)):
-            continue                                 # its note says which pass does not fit
-        layouts = [runner.layout(n, dtype, backward) for backward in (False, True)]
-        rows[-1]["note"] = "; ".join(filter(None, [_layout_note(*layouts), rows[-1]["note"]]))
-        if LAUNCH["layout"] is None and layouts != ["global", "global"]:
-            LAUNCH["layout"] = "global"
-            try:
-                rows.append(_time_version(model, runner, version, x_batch, y, ws, out, repeats,
-                                          warmup))
-            finally:
-                LAUNCH["layout"] = None
-            rows[-1]["version"] = "persistent, global matrix"
-    return rows
-
-
-def _layout_note(forward, backward):
-    """Where an Euler cell's persistent passes read the matrix, for the benchmark's note."""
-    def where(layout):
-        return "global memory" if layout == "global" else f"shared memory ({layout})"
-    if forward == backward:
-        return f"matrix in {where(forward)}"
-    return f"matrix in {where(forward)} forward, in {where(backward)} in BPTT"
-
-
-def _time_version(model, runner, version, x_batch, y, ws, out, repeats, warmup):
-    """One row of `time_model`: `version` of `model` on the device batch x_batch (B, T, m)."""
-    from .device import simulator_enabled
-    B, T, m = x_batch.shape
-    n, dtype = model.hidden_size, model.dtype
-    row = dict(model=model.name, version=version, B=B, n=n, m=m, T=T, dtype=str(dtype),
-               forward_ms=float("nan"), forward_backward_ms=float("nan"), note="")
-    misfits = [] if version != "persistent" else [
-        label for label, backward in (("forward", False), ("BPTT", True))
-        if not runner.persistent_fits(n, dtype, backward)]
-    if misfits:
-        row["note"] = (f"persistent {' and '.join(misfits)} "
-                       f"{'does' if len(misfits) == 1 else 'do'} not fit in shared memory "
-                       f"at n={n}, {dtype}; 'auto' runs 'step' there")
-    if "forward" not in misfits:        # a forward that fits is timed even if BPTT is not
-        fwd = lambda: model_logits(model, time_major(x_batch, dtype, ws),      # noqa: E731
-                                   version, ws)
-        row["forward_ms"] = _elapsed_ms(fwd, repeats, warmup)
-    if not misfits:
-        both = lambda: model_loss_and_grad(                                      # noqa: E731
-            model, time_major(x_batch, dtype, ws), y, version, ws, out)
-        row["forward_backward_ms"] = _elapsed_ms(both, repeats, warmup)
-    if simulator_enabled():
-        row["forward_ms"] = row["forward_backward_ms"] = float("nan")
-        row["note"] = "; ".join(filter(None, [row["note"], "CUDA simulator: no timings"]))
-    return row
-
-
-def device_name():
-    """The current GPU's name and compute capability, e.g. 'NVIDIA H100 (sm_90)'."""
-    from .device import simulator_enabled
-    if simulator_enabled():
-        return "numba's CUDA simulator (no timings)"
-    dev = cuda.get_current_device()
-    name = dev.name.decode() if isinstance(dev.name, bytes) else str(dev.name)
-    major, minor = dev.compute_capability
-    return f"{name} (sm_{major}{minor})"

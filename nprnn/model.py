@@ -33,14 +33,17 @@ class Model:
         self.hyper = hyper
         self.dtype = np.dtype(dtype)
         self.device = device
-        # GPU kernel version ("auto", "step" or "persistent"; see nprnn/gpu.py), and the
-        # activation buffers reused from call to call (host or device arrays)
+        # GPU kernel version ("auto", "step" or "persistent"; see nprnn/gpu.py), the autotuner
+        # that chooses for "auto" (nprnn/autotune.py), and the activation buffers reused from
+        # call to call (host or device arrays)
         self.gpu_version = "auto"
+        self.tuner = None
         self._workspace = Workspace()
         self._inputs = Workspace()             # the host's time-major copy of x, on both devices
         if device == "cuda":
-            from . import gpu
+            from . import autotune, gpu
             gpu.gpu_cell(cell.name)            # ValueError for a cell without GPU kernels
+            self.tuner = autotune.Tuner.for_this_gpu()
             params = {k: gpu.to_device(v) for k, v in params.items()}
             self._workspace = gpu.Workspace()
             self._step_grads = gpu.Workspace()  # the gradients of step_arrays (see there)
@@ -147,11 +150,23 @@ class Model:
         return np.ascontiguousarray(y, dtype=np.int64)
 
     # -- forward / backward ----------------------------------------------------------------------
+    def kernels_for(self, B, T):
+        """On cuda, the kernels each pass runs on batches of B rows and T steps (an
+        autotune.Choice): `gpu_version`'s, or for "auto" the fastest as timed on this GPU."""
+        if self.device != "cuda":
+            raise ValueError("kernels_for: this model is on the cpu, which has one version")
+        return self.tuner.choose(self, B, T, self.gpu_version)
+
+    def _kernels(self, xt):
+        choice = self.kernels_for(xt.shape[1], xt.shape[0])
+        return choice.forward, choice.backward
+
     def hidden(self, x):
         """h_T (B, n) for x (B, T, m)."""
         if self.device == "cuda":
             from . import gpu
-            return gpu.model_hidden(self, self._check_x(x), ws=self._workspace,
+            xt = self._check_x(x)
+            return gpu.model_hidden(self, xt, self._kernels(xt), ws=self._workspace,
                                     staging=self._uploads).copy_to_host()
         h_T, _ = self.cell.forward(self.cell_params(), self._check_x(x), None,
                                    ws=self._workspace, **self.hyper)
@@ -161,7 +176,8 @@ class Model:
         """logits (B, K) for x (B, T, m)."""
         if self.device == "cuda":
             from . import gpu
-            return gpu.model_logits(self, self._check_x(x), ws=self._workspace,
+            xt = self._check_x(x)
+            return gpu.model_logits(self, xt, self._kernels(xt), ws=self._workspace,
                                     staging=self._uploads).copy_to_host()
         h_T = self.hidden(x)
         logits = np.empty((h_T.shape[0], self.num_classes), dtype=self.dtype)
@@ -194,8 +210,9 @@ class Model:
             from . import gpu
             y = gpu.to_device(y, np.int64, self._uploads, "y")
             out = self._step_grads if reuse_grads else None
-            losses, grads, logits = gpu.model_loss_and_grad(self, xt, y, ws=self._workspace,
-                                                            out=out, staging=self._uploads)
+            losses, grads, logits = gpu.model_loss_and_grad(
+                self, xt, y, self._kernels(xt), ws=self._workspace, out=out,
+                staging=self._uploads)
             return losses, grads, logits, y
         p = self.params
         h_T, cache = self.cell.forward(self.cell_params(), xt, None, ws=self._workspace,

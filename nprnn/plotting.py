@@ -31,10 +31,10 @@ def _figure(**kwargs):
 
 
 def _save(fig, path, dpi):
-    """Save `fig` as a PNG at `path` atomically (`analysis.written_atomically`): a run killed
+    """Save `fig` as a PNG at `path` atomically (`files.written_atomically`): a run killed
     while saving leaves the earlier PNG or none, never part of one. The temporary name has no
     .png, so the format is named."""
-    from .analysis import written_atomically
+    from .files import written_atomically
 
     with written_atomically(path) as tmp:
         fig.savefig(tmp, format="png", dpi=dpi)

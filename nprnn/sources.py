@@ -51,8 +51,6 @@ import http.client
 import io
 import os
 import pickle
-import secrets
-import socket
 import struct
 import sys
 import tarfile
@@ -63,6 +61,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from .files import remove_stale_temporaries, temporary_name
 
 
 # ----------------------------------------------------------------------------------------------
@@ -199,44 +199,6 @@ class _Progress:
 # ----------------------------------------------------------------------------------------------
 # files being written: hidden temporary names, and what a killed writer left behind
 # ----------------------------------------------------------------------------------------------
-
-def temporary_name(dest, kind):
-    """A hidden name beside `dest` for a file that is still being written:
-    .NAME.KIND-HOST-PID-RANDOM (downloads use kind "part", cache builds "tmp"). The host and the
-    process id let `remove_stale_temporaries` tell a killed writer's file from a live one's."""
-    return dest.with_name(f".{dest.name}.{kind}-{socket.gethostname()}-{os.getpid()}-"
-                          f"{secrets.token_hex(4)}")
-
-
-def _pid_alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def remove_stale_temporaries(directory, kind):
-    """Delete the temporary files of `kind` in `directory` that a process of this host was writing
-    when it was killed (its process is gone). Files of live processes and of other hosts (a shared
-    data directory) are left alone. Returns the paths removed."""
-    host, removed = socket.gethostname(), []
-    directory = Path(directory)
-    if not directory.is_dir():
-        return removed
-    for tmp in directory.glob(f".*.{kind}-*"):
-        try:
-            rest = tmp.name.rsplit(f".{kind}-", 1)[1]
-            tmp_host, pid, _ = rest.rsplit("-", 2)
-            if tmp_host == host and not _pid_alive(int(pid)):
-                tmp.unlink()
-                removed.append(tmp)
-        except (ValueError, IndexError, OSError):
-            continue
-    return removed
-
 
 def fetch(url, dest, md5, progress=True, timeout=60):
     """Download `url` to `dest` (a Path) and check that the file's MD5 is `md5`.

@@ -478,7 +478,8 @@ def _write_json(path, obj):
 
 
 def format_config(config, model):
-    """The resolved configuration as aligned 'key  value' lines, and the parameter count."""
+    """The resolved configuration as aligned 'key  value' lines, the parameter count and, on
+    cuda, the kernels each pass runs."""
     keys = ["model", "task", "seq_len", "hidden", "eps", "gamma", "sigma_w", "init", "optimizer",
             "lr", "momentum", "clip", "batch_size", "iterations", "seed", "perm_seed", "dtype",
             "device", "eval_every", "eval_split", "log_every", "checkpoint_every", "data_dir",
@@ -487,6 +488,9 @@ def format_config(config, model):
              if not (k == "momentum" and config["optimizer"] != "sgd")
              and not (k == "perm_seed" and config["task"] != "pmnist")]
     lines.append(f"  {'parameters':<17} {model.num_params():,}")
+    if model.device == "cuda":      # which GPU kernels run (nprnn/autotune.py times them once)
+        choice = model.kernels_for(config["batch_size"], config["seq_len"])
+        lines.append(f"  {'kernels':<17} {choice}")
     return "\n".join(lines)
 
 

@@ -64,16 +64,19 @@ def test_gpu_table_rows_ratios_and_yardsticks(monkeypatch):
     kernel version, ratios against the same model's PyTorch row, a note where PyTorch has no such
     cell, and cuDNN nn.RNN / nn.LSTM added as yardsticks when not asked for."""
     pytest.importorskip("numba_cuda", reason="nprnn.gpu needs numba-cuda (the cuda extra)")
-    from nprnn import gpu
+    from nprnn import autotune
 
-    def time_model(name, **kw):
+    def time_model(model, x, y, **kw):
+        assert model == ("model", x.shape[2], 4, "cuda")
         return [dict(version=v, forward_ms=1.0, forward_backward_ms=3.0, note="") for v in
                 ("step", "persistent")]
 
     def bench_torch(name, *args, **kw):
         return (None if name == "peephole-lstm" else
                 dict(forward=2e-3, fwd_bwd=6e-3, version="9.9", threads=1))
-    monkeypatch.setattr(gpu, "time_model", time_model)
+    monkeypatch.setattr(autotune, "time_model", time_model)
+    monkeypatch.setattr(bench, "make_model", lambda name, m, n, K, device, **kw: (
+        "model", m, n, device))
     monkeypatch.setattr(bench, "bench_torch", bench_torch)
     rows = bench.run_gpu(["antisym", "peephole-lstm"], 2, 3, 1, 4, repeat=1)
     assert [(r["model"], r["impl"]) for r in rows] == [

@@ -8,6 +8,7 @@ further pytest processes started with NUMBA_ENABLE_CUDASIM=1, over the same test
 directly on a GPU when one is present. On a machine with a GPU they are skipped: the same tests
 then run in this process, on the GPU.
 """
+import importlib.metadata
 import importlib.util
 import os
 import re
@@ -150,6 +151,44 @@ def test_a_gpu_is_usable_only_if_a_kernel_compiles_and_runs(monkeypatch, fresh_d
     assert fresh_detection() == says
 
 
+def test_a_numpy_too_new_for_numba_cuda_is_named_with_its_fix(monkeypatch, fresh_detection):
+    """numba-cuda 0.30.4 beside numpy 2.5 (what pip chose on Python 3.12+ before setup.cfg capped
+    numpy) failed with only "module 'numpy' has no attribute 'row_stack'": the reason now names
+    both versions and the command that mends the install."""
+    import types
+
+    from numba import cuda
+
+    def launch_check():
+        raise AttributeError("module 'numpy' has no attribute 'row_stack'")
+    monkeypatch.setattr(cuda, "is_available", lambda: True)
+    monkeypatch.setattr(cuda, "gpus", [object()])
+    monkeypatch.setattr(cuda, "get_current_device", lambda: types.SimpleNamespace(
+        name=b"Fake GPU", compute_capability=(9, 0)))
+    monkeypatch.setattr(device, "launch_check", launch_check)
+    monkeypatch.setattr(np, "__version__", "2.5.5")
+    ok, why = fresh_detection()
+    numba_cuda = importlib.metadata.version("numba-cuda")
+    assert not ok and why == (
+        f"Fake GPU (compute capability 9.0) is there, but a kernel cannot be compiled and run "
+        f"on it: numba-cuda {numba_cuda} does not work with numpy 2.5.5 (module 'numpy' has no "
+        f"attribute 'row_stack'); install the numpy nprnn's cuda extra asks for: "
+        f"pip install 'numpy<2.5'")
+    # a NumPy inside the range is not blamed
+    assert device.version_clash(RuntimeError("x"), "2.4.6") is None
+
+
+def test_the_cuda_extra_caps_numpy_as_the_device_check_says():
+    """setup.cfg's cuda extra and nprnn.device.CUDA_NUMPY name the same cap."""
+    import configparser
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    cuda_extra = cfg["options.extras_require"]["cuda"].split()
+    assert device.CUDA_NUMPY in cuda_extra
+    below = ".".join(map(str, device.CUDA_NUMPY_BELOW))
+    assert device.CUDA_NUMPY == f"numpy<{below}"
+
+
 def test_auto_resolves_to_cuda_exactly_when_a_gpu_is_usable():
     usable = device.cuda_available()[0] and not device.simulator_enabled()
     assert device.resolve_device("auto") == ("cuda" if usable else "cpu")
@@ -190,25 +229,29 @@ def test_cuda_without_a_gpu_is_a_clear_error_not_a_driver_traceback():
     assert model.device == "cpu"
 
 
-@pytest.mark.skipif(HAS_GPU, reason="a GPU is present: .ci/gpu would run its checks")
 def gpu_script_env(**settings):
     """The environment for .ci/gpu in a test: this one without the script's own settings, which
     a caller of .ci/gpu has set when its `tests` step runs this file, plus `settings`."""
     env = {k: v for k, v in os.environ.items()
-           if k not in ("GPU_STEPS", "GPU_STEP_TIMEOUT", "GPU_DRY_RUN", "PYTHON")}
+           if k not in ("GPU_STEPS", "GPU_STEP_TIMEOUT", "GPU_DRY_RUN", "GPU_BUDGET",
+                        "GPU_SANITIZE_ALL", "PYTHON")}
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     return dict(env, **settings)
 
 
 def test_the_gpu_checks_stop_at_once_without_a_gpu(tmp_path):
-    """.ci/gpu (the GPU session's checks) says why it cannot run, and runs nothing."""
+    """.ci/gpu (the GPU session's checks) says why it cannot run, and runs nothing. On a GPU
+    machine CUDA_VISIBLE_DEVICES='' hides the GPU (there the test ran every check, and its
+    time ran out)."""
     repo = Path(__file__).resolve().parents[1]
-    env = gpu_script_env()
+    env = gpu_script_env(CUDA_VISIBLE_DEVICES="")
     proc = subprocess.run(["bash", str(repo / ".ci" / "gpu"), str(tmp_path / "logs")],
                           capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 100                    # not a count of failed steps
     assert proc.stderr.strip().startswith(".ci/gpu: no GPU to check: ")
-    assert device.cuda_available()[1] in proc.stderr
+    hidden = "the CUDA driver reports no GPU (CUDA_VISIBLE_DEVICES='')"
+    assert hidden in proc.stderr if HAS_GPU else (
+        device.cuda_available()[1] in proc.stderr or hidden in proc.stderr)
     assert not (tmp_path / "logs").exists()                # nothing made either
     # a step name it does not know stops it before anything runs (a typo used to run nothing
     # and exit 0); step names are space-separated
@@ -230,10 +273,12 @@ def test_the_gpu_checks_stop_at_once_without_a_gpu(tmp_path):
     assert proc.stderr.startswith(".ci/gpu: GPU_DRY_RUN is 0 or 1, got 'yes'")
 
 
-def test_the_gpu_checks_run_in_the_order_asked_for_with_a_time_limit(tmp_path):
-    """GPU_DRY_RUN shows what .ci/gpu would run, GPU or not: by default the tests and the
-    timings before the sanitizers (a short lease spends itself on what the issues need);
-    GPU_STEPS picks steps and their order; GPU_STEP_TIMEOUT wraps each in `timeout`."""
+def test_the_gpu_checks_run_in_the_order_asked_for_within_their_budget(tmp_path):
+    """GPU_DRY_RUN shows what .ci/gpu would run, GPU or not: by default the tests (in parallel
+    where pytest-xdist is installed), the timings and a training run before the sanitizers (a
+    short lease spends itself on what the issues need); GPU_STEPS picks steps and their order;
+    each step runs under `timeout`, its own limit or GPU_STEP_TIMEOUT, and never past what is
+    left of GPU_BUDGET."""
     repo = Path(__file__).resolve().parents[1]
 
     def dry_run(**env):
@@ -245,17 +290,34 @@ def test_the_gpu_checks_run_in_the_order_asked_for_with_a_time_limit(tmp_path):
 
     steps = dry_run()
     assert [name for name, _ in steps] == [
-        "== GPU tests", "== kernel timings", "== batch timings, cuda", "== batch timings, cpu",
-        "== compute-sanitizer memcheck", "== compute-sanitizer racecheck",
-        "== compute-sanitizer synccheck"]
-    assert steps[1][1].split() == ["python3", "cli.py", "bench", "--device", "cuda", "--model",
-                                   "all"]
+        "== GPU tests", "== kernel timings", "== training, 1,000 iterations",
+        "== batch timings, cuda", "== compute-sanitizer memcheck",
+        "== compute-sanitizer racecheck"]
+    limits = [int(cmd.split()[3]) for _, cmd in steps]
+    assert limits == [300, 150, 120, 90, 200, 120]
+    assert steps[1][1].split()[4:] == ["python3", "cli.py", "bench", "--device", "cuda",
+                                       "--model", "all"]
+    train = steps[2][1].split()
+    assert train[4:8] == ["python3", "cli.py", "train", "--model"] and "--iterations" in train
+    assert train[train.index("--data-dir") + 1] == str(tmp_path / "data")
     # without MNIST in DATA_DIR the batch timings take the synthetic task only
-    assert steps[2][1].split()[-4:] == ["--data-dir", str(tmp_path / "data"), "--tasks", "''"]
-    steps = dry_run(GPU_STEPS="bench tests", GPU_STEP_TIMEOUT="240")
-    assert [name for name, _ in steps] == ["== kernel timings", "== GPU tests"]
-    assert steps[0][1].startswith("timeout --signal=INT --kill-after=30 240 python3 cli.py bench")
+    assert steps[3][1].split()[-4:] == ["--data-dir", str(tmp_path / "data"), "--tasks", "''"]
+    assert steps[4][1].split()[-4:] == [f"tests/gpu/test_gpu_{f}.py" for f in
+                                        ("euler", "baselines", "readout", "optim")]
+    steps = dry_run(GPU_STEPS="bench tests synccheck", GPU_STEP_TIMEOUT="240",
+                    GPU_SANITIZE_ALL="1")
+    assert [name for name, _ in steps] == ["== kernel timings", "== GPU tests",
+                                           "== compute-sanitizer synccheck"]
+    assert steps[0][1].startswith("timeout --signal=INT --kill-after=20 240 python3 cli.py bench")
+    assert steps[2][1].split()[-1] == "tests/gpu"
+    # a budget smaller than a step's own limit caps it
+    steps = dry_run(GPU_STEPS="tests", GPU_BUDGET="100")
+    assert steps[0][1].split()[3] == "100"
     assert not (tmp_path / "logs").exists()
+    proc = subprocess.run(["bash", str(repo / ".ci" / "gpu")], capture_output=True, text=True,
+                          timeout=60, env=gpu_script_env(GPU_BUDGET="9m"))
+    assert proc.returncode == 100
+    assert proc.stderr.startswith(".ci/gpu: GPU_BUDGET is a whole number of seconds, got '9m'")
 
 
 # -- persistent kernels: what fits in a block's shared memory ------------------------------
@@ -264,15 +326,16 @@ def test_persistent_kernels_fit_the_paper_sizes():
     # antisym at n = 128 in float32: the upper triangle is 8128 values = 31.75 KiB
     assert K.persistent_shared_bytes(128, 1, 4, "skew", 3) == (8128 + 3 * 128) * 4
     assert K.persistent_fits(128, "float32", "skew", backward=True)
-    assert K.persistent_layout(128, "float32", antisymmetric=True) == "skew"
+    assert K.persistent_layouts(128, "float32", antisymmetric=True) == ["global", "skew"]
     # the dense matrix (ablation, feedback) at n = 128 is 64 KiB: it stays in global memory
     assert not K.persistent_fits(128, "float32", "dense", backward=False)
     assert K.persistent_shared_bytes(128, 1, 4, "global", 3) == 3 * 128 * 4
-    assert K.persistent_layout(128, "float32", antisymmetric=False, backward=False) == "global"
-    assert K.persistent_layout(96, "float32", antisymmetric=False) == "dense"
+    assert K.persistent_layouts(128, "float32", antisymmetric=False, backward=False) == ["global"]
+    assert K.persistent_layouts(96, "float32", antisymmetric=False) == ["global", "dense"]
     # antisym in float64 at n = 128 (63.5 KiB), and at Table 2's n = 256 in float32 (127.5 KiB)
-    assert K.persistent_layout(128, "float64", antisymmetric=True, backward=False) == "global"
-    assert K.persistent_layout(256, "float32", antisymmetric=True) == "global"
+    assert K.persistent_layouts(128, "float64", antisymmetric=True, backward=False) == ["global"]
+    assert K.persistent_layouts(256, "float32", antisymmetric=True) == ["global"]
+    assert K.persistent_layouts(4097, "float32", antisymmetric=True) == []
     with pytest.raises(ValueError, match=r"layout is one of \('skew', 'dense', 'global'\), "
                                          r"got layout='shared'"):
         K.persistent_fits(8, "float32", "shared")
@@ -295,42 +358,51 @@ LARGEST_SHARED_MATRIX_N = {
 
 @pytest.mark.parametrize("names", list(LARGEST_PERSISTENT_N))
 def test_auto_runs_the_persistent_kernels_up_to_the_readmes_sizes_then_the_step_ones(names):
+    """Untimed, "auto" runs the first option: persistent (for the Euler cells with the matrix in
+    global memory, which an H100 showed fastest) while the rows' state fits, else step."""
     gpu = pytest.importorskip("nprnn.gpu")
     for name in names:
         cell = gpu.gpu_cell(name)
+        first = (gpu.Kernels("persistent", "global") if name in EULER
+                 else gpu.Kernels("persistent"))
         for dtype, largest in LARGEST_PERSISTENT_N[names].items():
             for backward, n in zip((False, True), largest):
-                assert cell.pick("auto", n, dtype, backward) == "persistent", (name, dtype, n)
-                assert cell.pick("auto", n + 1, dtype, backward) == "step", (name, dtype, n + 1)
-                assert cell.pick("step", n, dtype, backward) == "step"
+                assert cell.resolve("auto", n, dtype, backward) == first, (name, dtype, n)
+                assert cell.resolve("persistent", n, dtype, backward) == first
+                assert cell.resolve("auto", n + 1, dtype, backward) == gpu.Kernels("step")
+                assert cell.resolve("step", n, dtype, backward) == gpu.Kernels("step")
+                assert cell.options(n + 1, dtype, backward) == [gpu.Kernels("step")]
     with pytest.raises(ValueError, match="version must be one of"):
-        cell.pick("fast", 8, "float32", False)
+        cell.resolve("fast", 8, "float32", False)
+
+
+EULER = ("antisym", "antisym-gated", "ablation", "feedback")
 
 
 @pytest.mark.parametrize("names", list(LARGEST_SHARED_MATRIX_N))
-def test_euler_cells_keep_the_matrix_in_shared_memory_up_to_the_readmes_sizes(names):
+def test_euler_cells_offer_the_matrix_in_shared_memory_up_to_the_readmes_sizes(names):
     gpu = pytest.importorskip("nprnn.gpu")
     for name in names:
         cell = gpu.gpu_cell(name)
-        shared = "skew" if cell.cell.antisymmetric else "dense"
+        shared = gpu.Kernels("persistent", "skew" if cell.cell.antisymmetric else "dense")
         for dtype, largest in LARGEST_SHARED_MATRIX_N[names].items():
             for backward, n in zip((False, True), largest):
-                assert cell.layout(n, dtype, backward) == shared, (name, dtype, n)
-                assert cell.layout(n + 1, dtype, backward) == "global", (name, dtype, n + 1)
+                assert cell.options(n, dtype, backward) == [
+                    gpu.Kernels("persistent", "global"), shared, gpu.Kernels("step")]
+                assert shared not in cell.options(n + 1, dtype, backward), (name, dtype, n + 1)
 
 
-def test_only_the_global_layout_can_be_forced(monkeypatch):
-    """gpu.LAUNCH["layout"] forces the global layout (the benchmark times it beside the shared
-    one); forcing skew on a matrix that is not antisymmetric would give wrong numbers, so any
-    other value is refused."""
+def test_a_kernels_value_runs_only_where_it_fits():
+    """A Kernels value (what the autotuner passes) is checked against the options at that size:
+    the skew layout of a matrix that is not antisymmetric would give wrong numbers."""
     gpu = pytest.importorskip("nprnn.gpu")
-    monkeypatch.setitem(gpu.LAUNCH, "layout", "global")
-    assert gpu.gpu_cell("antisym").layout(8, "float32", backward=True) == "global"
-    for bad in ("skew", "dense", "Global"):
-        monkeypatch.setitem(gpu.LAUNCH, "layout", bad)
-        with pytest.raises(ValueError, match=f"LAUNCH\\['layout'\\] is None or 'global', "
-                                             f"got '{bad}'"):
-            gpu.gpu_cell("ablation").pick("auto", 8, "float32", backward=False)
+    skew = gpu.Kernels("persistent", "skew")
+    assert gpu.gpu_cell("antisym").resolve(skew, 8, "float32", backward=True) == skew
+    with pytest.raises(ValueError, match=r"ablation cannot run 'persistent, matrix in shared "
+                                         r"memory \(skew\)' forward at n=8, float32; it can run: "
+                                         r"persistent, matrix in global memory, persistent, "
+                                         r"matrix in shared memory \(dense\), step"):
+        gpu.gpu_cell("ablation").resolve(skew, 8, "float32", backward=False)
 
 
 def test_persistent_launch_refuses_what_does_not_fit_and_says_why():

@@ -564,11 +564,10 @@ def euler_param_grads_gpu(dA, dV_h, db_h, ds, da, hs, x, *, tile=TILE):
 #   n = 256 (Table 2), run in one launch this way rather than in T.
 #
 # A block also keeps its rows' state vectors in shared memory (`buffers` vectors of n per row).
-# Everything must fit in SHARED_BYTES_MAX (48 KiB). `persistent_layout` picks a pass's layout:
-# the matrix in shared memory (skew for an antisymmetric A, else dense) where it fits beside the
-# state, else global. nprnn/gpu.py runs version 1 only where not even the state fits. Whether a
-# shared layout beats the global one where both fit has not been measured yet (no GPU so far):
-# `python cli.py bench --device cuda` times both.
+# Everything must fit in SHARED_BYTES_MAX (48 KiB). `persistent_layouts` lists the layouts that
+# fit a pass, global first: on an NVIDIA H100 (B = 128, T = 784, n = 128, float32) antisym's
+# forward+backward took 11.3 ms reading the matrix from global memory and 20.3 ms from the skew
+# triangle in shared memory (docs/gpu.md). nprnn/autotune.py times them on the user's own GPU.
 
 LAYOUTS = ("skew", "dense", "global")
 SKEW, DENSE, GLOBAL = range(3)              # the kernels' `layout` argument: LAYOUTS.index(name)
@@ -680,12 +679,13 @@ def persistent_fits(n, dtype, layout, backward=True, rows=1):
                                    buffers) <= SHARED_BYTES_MAX
 
 
-def persistent_layout(n, dtype, antisymmetric, backward=True, rows=1):
-    """The layout of a persistent pass over an n x n matrix: in shared memory where it fits
-    beside the rows' state ("skew" for an antisymmetric A, else "dense"), else "global". Whether
-    the global layout fits is `persistent_fits(n, dtype, "global", ...)`."""
+def persistent_layouts(n, dtype, antisymmetric, backward=True, rows=1):
+    """The layouts a persistent pass over an n x n matrix fits with, beside the rows' state:
+    "global", then the matrix in shared memory ("skew" for an antisymmetric A, else "dense")
+    where it fits too. Empty where not even the state fits."""
     shared = "skew" if antisymmetric else "dense"
-    return shared if persistent_fits(n, dtype, shared, backward, rows) else "global"
+    return [layout for layout in ("global", shared)
+            if persistent_fits(n, dtype, layout, backward, rows)]
 
 
 def _checked_layout(layout):
@@ -894,8 +894,8 @@ def euler_gated_backward_persistent_kernel(dh0, da, dzp, ds, dh_T, th, z, A, eps
 def euler_forward_gpu_persistent(hs, th, x, A, V_h, b_h, eps, *, layout, rows=1, threads=None):
     """Version 2 twin of euler_forward_cpu: A^T into a scratch buffer, then one launch of
     euler_forward_persistent_kernel. `layout` is one of LAYOUTS ("skew" requires
-    A = S - gamma I with S antisymmetric; `persistent_layout` picks one). ValueError if the
-    block's shared memory would not fit (see `persistent_fits`). Written (=): hs[1:], th."""
+    A = S - gamma I with S antisymmetric; `persistent_layouts` lists those that fit).
+    ValueError if the block's shared memory would not fit. Written (=): hs[1:], th."""
     T, B, _ = x.shape
     grid, threads, shared = persistent_launch(B, A.shape[0], hs.dtype, layout, FORWARD_BUFFERS,
                                               rows, threads)

@@ -31,6 +31,17 @@ DTYPES = ("float64", "float32")
 TOLERANCE = {"float64": (1e-12, 1e-12), "float32": (2e-5, 2e-5)}
 
 
+def small_launch(monkeypatch):
+    """The model path's launch settings (nprnn.gpu.LAUNCH) shrunk, so that each kernel runs
+    several small, ragged blocks (the simulator runs each thread in Python)."""
+    from nprnn import gpu
+    monkeypatch.setitem(gpu.LAUNCH, "step_block", STEP_BLOCK)
+    monkeypatch.setitem(gpu.LAUNCH, "threads", THREADS)
+    monkeypatch.setitem(gpu.LAUNCH, "rows", ROWS)
+    monkeypatch.setitem(gpu.LAUNCH, "tile", TILE)
+    monkeypatch.setitem(gpu.LAUNCH, "readout_block", (4, 2))
+
+
 def assert_close(got, want, dtype, what):
     """Compare a device (or host) array with the CPU twin's result."""
     got = got.copy_to_host() if hasattr(got, "copy_to_host") else np.asarray(got)

@@ -12,7 +12,7 @@ import pytest
 
 import gpu_testing as gt
 import nprnn
-from nprnn import gpu
+from nprnn import autotune, gpu
 from nprnn.bench import bench_inputs
 
 pytestmark = gt.requires_cuda
@@ -20,12 +20,7 @@ pytestmark = gt.requires_cuda
 
 @pytest.fixture(autouse=True)
 def small_blocks(monkeypatch):
-    """Several small, ragged blocks per launch (the simulator runs each thread in Python)."""
-    monkeypatch.setitem(gpu.LAUNCH, "step_block", gt.STEP_BLOCK)
-    monkeypatch.setitem(gpu.LAUNCH, "threads", gt.THREADS)
-    monkeypatch.setitem(gpu.LAUNCH, "rows", gt.ROWS)
-    monkeypatch.setitem(gpu.LAUNCH, "tile", gt.TILE)
-    monkeypatch.setitem(gpu.LAUNCH, "readout_block", (4, 2))
+    gt.small_launch(monkeypatch)
 
 
 def pair(name, dtype):
@@ -50,18 +45,31 @@ def data(seed=0):
     return rng.standard_normal((gt.B, gt.T, gt.M)), np.array([3, 0, 1])
 
 
-@pytest.mark.parametrize("version", ["step", "persistent"])
-@pytest.mark.parametrize("name", sorted(gpu.GPU_CELLS))
+EULER = ("antisym", "antisym-gated", "ablation", "feedback")
+# every cell's step and persistent versions, and the Euler cells' matrix in shared memory
+VERSIONS = [(name, version) for name in sorted(gpu.GPU_CELLS)
+            for version in ("step", "persistent") + (("shared",) if name in EULER else ())]
+
+
+def kernels(name, version):
+    """The gpu_version for `version`: "step", "persistent" (for the Euler cells the matrix in
+    global memory), or "shared" (their matrix in shared memory: a Kernels value)."""
+    if version != "shared":
+        return version
+    return gpu.Kernels("persistent", "skew" if nprnn.CELLS[name].antisymmetric else "dense")
+
+
+@pytest.mark.parametrize("name, version", VERSIONS)
 def test_model_on_cuda_matches_cpu(name, version):
     cpu, dev = pair(name, "float64")
-    dev.gpu_version = version
+    dev.gpu_version = kernels(name, version)
     assert dev.device == "cuda" and all(gpu.is_device_array(p) for p in dev.params.values())
     for k, v in dev.host_params().items():
         np.testing.assert_array_equal(v, cpu.params[k], err_msg=f"initial {k}")
     x, y = data()
     loss_c, g_c, logits_c = cpu.loss_and_grad(x, y, return_logits=True)
     # persistent: a second call, which reuses the device buffers of the first; step: forward, hidden
-    for call in range(2 if version == "persistent" else 1):
+    for call in range(1 if version == "step" else 2):
         loss_d, g_d, logits_d = dev.loss_and_grad(x, y, return_logits=True)
         assert abs(loss_d - loss_c) <= 1e-12 * max(1.0, abs(loss_c))
         gt.assert_close(logits_d, logits_c, "float64", "logits")
@@ -73,8 +81,7 @@ def test_model_on_cuda_matches_cpu(name, version):
         gt.assert_close(dev.hidden(x), cpu.hidden(x), "float64", "hidden")
 
 
-@pytest.mark.parametrize("version", ["step", "persistent"])
-@pytest.mark.parametrize("name", sorted(gpu.GPU_CELLS))
+@pytest.mark.parametrize("name, version", VERSIONS)
 def test_a_given_h0_and_its_gradient_dh0_match_the_cpu(name, version):
     """The cells' forward(p, x, h0) and backward(p, cache, dh_T) -> (grads, dh_0), on each
     device, from a random h_0 and dh_T (the models start from h_0 = 0 and pass no dh_T)."""
@@ -85,8 +92,8 @@ def test_a_given_h0_and_its_gradient_dh0_match_the_cpu(name, version):
     h_T, cache = cpu.cell.forward(cpu.cell_params(), xt, h0, **cpu.hyper)
     g, dh0 = cpu.cell.backward(cpu.cell_params(), cache, dh_T, **cpu.hyper)
     cell, ws = gpu.gpu_cell(name), gpu.Workspace()
-    h_T_d, cache_d = cell.forward(dev.cell_params(), gpu.to_device(xt), h0, version, ws,
-                                  **dev.hyper)
+    h_T_d, cache_d = cell.forward(dev.cell_params(), gpu.to_device(xt), h0,
+                                  kernels(name, version), ws, **dev.hyper)
     g_d, dh0_d = cell.backward(dev.cell_params(), cache_d, dh_T, ws, **dev.hyper)
     gt.assert_close(h_T_d, h_T, "float64", "h_T")
     gt.assert_close(dh0_d, dh0, "float64", "dh_0")
@@ -108,7 +115,7 @@ def record_layouts(monkeypatch, gated):
     return layouts
 
 
-@pytest.mark.parametrize("name", ["antisym", "antisym-gated", "ablation", "feedback"])
+@pytest.mark.parametrize("name", EULER)
 def test_a_matrix_too_big_for_shared_memory_is_read_from_global_memory(name, monkeypatch):
     """Shared memory shrunk so that a block holds its rows' state but not the matrix: 'auto'
     still runs the persistent passes, with the matrix in global memory, and they match the CPU."""
@@ -116,8 +123,8 @@ def test_a_matrix_too_big_for_shared_memory_is_read_from_global_memory(name, mon
     monkeypatch.setattr(K_euler, "SHARED_BYTES_MAX", 300)   # state <= 288 B; matrix >= 120 B
     runner = gpu.gpu_cell(name)
     for backward in (False, True):
-        assert runner.layout(gt.N, "float64", backward) == "global"
-        assert runner.pick("auto", gt.N, "float64", backward) == "persistent"
+        assert runner.options(gt.N, "float64", backward) == [
+            gpu.Kernels("persistent", "global"), gpu.Kernels("step")]
     launched = record_layouts(monkeypatch, runner.cell.gated)
     cpu, dev = pair(name, "float64")
     x, y = data()
@@ -194,57 +201,65 @@ def test_unknown_kernel_version_is_refused():
         dev.loss_and_grad(*data())
 
 
-def test_time_model_reports_every_version(monkeypatch):
-    """antisym's persistent passes keep the matrix in shared memory at this size: they are also
-    timed reading it from global memory (a row of its own). rnn has no such choice."""
+def cuda_model(name, n=4, K=3, tuner=None):
+    """A model on cuda whose "auto" is untimed (or chosen by `tuner`)."""
+    model = nprnn.make_model(name, 1, n, K, device="cuda")
+    model.tuner = tuner or autotune.Tuner()
+    return model
+
+
+def test_time_model_reports_every_option(monkeypatch):
+    """antisym's persistent passes can read the matrix from global memory or keep its triangle
+    in shared memory at this size: a row each, beside step; the row 'auto' runs says so. rnn
+    has no such choice."""
     from nprnn.kernels import antisym as K_euler
     layouts = record_layouts(monkeypatch, gated=False)
-    rows = gpu.time_model("antisym", *bench_inputs(2, 2, 1, "float32", K=3), n=4, K=3,
-                          repeats=1, warmup=0)
-    assert [r["version"] for r in rows] == ["step", "persistent", "persistent, global matrix"]
+    rows = autotune.time_model(cuda_model("antisym"), *bench_inputs(2, 2, 1, "float32", K=3),
+                               repeats=1, warmup=0)
+    assert [r["version"] for r in rows] == [
+        "step", "persistent, matrix in global memory", "persistent, matrix in shared memory (skew)"]
     # each row: the forward pass timed, then forward and backward
-    assert layouts == ["skew"] * 3 + ["global"] * 3, layouts
-    assert rows[1]["note"].startswith("matrix in shared memory (skew)")
-    assert not rows[0]["note"].startswith("matrix") and not rows[2]["note"].startswith("matrix")
-    assert gpu.LAUNCH["layout"] is None
-    rnn_rows = gpu.time_model("rnn", *bench_inputs(2, 2, 1, "float32", K=3), n=4, K=3,
-                              repeats=1, warmup=0)
+    assert layouts == ["global"] * 3 + ["skew"] * 3, layouts
+    assert rows[1]["note"].startswith("auto runs this, untimed")
+    assert "auto" not in rows[0]["note"] and "auto" not in rows[2]["note"]
+    rnn_rows = autotune.time_model(cuda_model("rnn"), *bench_inputs(2, 2, 1, "float32", K=3),
+                                   repeats=1, warmup=0)
     assert [r["version"] for r in rnn_rows] == ["step", "persistent"]
-    # a matrix that shared memory cannot hold is read from global memory anyway: no second row
+    # a matrix that shared memory cannot hold is read from global memory only: no shared row
     monkeypatch.setattr(K_euler, "SHARED_BYTES_MAX", 100)    # ablation's 4 x 4 needs 64 + 96 B
-    global_rows = gpu.time_model("ablation", *bench_inputs(2, 2, 1, "float32", K=3), n=4, K=3,
-                                 repeats=1, warmup=0)
-    assert [r["version"] for r in global_rows] == ["step", "persistent"]
-    assert global_rows[1]["note"].startswith("matrix in global memory")
-    for r in rows:
+    global_rows = autotune.time_model(cuda_model("ablation"),
+                                      *bench_inputs(2, 2, 1, "float32", K=3), repeats=1, warmup=0)
+    assert [r["version"] for r in global_rows] == ["step", "persistent, matrix in global memory"]
+    for r in rows + rnn_rows + global_rows:
         assert set(r) >= {"forward_ms", "forward_backward_ms", "note", "B", "n", "T", "dtype"}
         if gt.CUDA_WHY.startswith("Numba CUDA simulator"):
             assert np.isnan(r["forward_ms"]) and "simulator" in r["note"]
-        else:
-            assert 0 < r["forward_ms"] <= r["forward_backward_ms"]
+        else:        # the times themselves are not tested: they are the GPU's to give
+            assert r["forward_ms"] > 0 and r["forward_backward_ms"] > 0
 
 
-@pytest.mark.parametrize("fits, timed, note", [
-    ({False: True, True: False}, ("forward",), "persistent BPTT does not fit"),
-    ({False: False, True: False}, (), "persistent forward and BPTT do not fit")])
-def test_time_model_times_the_persistent_pass_that_fits(monkeypatch, fits, timed, note):
-    """A persistent forward that fits is timed even when its BPTT does not, and the note names
-    every pass that does not fit."""
+def test_time_model_times_the_persistent_pass_that_fits(monkeypatch):
+    """A persistent forward that fits is timed even when its BPTT does not; the note says so,
+    and which option 'auto' runs in each pass."""
     runner = gpu.gpu_cell("rnn")
-    monkeypatch.setattr(runner, "persistent_fits", lambda n, dtype, backward: fits[backward])
+    fits = {False: [gpu.Kernels("persistent"), gpu.Kernels("step")],
+            True: [gpu.Kernels("step")]}
+    monkeypatch.setattr(runner, "options", lambda n, dtype, backward: fits[backward])
     ran = []
-    monkeypatch.setattr(gpu, "_elapsed_ms", lambda fn, repeats, warmup: fn() or 1.0)
-    monkeypatch.setattr(gpu, "model_logits", lambda *a: ran.append("forward"))
-    monkeypatch.setattr(gpu, "model_loss_and_grad", lambda *a: ran.append("forward+backward"))
+    monkeypatch.setattr(autotune, "elapsed_ms", lambda fn, repeats, warmup: fn() or 1.0)
+    monkeypatch.setattr(autotune, "model_logits", lambda *a: ran.append("forward"))
+    monkeypatch.setattr(autotune, "model_loss_and_grad",
+                        lambda *a: ran.append("forward+backward"))
     x, y = bench_inputs(2, 2, 1, "float32", K=3)
-    step, persistent = gpu.time_model("rnn", x, y, n=4, K=3, repeats=1, warmup=0)
-    assert persistent["note"].startswith(note) and "'auto' runs 'step' there" in persistent["note"]
-    assert not step["note"].startswith("persistent")
-    assert ran == ["forward", "forward+backward", *timed]        # step's two, then persistent's
+    step, persistent = autotune.time_model(cuda_model("rnn"), x, y, repeats=1, warmup=0)
+    assert persistent["note"].startswith("persistent BPTT does not fit in shared memory at n=4")
+    assert "auto runs this (forward), untimed" in persistent["note"]
+    assert step["note"].startswith("auto runs this (BPTT), untimed")
+    assert ran == ["forward", "forward+backward", "forward"]   # step's two, then persistent's
     ran.clear()
-    auto, = gpu.time_model("rnn", x, y, n=4, K=3, versions=("auto",), repeats=1,
-                           warmup=0)                           # runs 'step' where it must
-    assert ran == ["forward", "forward+backward"] and not auto["note"].startswith("persistent")
+    fits[False] = [gpu.Kernels("step")]                      # nothing persistent fits: no row
+    rows = autotune.time_model(cuda_model("rnn"), x, y, repeats=1, warmup=0)
+    assert [r["version"] for r in rows] == ["step"] and ran == ["forward", "forward+backward"]
 
 
 def test_time_model_times_the_change_to_time_major_layout(monkeypatch):
@@ -252,16 +267,17 @@ def test_time_model_times_the_change_to_time_major_layout(monkeypatch):
     call does that too, as PyTorch's timed call does its own layout change."""
     calls, inside = [], []
     real = gpu.time_major
-    monkeypatch.setattr(gpu, "time_major", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    monkeypatch.setattr(autotune, "time_major",
+                        lambda *a, **kw: calls.append(1) or real(*a, **kw))
 
     def elapsed(fn, repeats, warmup):
         before = len(calls)
         fn()
         inside.append(len(calls) - before)
         return 1.0
-    monkeypatch.setattr(gpu, "_elapsed_ms", elapsed)
-    gpu.time_model("rnn", *bench_inputs(2, 2, 1, "float32", K=3), n=4, K=3, versions=("step",),
-                   repeats=1, warmup=0)
+    monkeypatch.setattr(autotune, "elapsed_ms", elapsed)
+    autotune.time_model(cuda_model("rnn"), *bench_inputs(2, 2, 1, "float32", K=3),
+                        versions=("step",), repeats=1, warmup=0)
     assert inside == [1, 1]                                 # forward, forward + backward
 
 

@@ -1,0 +1,66 @@
+"""Files written so that a reader never sees half of one: a temporary beside the destination,
+moved into place with os.replace once complete (checkpoints, caches, figures, downloads)."""
+import os
+import secrets
+import socket
+from contextlib import contextmanager
+from pathlib import Path
+
+
+def temporary_name(dest, kind):
+    """A hidden name beside `dest` for a file that is still being written:
+    .NAME.KIND-HOST-PID-RANDOM (downloads use kind "part", cache builds "tmp"). The host and the
+    process id let `remove_stale_temporaries` tell a killed writer's file from a live one's."""
+    return dest.with_name(f".{dest.name}.{kind}-{socket.gethostname()}-{os.getpid()}-"
+                          f"{secrets.token_hex(4)}")
+
+
+def _pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_temporaries(directory, kind):
+    """Delete the temporary files of `kind` in `directory` that a process of this host was writing
+    when it was killed (its process is gone). Files of live processes and of other hosts (a shared
+    data directory) are left alone. Returns the paths removed."""
+    host, removed = socket.gethostname(), []
+    directory = Path(directory)
+    if not directory.is_dir():
+        return removed
+    for tmp in directory.glob(f".*.{kind}-*"):
+        try:
+            rest = tmp.name.rsplit(f".{kind}-", 1)[1]
+            tmp_host, pid, _ = rest.rsplit("-", 2)
+            if tmp_host == host and not _pid_alive(int(pid)):
+                tmp.unlink()
+                removed.append(tmp)
+        except (ValueError, IndexError, OSError):
+            continue
+    return removed
+
+
+@contextmanager
+def written_atomically(path):
+    """A temporary name beside `path` to write the new file to; when the block ends, the file is
+    flushed to disk and moved over `path` with os.replace. So `path` holds either what it held
+    before or the whole new file, never part of one (a `simulate` killed while writing its CSV
+    left a truncated figure3.csv beside a complete figure3.json). On an exception the temporary
+    is deleted and `path` is untouched; the temporary of a writer that was killed is deleted by
+    the next write into its folder (`remove_stale_temporaries`). Checkpoints and caches
+    are written the same way."""
+    path = Path(path)
+    remove_stale_temporaries(path.parent, "tmp")
+    tmp = temporary_name(path, "tmp")
+    try:
+        yield tmp
+        with open(tmp, "rb+") as f:          # the bytes reach the disk before the rename
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)

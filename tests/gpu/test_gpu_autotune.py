@@ -1,0 +1,153 @@
+"""The autotuner (nprnn/autotune.py) with a fake timer: it times every option of each pass, keeps
+the fastest, writes the choice where a later process finds it, and the model runs what it chose.
+The kernels themselves run (under the simulator, at tiny sizes); only their times are made up.
+"""
+import json
+
+import numpy as np
+import pytest
+
+import gpu_testing as gt
+import nprnn
+from nprnn import autotune, gpu
+from nprnn.train import format_config
+
+pytestmark = gt.requires_cuda
+
+GLOBAL, SKEW, STEP = (gpu.Kernels("persistent", "global"), gpu.Kernels("persistent", "skew"),
+                      gpu.Kernels("step"))
+
+
+@pytest.fixture(autouse=True)
+def small_blocks(monkeypatch):
+    gt.small_launch(monkeypatch)
+
+
+class FakeTimer:
+    """A Tuner's `measure`: runs the call once (so a kernel that cannot run still fails) and
+    returns the milliseconds `times` gives for (option token, backward)."""
+
+    def __init__(self, times):
+        self.times, self.timed = times, []
+
+    def __call__(self, run, kernels, backward):
+        run()
+        self.timed.append((kernels.token, backward))
+        return self.times[kernels.token, backward]
+
+
+FAST_STEP_BPTT = {("persistent/global", False): 2.0, ("persistent/skew", False): 1.0,
+                  ("step", False): 5.0, ("persistent/global", True): 4.0,
+                  ("persistent/skew", True): 6.0, ("step", True): 3.0}
+
+
+def model(name="antisym", dtype="float64", tuner=None):
+    m = nprnn.make_model(name, gt.M, gt.N, 4, seed=3, dtype=dtype, device="cuda", eps=0.5)
+    if tuner is not None:
+        m.tuner = tuner
+    return m
+
+
+def test_the_fastest_option_of_each_pass_is_chosen_and_kept(tmp_path):
+    path = tmp_path / "choices.json"
+    timer = FakeTimer(FAST_STEP_BPTT)
+    tuner = autotune.Tuner(path, timer, gpu="Fake GPU (sm_90)")
+    choice = tuner.choose(model(), gt.B, gt.T)
+    assert (choice.forward, choice.backward, choice.how) == (SKEW, STEP, "timed")
+    assert str(choice) == ("forward persistent, matrix in shared memory (skew); BPTT step, "
+                           "timed")
+    # every option of each pass was timed, the forward ones first
+    assert timer.timed == [("persistent/global", False), ("persistent/skew", False),
+                           ("step", False), ("persistent/global", True),
+                           ("persistent/skew", True), ("step", True)]
+    saved = json.loads(path.read_text())
+    assert saved["kernels"] == autotune.kernels_digest()
+    entry = saved["choices"]["Fake GPU (sm_90) | antisym | n=6 | B=3 | float64"]
+    assert (entry["forward"], entry["backward"]) == ("persistent/skew", "step")
+    assert entry["backward_ms"] == {"persistent/global": 4.0, "persistent/skew": 6.0, "step": 3.0}
+    # another process (a new Tuner on the same file) takes the choice without timing anything
+    again = FakeTimer(FAST_STEP_BPTT)
+    choice = autotune.Tuner(path, again, gpu="Fake GPU (sm_90)").choose(model(), gt.B, gt.T)
+    assert (choice.forward, choice.backward, choice.how) == (SKEW, STEP, "cached")
+    assert again.timed == []
+    # another batch size, dtype, cell or GPU is timed afresh
+    for args, gpu_name in (((model(), 2 * gt.B, gt.T), "Fake GPU (sm_90)"),
+                           ((model(dtype="float32"), gt.B, gt.T), "Fake GPU (sm_90)"),
+                           ((model(), gt.B, gt.T), "Other GPU (sm_80)")):
+        timer = FakeTimer(FAST_STEP_BPTT)
+        assert autotune.Tuner(path, timer, gpu=gpu_name).choose(*args).how == "timed"
+        assert len(timer.timed) == 6
+    assert len(json.loads(path.read_text())["choices"]) == 4
+
+
+def test_choices_of_other_kernels_or_a_damaged_file_are_timed_again(tmp_path, monkeypatch):
+    path = tmp_path / "choices.json"
+    autotune.Tuner(path, FakeTimer(FAST_STEP_BPTT), gpu="G").choose(model(), gt.B, gt.T)
+    monkeypatch.setattr(autotune, "kernels_digest", lambda: "kernels-changed")
+    assert autotune.Tuner(path, FakeTimer(FAST_STEP_BPTT), gpu="G").choose(
+        model(), gt.B, gt.T).how == "timed"
+    for damaged in ("{", "[]", '{"format": 1, "kernels": "kernels-changed", "choices": 3}'):
+        path.write_text(damaged)
+        assert autotune.Tuner(path, FakeTimer(FAST_STEP_BPTT), gpu="G").choose(
+            model(), gt.B, gt.T).how == "timed"
+    # a cached option that no longer fits (here: a token no kernel has) is timed again
+    saved = json.loads(path.read_text())
+    saved["choices"]["G | antisym | n=6 | B=3 | float64"]["forward"] = "persistent/tiled"
+    path.write_text(json.dumps(saved))
+    assert autotune.Tuner(path, FakeTimer(FAST_STEP_BPTT), gpu="G").choose(
+        model(), gt.B, gt.T).how == "timed"
+
+
+def test_a_folder_that_cannot_be_written_keeps_the_choice_in_memory(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    timer = FakeTimer(FAST_STEP_BPTT)
+    tuner = autotune.Tuner(blocker / "choices.json", timer, gpu="G")
+    first = tuner.choose(model(), gt.B, gt.T)
+    assert first.how == "timed" and not blocker.is_dir()
+    assert tuner.choose(model(), gt.B, gt.T) == first and len(timer.timed) == 6
+
+
+def test_untimed_the_persistent_kernels_read_the_matrix_from_global_memory():
+    """Under the simulator (timings mean nothing there) or without a measure, 'auto' runs what
+    an H100 showed fastest: the persistent kernels with the matrix in global memory."""
+    choice = autotune.Tuner().choose(model(), gt.B, gt.T)
+    assert (choice.forward, choice.backward, choice.how) == (GLOBAL, GLOBAL, "untimed")
+    if gt.CUDA_WHY.startswith("Numba CUDA simulator"):
+        assert autotune.Tuner.for_this_gpu().measure is None
+    step = autotune.Tuner().choose(model(), gt.B, gt.T, version="step")
+    assert (step.forward, step.backward, step.how) == (STEP, STEP, "asked for")
+
+
+def test_the_model_runs_the_kernels_it_chose_and_matches_the_cpu(tmp_path, monkeypatch):
+    """With a timer that makes skew fastest forward and step fastest in BPTT, loss_and_grad
+    launches exactly those, and its numbers match the CPU's."""
+    from nprnn.kernels import antisym as K_euler
+    launched = []
+    for kernel in ("euler_forward_gpu_persistent", "euler_backward_gpu_persistent",
+                   "euler_forward_gpu", "euler_backward_gpu"):
+        run = getattr(K_euler, kernel)
+        monkeypatch.setattr(K_euler, kernel, lambda *a, run=run, kernel=kernel, **kw: (
+            launched.append((kernel, kw.get("layout"))), run(*a, **kw))[1])
+    tuner = autotune.Tuner(tmp_path / "c.json", FakeTimer(FAST_STEP_BPTT), gpu="G")
+    dev = model(tuner=tuner)
+    cpu = nprnn.make_model("antisym", gt.M, gt.N, 4, seed=3, dtype="float64", eps=0.5)
+    x = np.random.default_rng(0).standard_normal((gt.B, gt.T, gt.M))
+    y = np.array([3, 0, 1])
+    dev.kernels_for(gt.B, gt.T)                          # the timing runs launch every option
+    launched.clear()
+    loss_d, g_d = dev.loss_and_grad(x, y)
+    assert launched == [("euler_forward_gpu_persistent", "skew"), ("euler_backward_gpu", None)]
+    loss_c, g_c = cpu.loss_and_grad(x, y)
+    assert abs(loss_d - loss_c) <= 1e-12 * max(1.0, abs(loss_c))
+    for k in g_c:
+        gt.assert_close(g_d[k], g_c[k], "float64", f"grad {k}")
+
+
+def test_trainings_configuration_says_which_kernels_run():
+    dev = model(tuner=autotune.Tuner())
+    config = dict(model="antisym", task="mnist", optimizer="adagrad", batch_size=gt.B,
+                  seq_len=gt.T)
+    lines = format_config(config, dev).splitlines()
+    assert lines[-1].split(None, 1) == [
+        "kernels", "persistent, matrix in global memory (forward and BPTT), untimed"]
