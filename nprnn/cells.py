@@ -3,7 +3,7 @@ cell's kernels are called.
 
 A cell is a recurrence h_t = f(h_{t-1}, x_t) over a whole sequence. Each entry of `CELLS` knows:
 
-    shapes(m, n)            parameter name -> shape (the exact names of the README's table)
+    shapes(m, n)            parameter name -> shape (the exact names of the models table, docs/models.md)
     num_params(m, n)        trainable scalars (W of the antisymmetric models counts n(n-1)/2)
     init(rng, m, n, ...)    parameters at initialisation (Appendix C, or the critical one)
     forward(p, x, h0)       run the CPU kernels; x is time-major (T, B, m); -> (h_T, cache)
