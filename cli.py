@@ -16,9 +16,16 @@ from pathlib import Path
 import click
 
 import nprnn
+from nprnn import analysis, autotune, datasets, plotting, sources
+from nprnn import bench as B_
+from nprnn import train as training
 from nprnn.cells import INIT_SCHEMES
-from nprnn.datasets import MAX_SEED
+from nprnn.checkpoint import FILENAME, CheckpointError, load_checkpoint
+from nprnn.datasets import DEFAULT_PERMUTATION_SEED, MAX_SEED, TASKS
+from nprnn.device import DeviceUnavailable, resolve_device
 from nprnn.model import count_params
+from nprnn.sources import DataError
+from nprnn.train import CONFIG
 
 # Seeds are 63-bit: they become int64 keys of the noise streams (nprnn/noise.py).
 SEED = click.IntRange(min=0, max=MAX_SEED)
@@ -208,17 +215,14 @@ def _given(*names):
 def _task_sequences(task, lengths, num, data_dir, seed, perm_seed=None):
     """{T: xs (num, T, m)}, test sequences of task `task` made with length T (drawn by seed;
     pmnist's permutation from perm_seed, the default one if None)."""
-    from nprnn import analysis
 
-    from nprnn.datasets import DEFAULT_PERMUTATION_SEED, get_task
-    from nprnn.sources import DataError
 
     perm_seed = DEFAULT_PERMUTATION_SEED if perm_seed is None else perm_seed
 
     sequences = {}
     try:
         for T in lengths:
-            with get_task(task, T=T, data_dir=data_dir, seed=perm_seed) as t:
+            with datasets.get_task(task, T=T, data_dir=data_dir, seed=perm_seed) as t:
                 sequences[T] = analysis.task_sequences(t, num, seed=seed)
     except DataError as e:
         raise click.ClickException(f"task {task!r}: {e}") from None
@@ -232,7 +236,6 @@ def _task_for_checkpoints(task, runs, data_dir):
     a run of another task); the data folder is `data_dir` (--data-dir) if given, else the one
     recorded by the first run of `task` (or of any task), else None (the default). ValueError
     where runs would need different permutations: every model sees the same sequences."""
-    from nprnn.datasets import DEFAULT_PERMUTATION_SEED, TASKS
 
     perm_seed, spec = None, TASKS.get(task)
     if spec is not None and spec.layout == "permuted":
@@ -256,7 +259,6 @@ def _task_lengths(task, lengths):
     does not fit it (click.BadParameter), or the default lengths, which are for noise, where the
     task has a fixed length (a click.UsageError saying which --lengths to give). A name that is no
     task is get_task's to refuse."""
-    from nprnn.datasets import TASKS
 
     spec = TASKS.get(task)
     for T in lengths if spec else []:
@@ -298,7 +300,6 @@ def _draw(old, png, draw, *args, indent=""):
     matplotlib print how to get it and, where an earlier run left one (it is in `old`, from
     `_earlier`, which deleted it), that it was removed. Returns the files of `old` that this run
     wrote over: the earlier PNG only if a new one was drawn."""
-    from nprnn import plotting
 
     try:
         getattr(plotting, draw)(*args)
@@ -332,7 +333,6 @@ def simulate(out, figures, steps, eps, seed):
     start/end/min/max per initial state), figureN.csv (every state h_t) and figureN.png. --eps or
     --seed given for figures none of which uses it is refused. The choices the paper leaves open
     are stated in nprnn/analysis.py."""
-    from nprnn import analysis
 
     bad = [f for f in figures if f not in analysis.SIMULATION_FIGURES]
     if bad:
@@ -418,8 +418,6 @@ def jacobian(out, models, gammas, lengths, hidden_size, input_size, eps, sigma_w
     CIFAR-10) drawn from default_rng([seed, T]), or test sequences of a task (--task) drawn by
     the seed; every model sees the same ones. A line on stderr names each (model, T) as it
     starts."""
-    from nprnn import analysis
-    from nprnn.checkpoint import CheckpointError
 
     unknown = [m for m in models if m not in nprnn.CELLS]
     if unknown:
@@ -557,8 +555,6 @@ def gates(runs, out, name, task, T, data_dir, sequences, batch_size, seed):
     (the mean and standard deviation of every gate at every step, over sequences and units),
     NAME.json (the same, and each gate over the image steps and over the noise steps of a
     noise-padded task) and NAME.png, and prints the latter table."""
-    from nprnn import analysis
-    from nprnn.checkpoint import CheckpointError
 
     out = _out_dir(out)                 # before the work: a bad --out is said at once
     try:
@@ -602,20 +598,17 @@ def gates(runs, out, name, task, T, data_dir, sequences, batch_size, seed):
 def _gates_of(run, label, model, config, task, T, data_dir, sequences, batch_size, seed):
     """`gates`' numbers for one trained model: its gates over `sequences` test sequences of
     `task` (default: the one it was trained on, with its T, permutation seed and data folder)."""
-    from nprnn import analysis
-    from nprnn.datasets import get_task, task_spec
-    from nprnn.sources import DataError
 
     own = task in (None, config.get("task"))
     name = config.get("task") if own else task
     if T is None and own:
         T = config.get("T")
-    m = task_spec(name).shape(T)[1]           # before the task's data is fetched or cached
+    m = datasets.task_spec(name).shape(T)[1]      # before the task's data is fetched or cached
     if m != model.input_size:
         raise ValueError(f"task {name!r} has input size m={m}, but {run} is a model of input "
                          f"size m={model.input_size}: give a task it was trained on")
     try:
-        with get_task(name, data_dir=data_dir or config.get("data_dir"), T=T,
+        with datasets.get_task(name, data_dir=data_dir or config.get("data_dir"), T=T,
                       seed=config.get("perm_seed", 0) if own else 0) as t:
             x = _first(t.batches("test", batch_size, seed=seed, shuffle=True), sequences)
             stats, S = analysis.gate_statistics(model, x)
@@ -646,7 +639,6 @@ def _first(batches, num):
 def plot_runs(runs, out, name):
     """Learning curves of RUNS... (run folders with config.json and metrics.jsonl): loss and
     evaluation accuracy against iterations, labelled by model and task."""
-    from nprnn import analysis
 
     try:
         loaded = analysis.read_runs(runs)
@@ -740,8 +732,6 @@ def train(progress, out, resume, **options):
     Ctrl-C (or SIGTERM) finishes the step, writes a checkpoint and exits with status 130 (143
     for SIGTERM), as a shell does for a command a signal ended, so that `train ... && next`
     does not go on; --resume continues bit for bit."""
-    from nprnn import train as training
-    from nprnn.checkpoint import CheckpointError
 
     ctx = click.get_current_context()
     if out is None:
@@ -773,7 +763,6 @@ def train(progress, out, resume, **options):
 
 def _saved_iteration(out):
     """The iteration of run folder `out`'s checkpoint, or None if it has none that loads."""
-    from nprnn.checkpoint import FILENAME, CheckpointError, load_checkpoint
     try:
         return load_checkpoint(out / FILENAME)["progress"]["iteration"]
     except (CheckpointError, OSError, KeyError):
@@ -784,8 +773,6 @@ def _left_behind(out):
     """What a `train` that failed left in its run folder `out`, and what to do with it ("" if
     nothing): train writes config.json, then the checkpoint of iteration 0, before the first
     step."""
-    from nprnn.checkpoint import FILENAME
-    from nprnn.train import CONFIG
 
     out, ckpt = Path(out), Path(out) / FILENAME
     if ckpt.is_file():
@@ -839,8 +826,6 @@ class _EvalProgress:
               help="Where to evaluate, whatever the run was trained on.")
 def eval_run(run, split, task, data_dir, T, batch_size, device):
     """Evaluate the checkpoint of RUN (a run folder or a checkpoint file): loss and accuracy."""
-    from nprnn import train as training
-    from nprnn.checkpoint import CheckpointError
 
     shown = _EvalProgress(split)
     try:
@@ -885,7 +870,6 @@ def bench(models, B, T, m, n, dtype, repeat, with_torch, device):
 
     Prints medians of --repeat runs after a warm-up run. The last column is nprnn's time over
     PyTorch's (below 1: nprnn is faster). Install PyTorch with `pip install torch` for it."""
-    from nprnn import bench as B_
     models = list(dict.fromkeys(models))            # each once, in the order given
     if "all" in models and models != ["all"]:
         raise click.BadParameter(f"'all' stands alone, got {','.join(models)!r}",
@@ -895,7 +879,6 @@ def bench(models, B, T, m, n, dtype, repeat, with_torch, device):
     if unknown:
         raise click.BadParameter(f"unknown model(s) {', '.join(unknown)}; choose from "
                                  f"{', '.join(nprnn.CELLS)} or 'all'", param_hint="--model")
-    from nprnn.device import DeviceUnavailable, resolve_device
     try:                                # no GPU: say so before anything about PyTorch
         device = resolve_device(device)
     except DeviceUnavailable as e:
@@ -907,7 +890,6 @@ def bench(models, B, T, m, n, dtype, repeat, with_torch, device):
         with_torch = False
     with _enough_memory("--batch, --T, --input-size or --hidden"):
         if device == "cuda":
-            from nprnn import autotune
             click.echo(f"B={B} T={T} m={m} n={n} {dtype}, median of {repeat}; "
                        f"{autotune.device_name()}")
             rows = B_.run_gpu(names, B, T, m, n, dtype=dtype, repeat=repeat,
@@ -929,7 +911,6 @@ def _data_dir_option(f):
 
 
 def _task_choice(*extra):
-    from nprnn.datasets import TASKS
     return click.Choice([*extra, *TASKS])
 
 
@@ -956,7 +937,6 @@ def data_prepare(tasks, data_dir, perm_seed, download):
 
     An existing cache is checked and kept if it is good, rebuilt if not."""
     import time
-    from nprnn import datasets, sources
 
     names = list(datasets.TASKS) if "all" in tasks else list(dict.fromkeys(tasks))
     failed = []
@@ -991,7 +971,6 @@ def data_info(task, data_dir, perm_seed, T, as_json):
 
     Builds nothing: without a usable cache it says where the raw files are and what is missing."""
     import json
-    from nprnn import datasets, sources
 
     spec = datasets.TASKS[task]
     try:

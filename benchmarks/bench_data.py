@@ -127,7 +127,7 @@ def bench_synthetic(name, B, n, batches, steps, T, device):
     counter = itertools.count()
     staging = None
     if device == "cuda":
-        from nprnn.gpu import Staging
+        from nprnn.memory import Staging
         staging = Staging()
 
     def batch(split, staging=None):

@@ -60,7 +60,11 @@ from pathlib import Path
 
 import numpy as np
 
+from .cells import CELLS
+from .checkpoint import CheckpointError, load_checkpoint, load_params_into
 from .files import written_atomically
+from .model import make_model
+from .train import build_model
 
 # ----------------------------------------------------------------------------------------------
 # Section 4: the setup
@@ -366,8 +370,6 @@ def jacobian_models(names, gammas, hidden_size, input_size, eps, sigma_w=1.0, se
                     dtype="float64"):
     """Models at initialisation for Figure 2: [(label, model)], one per name, and one per gamma
     for cells that have a diffusion gamma ("antisym gamma=0.01"); eps goes to cells that have it."""
-    from .cells import CELLS
-    from .model import make_model
 
     built = []
     for name in names:
@@ -399,8 +401,6 @@ def model_from_checkpoint(path, dtype="float64"):
     the checkpoint's configuration with its parameters cast to `dtype` (float64 by default, so
     products of hundreds of step Jacobians keep their digits; None keeps the dtype it was
     trained in). Returns (model, config)."""
-    from .checkpoint import CheckpointError, load_checkpoint, load_params_into
-    from .train import build_model
 
     saved = load_checkpoint(path)
     config = dict(saved["config"])
@@ -481,7 +481,6 @@ def jacobian_spectra(models, lengths, sequences, progress=None):
 def require_gates(model, source=None):
     """ValueError, naming the models that have gates, unless `model`'s cell has some."""
     if not model.cell.sigmoid_gates:
-        from .cells import CELLS
         gated = [name for name, c in CELLS.items() if c.sigmoid_gates]
         where = f"{source} holds a model" if source else "model"
         raise ValueError(f"{where} {model.name!r}, which has no gates; the models with gates are "

@@ -25,10 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .device import simulator_enabled
 from .files import written_atomically
-from .gpu import (Workspace, cuda, device_copy, gpu_cell, model_logits, model_loss_and_grad,
-                  time_major)
+from .gpu import gpu_cell, model_logits, model_loss_and_grad, time_major
+from .kernels.gpu_common import cuda, device_copy, simulator_enabled
+from .memory import DeviceWorkspace as Workspace
 
 CACHE_NAME = "kernel-choices.json"
 FORMAT = 1

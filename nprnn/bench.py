@@ -2,7 +2,8 @@
 
 Each measurement runs the call once to warm up (compilation, caches), then `repeat` times, and
 reports the median: of the wall time on the CPU; on the GPU, of CUDA events around nprnn's
-launches (nprnn.autotune.time_model) and of the wall time up to torch.cuda.synchronize() for PyTorch.
+launches (nprnn.autotune.time_model) and of the wall time up to torch.cuda.synchronize() for
+PyTorch.
 "forward" is model.forward (cell + readout); "fwd+bwd" is model.loss_and_grad (forward, loss,
 full BPTT). The PyTorch side does the same work: the cell, the readout, cross-entropy, and
 `loss.backward()`. Both sides get the same batch: x (B, T, m) uniform on [0, 1), as pixels are,
@@ -29,6 +30,7 @@ import time
 import numba
 import numpy as np
 
+from . import autotune
 from .cells import DEFAULT_EPS, DEFAULT_GAMMA
 from .device import cpu_model
 from .model import make_model
@@ -225,7 +227,6 @@ def run_gpu(names, B, T, m, n, dtype="float32", repeat=5, with_torch=True, seed=
     the same GPU in the same run: the same cell as an eager loop for the Euler family, cuDNN for
     rnn, lstm, gru. Also cuDNN nn.RNN (tanh) and nn.LSTM of the same size, the issue's yardsticks.
     Ratios are nprnn's time over the same model's PyTorch time."""
-    from . import autotune
     rows = []
     x, y = bench_inputs(B, T, m, dtype, seed)
     for name in names:

@@ -3,7 +3,7 @@ cell's kernels are called.
 
 A cell is a recurrence h_t = f(h_{t-1}, x_t) over a whole sequence. Each entry of `CELLS` knows:
 
-    shapes(m, n)            parameter name -> shape (the exact names of the models table, docs/models.md)
+    shapes(m, n)            parameter name -> shape (the names of docs/models.md's table)
     num_params(m, n)        trainable scalars (W of the antisymmetric models counts n(n-1)/2)
     init(rng, m, n, ...)    parameters at initialisation (Appendix C, or the critical one)
     forward(p, x, h0)       run the CPU kernels; x is time-major (T, B, m); -> (h_T, cache)
@@ -96,51 +96,6 @@ class Cell:
     @property
     def ref_name(self):
         return self.name.replace("-", "_")
-
-
-def grown_view(memory, shape, dtype, allocate):
-    """(memory, a): `a` an array of `shape` and `dtype` over the first bytes of `memory`, a 1-d
-    uint8 view of a buffer (or None). Where memory is None or too small, `a` is allocated
-    afresh, allocate(shape, dtype=dtype), and its bytes are the memory returned, so memory only
-    grows. A zero-size `a` is always fresh (there are no bytes to view) and leaves memory as it
-    was. What `Workspace` and the slots of `gpu.Staging` hold their buffers with."""
-    shape, dtype = tuple(int(s) for s in shape), np.dtype(dtype)
-    nbytes = int(np.prod(shape)) * dtype.itemsize
-    if nbytes == 0:
-        return memory, allocate(shape, dtype=dtype)
-    if memory is None or memory.size < nbytes:
-        a = allocate(shape, dtype=dtype)
-        return a.reshape(a.size).view(np.uint8), a
-    return memory, memory[:nbytes].view(dtype).reshape(shape)
-
-
-class Workspace:
-    """Arrays kept from call to call under a name, so that a training loop allocates its
-    activations once instead of every step (fresh arrays of ~100 MB cost ~10 ms of page faults
-    per call at B=128, T=784, n=128). `allocate` is np.empty here and cuda.device_array on the
-    GPU.
-
-    A name's memory only grows. Asked for an array that fits in it (a smaller batch after a larger
-    one, as training at B=128 and evaluation at 256 with a short last batch alternate), `get`
-    hands out a view of its first bytes, so once the largest size has been seen nothing more is
-    allocated; the price is that the largest size stays held. A buffer holds whatever its last
-    user left there: a cache built in a workspace is valid until the next forward pass that uses
-    the same workspace."""
-
-    def __init__(self, allocate=np.empty):
-        self.allocate = allocate
-        self.buffers = {}               # name -> (its memory as bytes, the array last handed out)
-        self.allocations = 0            # buffers allocated so far (not views)
-
-    def get(self, name, shape, dtype):
-        shape, dtype = tuple(int(s) for s in shape), np.dtype(dtype)
-        memory, last = self.buffers.get(name, (None, None))
-        if last is not None and last.shape == shape and last.dtype == dtype:
-            return last
-        grown, a = grown_view(memory, shape, dtype, self.allocate)
-        self.allocations += grown is not memory
-        self.buffers[name] = (grown, a)
-        return a
 
 
 def _buffer(ws, name, shape, dtype):

@@ -22,18 +22,18 @@ The digest is checked at load: a checkpoint whose bytes changed on disk (a flipp
 parameter turns 0.25 into 8.6e37 and still reads) is refused, not trained on. Version 1 files,
 written before there was a digest, are read without that check.
 
-Writing is atomic: the file is written beside its destination as `<name>.tmp`, flushed to disk,
-and moved over the old checkpoint with `os.replace`, so a crash at any moment leaves either the
-old checkpoint or the new one, never a torn file.
+Writing is atomic (`files.written_atomically`): the file is written beside its destination under
+a temporary name, flushed to disk, and moved over the old checkpoint with `os.replace`, so a crash
+at any moment leaves either the old checkpoint or the new one, never a torn file.
 """
 import hashlib
 import json
-import os
 from pathlib import Path
 
 import h5py
 import numpy as np
 
+from .files import written_atomically
 from .kernels.gpu_common import copy_into
 
 FORMAT = "nprnn-checkpoint"
@@ -66,7 +66,6 @@ def save_checkpoint(path, params, optimizer_state, config, progress):
     params: {name: array}; optimizer_state: `Optimizer.state_dict()`; config, progress: JSON-able
     dicts."""
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
     opt_meta = {k: v for k, v in optimizer_state.items() if k != "slots"}
     texts = dict(format=FORMAT, version=str(VERSION),
                  **{k: json.dumps(v, sort_keys=True)
@@ -75,29 +74,17 @@ def save_checkpoint(path, params, optimizer_state, config, progress):
     arrays.update({f"optimizer/{slot}/{k}": np.asarray(a)
                    for slot, slot_arrays in optimizer_state["slots"].items()
                    for k, a in slot_arrays.items()})
-    with h5py.File(tmp, "w") as f:
-        f.attrs["format"] = FORMAT
-        f.attrs["version"] = VERSION
-        for k in JSON_ATTRS:
-            f.attrs[k] = texts[k]
-        f.attrs["sha256"] = digest(texts, arrays)
-        f.create_group("params")
-        f.create_group("optimizer")
-        for k, a in arrays.items():
-            f.create_dataset(k, data=a)
-    with open(tmp, "rb+") as fh:             # the bytes reach the disk before the rename
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    try:                                     # and the rename itself reaches the disk
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dir_fd)
-    except OSError:
-        pass
-    finally:
-        os.close(dir_fd)
+    with written_atomically(path) as tmp:
+        with h5py.File(tmp, "w") as f:
+            f.attrs["format"] = FORMAT
+            f.attrs["version"] = VERSION
+            for k in JSON_ATTRS:
+                f.attrs[k] = texts[k]
+            f.attrs["sha256"] = digest(texts, arrays)
+            f.create_group("params")
+            f.create_group("optimizer")
+            for k, a in arrays.items():
+                f.create_dataset(k, data=a)
 
 
 def find_checkpoint(path):

@@ -75,7 +75,9 @@ import h5py
 import numpy as np
 
 from . import noise, sources
-from .files import remove_stale_temporaries, temporary_name
+from .device import resolve_device
+from .files import remove_stale_temporaries, written_atomically
+from .memory import Staging, to_device
 
 SPLITS = ("train", "valid", "test")
 DEVICES = ("cpu", "cuda")                   # where batches.x lives
@@ -209,9 +211,9 @@ class Task:
         and only the image part crosses from the host; y stays a NumPy array.
 
         reuse=True (cuda only) fills a few device buffers in turn instead of fresh arrays, and
-        uploads without waiting for the GPU (nprnn.gpu.Staging): each x yielded is overwritten
+        uploads without waiting for the GPU (nprnn.memory.Staging): each x yielded is overwritten
         two batches later, after the kernels launched on it before then. The training loop and
-        evaluation use it; keep it off to hold on to batches. reuse may also be a gpu.Staging
+        evaluation use it; keep it off to hold on to batches. reuse may also be a memory.Staging
         to fill, so that passes one after another (the epochs of a run and its evaluations)
         keep the same buffers rather than each allocating its own: "two batches later" then
         counts the batches of every pass filling it."""
@@ -223,11 +225,9 @@ class Task:
             raise ValueError(f"reuse={reuse!r} reuses GPU buffers: it needs device='cuda', got "
                              f"{device!r}")
         if device == "cuda":
-            from .device import resolve_device
             resolve_device(device)     # DeviceUnavailable, saying why, when no GPU is usable
-            from .gpu import Staging
             if not isinstance(reuse, (bool, Staging)):
-                raise ValueError(f"reuse must be True, False or an nprnn.gpu.Staging, got "
+                raise ValueError(f"reuse must be True, False or an nprnn.memory.Staging, got "
                                  f"{reuse!r}")
         _check_split(split)
         B = _check_int("batch_size", batch_size, minimum=1)
@@ -248,9 +248,7 @@ class Task:
         if device == "cpu":
             return (self._make_batch(split, order[b * B:(b + 1) * B], fresh(b))
                     for b in range(start, nb))
-        from . import gpu
-        staging = (reuse if isinstance(reuse, gpu.Staging) else
-                   gpu.Staging() if reuse else None)
+        staging = reuse if isinstance(reuse, Staging) else Staging() if reuse else None
         return (self._make_device_batch(split, order[b * B:(b + 1) * B], fresh(b), staging)
                 for b in range(start, nb))
 
@@ -258,11 +256,10 @@ class Task:
         raise NotImplementedError
 
     def _make_device_batch(self, split, idx, fresh, staging=None):
-        """The batch with x on the GPU (in a slot of `staging`, an nprnn.gpu.Staging, if given);
+        """The batch with x on the GPU (in a slot of `staging`, a memory.Staging, if given);
         a task that can build part of it there overrides this."""
-        from . import gpu
         x, y = self._make_batch(split, idx, fresh)
-        return gpu.to_device(x, staging=staging, name="x"), y
+        return to_device(x, staging=staging, name="x"), y
 
     def info(self):
         """A JSON-able summary: shapes, split sizes, label histograms."""
@@ -385,7 +382,7 @@ def whole_image(images):
 
 def head_then_noise(head, T, keys):
     """x[:, :t0] = head (B, t0, m), then x[b, t] ~ N(0, I) for t0 <= t < T from the stream of
-    keys[b]. -> float32 (B, T, m). (`nprnn.gpu.head_then_noise` is the same on the device.)"""
+    keys[b]. -> float32 (B, T, m). (`nprnn.noise.head_then_noise_device` is the same on the device.)"""
     B, t0, m = head.shape
     x = np.empty((B, T, m), dtype=np.float32)
     x[:, :t0] = head
@@ -417,13 +414,11 @@ NOISE_HEADS = {"rows-then-noise": image_rows, "image-then-noise": whole_image}
 def sequences(layout, images, T, perm, keys, device="cpu", staging=None):
     """x float32 (B, T, m) of `layout` from images uint8 (B, H, W, C): a NumPy array, or with
     device="cuda" a device array, whose noise (if the layout has any) is drawn on the GPU so that
-    only the image part is uploaded (through `staging`, an nprnn.gpu.Staging, if given)."""
+    only the image part is uploaded (through `staging`, a memory.Staging, if given)."""
     if device == "cuda":
-        from . import gpu
         if layout in NOISE_HEADS:
-            return gpu.head_then_noise(NOISE_HEADS[layout](images), T, keys, staging)
-        return gpu.to_device(LAYOUTS[layout][0](images, T, perm, keys), staging=staging,
-                             name="x")
+            return noise.head_then_noise_device(NOISE_HEADS[layout](images), T, keys, staging)
+        return to_device(LAYOUTS[layout][0](images, T, perm, keys), staging=staging, name="x")
     return LAYOUTS[layout][0](images, T, perm, keys)
 
 
@@ -580,9 +575,8 @@ def build_cache(name, data_dir=None, seed=DEFAULT_PERMUTATION_SEED, download=Tru
                                          f"{W}, {C}) with N labels; got {images.dtype} "
                                          f"{images.shape} and {len(labels)} labels")
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temporary_name(path, "tmp")
     _say(f"building {path} from {raw.origin}")
-    try:
+    with written_atomically(path) as tmp:
         with h5py.File(tmp, "w") as f:
             _write_split(f, "train", raw.train_images, raw.train_labels)
             _write_split(f, "test", raw.test_images, raw.test_labels)
@@ -599,12 +593,6 @@ def build_cache(name, data_dir=None, seed=DEFAULT_PERMUTATION_SEED, download=Tru
                 num_classes=source.num_classes,
                 created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 nprnn_version=_version()))
-        with open(tmp, "rb+") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
     return path
 
 

@@ -23,6 +23,11 @@ import os
 import platform
 import re
 
+import numpy as np
+
+from .kernels import gpu_common
+from .kernels.gpu_common import simulator_enabled
+
 DEVICES = ("cpu", "cuda", "auto")
 
 # The NumPy that the cuda extra asks for (setup.cfg says why: numba-cuda 0.30 calls np.row_stack,
@@ -46,15 +51,6 @@ def _no_gpu():
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     return "the CUDA driver reports no GPU" + (
         f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else "")
-
-
-def simulator_enabled():
-    """Whether numba.cuda is Numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1 at import)."""
-    try:
-        from numba.cuda.core import config
-    except ImportError:
-        from numba.core import config
-    return bool(getattr(config, "ENABLE_CUDASIM", False))
 
 
 @functools.lru_cache(maxsize=1)
@@ -101,8 +97,7 @@ def version_clash(exc, numpy_version=None):
     """Where a kernel failed to build (`exc`) beside a NumPy newer than CUDA_NUMPY allows: the
     versions that clash and the command that mends it, in one line; else None."""
     if numpy_version is None:
-        import numpy
-        numpy_version = numpy.__version__
+        numpy_version = np.__version__
     if tuple(int(v) for v in re.findall(r"\d+", numpy_version)[:2]) < CUDA_NUMPY_BELOW:
         return None
     try:
@@ -118,11 +113,8 @@ def launch_check():
     element back. A GPU whose compiler libraries (NVVM, nvJitLink) or driver cannot build or
     launch code is not usable: this finds out before any work starts, not at the first launch
     of a training run. Raises what the failure raised."""
-    import numpy as np
-
-    from .kernels.gpu_common import device_array, fill
-    a = device_array(1, np.float32)
-    fill(a, 1.0)
+    a = gpu_common.device_array(1, np.float32)
+    gpu_common.fill(a, 1.0)
     if a.copy_to_host()[0] != 1.0:
         raise RuntimeError("a kernel that writes 1.0 left another value")
 

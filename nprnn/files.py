@@ -52,8 +52,8 @@ def written_atomically(path):
     before or the whole new file, never part of one (a `simulate` killed while writing its CSV
     left a truncated figure3.csv beside a complete figure3.json). On an exception the temporary
     is deleted and `path` is untouched; the temporary of a writer that was killed is deleted by
-    the next write into its folder (`remove_stale_temporaries`). Checkpoints and caches
-    are written the same way."""
+    the next write into its folder (`remove_stale_temporaries`). Checkpoints, caches, run
+    configurations, figures and the autotuner's choices are all written through here."""
     path = Path(path)
     remove_stale_temporaries(path.parent, "tmp")
     tmp = temporary_name(path, "tmp")
@@ -64,3 +64,18 @@ def written_atomically(path):
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+    _sync_folder(path.parent)
+
+
+def _sync_folder(folder):
+    """Make a rename in `folder` durable (where the system lets a folder be opened)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

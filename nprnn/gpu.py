@@ -1,12 +1,12 @@
 """The GPU path: each cell's forward pass and BPTT, the readout and the loss as kernel launches on
-device arrays, and CUDA-event timings of every kernel version.
+device arrays (their memory: nprnn/memory.py; timing them: nprnn/autotune.py).
 
     model = nprnn.make_model("antisym", 1, 128, 10, device="cuda")
     loss, grads = model.loss_and_grad(x, y)       # x, y NumPy; grads stay on the GPU
 
 What stays on the GPU: the parameters (`model.params` holds numba device arrays), the gradients,
 every activation BPTT needs, and the optimizer state, which kernels/optim.py's GPU twins update
-in place. Activations live in a per-model `Workspace`, allocated once for the largest batch seen
+in place. Activations live in a per-model `DeviceWorkspace`, allocated once for the largest batch seen
 and reused (evaluation's larger and shorter batches and training's share it); the gradients of
 a training step (`model.step_arrays`) in a second one: a fresh device array costs a cudaMalloc,
 and numba frees dead ones in batches with cudaFree, which waits for the whole GPU.
@@ -32,17 +32,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import cells
-from .cells import DEFAULT_EPS, DEFAULT_GAMMA, check_state
-from .device import simulator_enabled
+from .cells import DEFAULT_EPS, DEFAULT_GAMMA, CELLS, check_state
 from .kernels import antisym as K_euler
 from .kernels import gru as K_gru
 from .kernels import lstm as K_lstm
 from .kernels import readout as K_readout
 from .kernels import rnn as K_rnn
-from .kernels.gpu_common import (SHARED_BYTES_MAX, cuda, device_array, device_copy, fill,
-                                 is_device_array, pinned_array)
-from .kernels.layout import copy_leading_steps_gpu, time_major_gpu
+from .kernels.gpu_common import SHARED_BYTES_MAX, device_array, fill
+from .kernels.layout import time_major_gpu
+from .memory import to_device
 
 VERSIONS = ("auto", "step", "persistent")
 
@@ -91,120 +89,6 @@ def _launch(kernels, backward):
 # Device arrays, and batches uploaded without waiting for the GPU
 # ------------------------------------------------------------------------------------------
 
-class Staging:
-    """Device buffers for a stream of batches, filled without making the host wait for the GPU.
-
-    `cuda.to_device(a)` of a NumPy array costs the host a wait for the GPU: it copies from
-    pageable memory with cuMemcpyHtoD, which waits for every kernel already queued, and the fresh
-    array it allocates is freed later by numba's batched cudaFree, which waits for the whole GPU.
-    Done once per training step, for the batch and its labels, that stops the host until the
-    previous step has finished, and the GPU sits idle while the next step is launched.
-
-    A Staging keeps `depth` slots per name and uses them in turn. A slot is a device buffer, and
-    for `upload` also a page-locked host buffer and an event. `upload(name, a)` copies `a` into
-    the host buffer and queues cuMemcpyHtoDAsync on the default stream, where every kernel runs:
-    the call returns at once, and the GPU does the copy after the kernels queued before it and
-    before those queued after it. Rewriting a host buffer first waits on its slot's event, which
-    marks the copy made `depth` uploads ago under that name; the GPU reaches it when it has
-    finished the step before it. So the host runs at most `depth` batches ahead of the GPU.
-
-    The price: an array returned is overwritten by the `depth`-th next call under its name (in
-    stream order, so kernels launched before that call read it intact). The training loop and
-    evaluation use each batch before they ask for the next one, which is all this needs; a caller
-    keeping batches wants fresh arrays instead (`Task.batches(..., reuse=False)`, the default).
-    A slot's buffers grow when a larger array comes (a short last batch reuses them). Not
-    thread-safe."""
-
-    def __init__(self, depth=2):
-        if isinstance(depth, bool) or not isinstance(depth, (int, np.integer)) or depth < 1:
-            raise ValueError(f"depth must be an integer >= 1, got {depth!r}")
-        self.depth = int(depth)
-        self._slots = {}                      # name -> [next slot index, list of slots]
-
-    def _slot(self, name):
-        turn = self._slots.setdefault(name, [0, [_Slot() for _ in range(self.depth)]])
-        slot = turn[1][turn[0]]
-        turn[0] = (turn[0] + 1) % self.depth
-        return slot
-
-    def buffer(self, name, shape, dtype):
-        """The next device buffer of `shape` and `dtype` under `name`, for a kernel to fill."""
-        return self._slot(name).device_view(shape, dtype)
-
-    def upload(self, name, a):
-        """A device array holding the NumPy array `a`, copied without waiting for the GPU."""
-        a = np.ascontiguousarray(a)
-        slot = self._slot(name)
-        if slot.copied is not None:
-            slot.copied.synchronize()         # the copy out of this host buffer has run
-        host = slot.host_view(a.shape, a.dtype)
-        host[...] = a
-        d = slot.device_view(a.shape, a.dtype)
-        d.copy_to_device(host, stream=cuda.default_stream())
-        if slot.copied is None:
-            slot.copied = _event()
-        slot.copied.record(cuda.default_stream())
-        return d
-
-
-class _Slot:
-    """One slot of a Staging: byte buffers on the device and in page-locked host memory, viewed
-    with the shape and dtype asked for, and the event recorded after the slot's last copy."""
-
-    def __init__(self):
-        self.device = self.host = self.copied = None
-
-    def device_view(self, shape, dtype):
-        self.device, a = cells.grown_view(self.device, shape, dtype, device_array)
-        return a
-
-    def host_view(self, shape, dtype):
-        if 0 in shape:                        # nothing to pin (cuMemHostAlloc of 0 bytes)
-            return np.empty(shape, dtype=dtype)
-        self.host, a = cells.grown_view(self.host, shape, dtype, pinned_array)
-        return a
-
-
-def _event():
-    """An event that only orders (no timing, so cheaper to record); the simulator's takes no
-    argument."""
-    return cuda.event() if simulator_enabled() else cuda.event(timing=False)
-
-
-def to_device(a, dtype=None, staging=None, name=None):
-    """A device array holding `a` (a NumPy array, or already a device array: returned as is,
-    TypeError if it is not of `dtype`): a fresh one, or with a Staging the next slot `name` of
-    it."""
-    if is_device_array(a):
-        if dtype is not None and a.dtype != np.dtype(dtype):
-            raise TypeError(f"a device array of dtype {a.dtype} where {np.dtype(dtype)} is "
-                            f"needed; convert it first (numba device arrays have no astype)")
-        return a
-    a = np.ascontiguousarray(a, dtype=dtype)
-    if staging is not None:
-        return staging.upload(name, a)
-    return device_copy(a)
-
-
-def head_then_noise(head, T, keys, staging=None):
-    """x float32 (B, T, m) on the device: x[:, :t0] = head (B, t0, m, a host array, uploaded),
-    then N(0, 1) noise drawn on the GPU from the streams of keys (B, k): the device twin of
-    `nprnn.datasets.head_then_noise`, so that a noise-padded batch never crosses the bus whole.
-    With a Staging, x and the uploads live in its slots "x", "head" and "noise_starts"."""
-    from . import noise
-    B, t0, m = head.shape
-    if not t0 <= T:         # checked before the copy: a kernel writing past x checks nothing
-        raise ValueError(f"the head's {t0} steps do not fit in T = {T} steps")
-    if staging is None:
-        x = device_array((B, T, m), np.float32)
-    else:
-        x = staging.buffer("x", (B, T, m), np.float32)
-    if t0:
-        copy_leading_steps_gpu(x, to_device(head, np.float32, staging, "head"))
-    noise.fill_gaussian_device(x, t0, keys, staging)
-    return x
-
-
 def time_major(x, dtype, ws=None):
     """x (B, T, m) on the device -> (T, B, m) of `dtype` on the device (a workspace buffer when
     ws is given), the layout the kernels read."""
@@ -212,13 +96,6 @@ def time_major(x, dtype, ws=None):
     out = _buffer(ws, "x_time_major", (T, B, m), dtype)
     time_major_gpu(out, x)
     return out
-
-
-class Workspace(cells.Workspace):
-    """Device buffers kept from call to call under a name (cells.Workspace on the GPU)."""
-
-    def __init__(self):
-        super().__init__(allocate=device_array)
 
 
 def _buffer(ws, name, shape, dtype):
@@ -477,7 +354,6 @@ def gpu_cell(name):
 
 
 def _register_all():
-    from .cells import CELLS
     for name in ("antisym", "antisym-gated", "ablation", "feedback"):
         register(EulerGPU(CELLS[name]))
     register(StackedGPU(CELLS["rnn"], K_rnn, "rnn"))

@@ -10,11 +10,13 @@ array (`Task.batches(..., device="cuda")` makes batches on the GPU).
 """
 import numpy as np
 
-from .cells import CELLS, DEFAULT_EPS, DEFAULT_GAMMA, Workspace, gaussian
+from . import autotune, gpu
+from .cells import CELLS, DEFAULT_EPS, DEFAULT_GAMMA, gaussian
 from .device import DEVICES, resolve_device
 from .kernels import layout as K_layout
 from .kernels.gpu_common import is_device_array, memory_of, to_host
 from .kernels import readout as K_readout
+from .memory import DeviceWorkspace, Staging, Workspace, to_device
 
 DTYPES = ("float32", "float64")
 
@@ -41,13 +43,12 @@ class Model:
         self._workspace = Workspace()
         self._inputs = Workspace()             # the host's time-major copy of x, on both devices
         if device == "cuda":
-            from . import autotune, gpu
             gpu.gpu_cell(cell.name)            # ValueError for a cell without GPU kernels
             self.tuner = autotune.Tuner.for_this_gpu()
-            params = {k: gpu.to_device(v) for k, v in params.items()}
-            self._workspace = gpu.Workspace()
-            self._step_grads = gpu.Workspace()  # the gradients of step_arrays (see there)
-            self._uploads = gpu.Staging()       # host x and y, copied without waiting for the GPU
+            params = {k: to_device(v) for k, v in params.items()}
+            self._workspace = DeviceWorkspace()
+            self._step_grads = DeviceWorkspace()  # the gradients of step_arrays (see there)
+            self._uploads = Staging()           # host x and y, copied without waiting for the GPU
         self.params = params
         # what the kernels are built for: each parameter's shape, dtype and memory (_check_params)
         self._param_specs = {k: (tuple(v.shape), v.dtype, memory_of(v)) for k, v in params.items()}
@@ -135,7 +136,6 @@ class Model:
             raise TypeError("x is a GPU array but this model is on the cpu: make the model with "
                             "device='cuda', or pass x.copy_to_host()")
         self._check_x_shape_and_dtype(x)
-        from . import gpu
         return gpu.time_major(x, self.dtype, self._workspace)
 
     def _check_y(self, y, B):
@@ -164,7 +164,6 @@ class Model:
     def hidden(self, x):
         """h_T (B, n) for x (B, T, m)."""
         if self.device == "cuda":
-            from . import gpu
             xt = self._check_x(x)
             return gpu.model_hidden(self, xt, self._kernels(xt), ws=self._workspace,
                                     staging=self._uploads).copy_to_host()
@@ -175,7 +174,6 @@ class Model:
     def forward(self, x):
         """logits (B, K) for x (B, T, m)."""
         if self.device == "cuda":
-            from . import gpu
             xt = self._check_x(x)
             return gpu.model_logits(self, xt, self._kernels(xt), ws=self._workspace,
                                     staging=self._uploads).copy_to_host()
@@ -207,8 +205,7 @@ class Model:
         B = xt.shape[1]
         y = self._check_y(y, B)
         if self.device == "cuda":
-            from . import gpu
-            y = gpu.to_device(y, np.int64, self._uploads, "y")
+            y = to_device(y, np.int64, self._uploads, "y")
             out = self._step_grads if reuse_grads else None
             losses, grads, logits = gpu.model_loss_and_grad(
                 self, xt, y, self._kernels(xt), ws=self._workspace, out=out,

@@ -12,12 +12,15 @@ transform; the kernels, and why they are written the way they are, are in `nprnn
 
     fill_gaussian(x, t0, keys)          x a NumPy array, on the CPU threads
     fill_gaussian_device(x, t0, keys)   x a device array: drawn on the GPU, never copied
+    head_then_noise_device(head, T, keys)   a noise-padded batch made on the GPU
 """
 import numpy as np
 
 from .kernels import gpu_common as K_gpu
 from .kernels import noise as K
 from .kernels.common import njit
+from .kernels.layout import copy_leading_steps_gpu
+from .memory import to_device
 
 # the largest |z| the transform can give: R at u = 2^-32
 MAX_ABS = float(np.sqrt(64 * np.log(2.0)))
@@ -65,10 +68,27 @@ def fill_gaussian(x, t0, keys):
 def fill_gaussian_device(x, t0, keys, staging=None):
     """The same numbers as `fill_gaussian` (to float32 rounding), drawn on the GPU into the
     device array x float32 (B, T, m); keys (B, k) is a host array of non-negative integers.
-    The streams' starting states are uploaded through `staging` (an nprnn.gpu.Staging) if given."""
+    The streams' starting states are uploaded through `staging` (a memory.Staging) if given."""
     if not K_gpu.is_device_array(x) or x.dtype != np.float32 or len(x.shape) != 3:
         raise ValueError(f"x must be a float32 device array of shape (B, T, m), got "
                          f"{type(x).__name__} {getattr(x, 'dtype', '')} {getattr(x, 'shape', '')}")
-    from . import gpu
-    starts = gpu.to_device(_starts(x, t0, keys), staging=staging, name="noise_starts")
+    starts = to_device(_starts(x, t0, keys), staging=staging, name="noise_starts")
     K.gaussian_fill_gpu(x, int(t0), starts)
+
+
+def head_then_noise_device(head, T, keys, staging=None):
+    """x float32 (B, T, m) on the device: x[:, :t0] = head (B, t0, m, a host array, uploaded),
+    then N(0, 1) noise drawn on the GPU from the streams of keys (B, k): the device twin of
+    `nprnn.datasets.head_then_noise`, so that a noise-padded batch never crosses the bus whole.
+    With a Staging, x and the uploads live in its slots "x", "head" and "noise_starts"."""
+    B, t0, m = head.shape
+    if not t0 <= T:         # checked before the copy: a kernel writing past x checks nothing
+        raise ValueError(f"the head's {t0} steps do not fit in T = {T} steps")
+    if staging is None:
+        x = K_gpu.device_array((B, T, m), np.float32)
+    else:
+        x = staging.buffer("x", (B, T, m), np.float32)
+    if t0:
+        copy_leading_steps_gpu(x, to_device(head, np.float32, staging, "head"))
+    fill_gaussian_device(x, t0, keys, staging)
+    return x

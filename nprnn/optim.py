@@ -24,7 +24,8 @@ import math
 import numpy as np
 
 from .kernels import optim as K_optim
-from .kernels.gpu_common import copy_into, is_device_array, memory_of, to_host
+from .kernels.gpu_common import copy_into, device_array, fill, is_device_array, memory_of, to_host
+from .memory import to_device
 
 OPTIMIZERS = ("sgd", "adagrad")
 
@@ -71,8 +72,7 @@ def global_norm(grads):
     float32 gradient cannot overflow the sum. inf or nan when a gradient holds inf or nan."""
     total = np.zeros(1, dtype=np.float64)
     if any(is_device_array(g) for g in grads.values()):
-        from . import gpu
-        total = gpu.to_device(total)
+        total = to_device(total)
     _add_squares(total, grads)
     return math.sqrt(to_host(total)[0])
 
@@ -89,8 +89,7 @@ def _scale_array(scale, on_device):
         return scale
     a = np.array([_check_scale(scale)], dtype=np.float64)
     if on_device:
-        from . import gpu
-        return gpu.to_device(a)
+        return to_device(a)
     return a
 
 
@@ -120,9 +119,8 @@ def clip_scale(norm, clip):
 def _full_like(p, value):
     """An array shaped like p, on p's device, filled with value."""
     if is_device_array(p):
-        from . import gpu
-        a = gpu.device_array(p.shape, p.dtype)
-        gpu.fill(a, value)
+        a = device_array(p.shape, p.dtype)
+        fill(a, value)
         return a
     return np.full_like(p, value)
 
@@ -307,9 +305,7 @@ class StepRecorder:
         self.scale = np.ones(1, dtype=np.float64)
         self._total = np.zeros(1, dtype=np.float64)
         if device == "cuda":
-            from . import gpu
-            self._gpu = gpu
-            self._stats, self.scale, self._total = (gpu.to_device(a) for a in
+            self._stats, self.scale, self._total = (to_device(a) for a in
                                                     (self._stats, self.scale, self._total))
         self.reset(totals)
 
@@ -325,7 +321,7 @@ class StepRecorder:
         (B,), logits (B, K), y (B,) integer labels."""
         self._check_step(losses, logits, y)
         if self.device == "cuda":
-            self._gpu.fill(self._total, 0.0)
+            fill(self._total, 0.0)
             record = K_optim.record_step_gpu
         else:
             self._total[0] = 0.0

@@ -10,6 +10,9 @@ display needed) and saved as PNG.
 """
 import numpy as np
 
+from .analysis import EVAL_SPLITS, curve, vector_field
+from .files import written_atomically
+
 INSTALL_HINT = ("matplotlib is not installed, so no PNG was drawn (the numbers were written). "
                 "Install the plot extra to get the figures: pip install -e '.[plot]'")
 
@@ -34,7 +37,6 @@ def _save(fig, path, dpi):
     """Save `fig` as a PNG at `path` atomically (`files.written_atomically`): a run killed
     while saving leaves the earlier PNG or none, never part of one. The temporary name has no
     .png, so the format is named."""
-    from .files import written_atomically
 
     with written_atomically(path) as tmp:
         fig.savefig(tmp, format="png", dpi=dpi)
@@ -61,7 +63,6 @@ def draw_panel(ax, panel, field=True):
     """One simulation panel: each trajectory as points whose opacity grows with t (earlier steps
     more translucent, as in the paper), its initial state as a star, and on feedback panels the
     ODE's vector field h' = tanh(W h) in grey."""
-    from .analysis import vector_field
 
     hs = panel["states"]                       # (T+1, S, 2)
     xlim, ylim = _limits(panel)
@@ -144,7 +145,6 @@ def plot_learning_curves(runs, path, title=""):
     """Loss (train solid, evaluation dashed; log axis, so a diverging run does not flatten the
     others) and evaluation accuracy against iterations, one colour per run, labelled by model and
     task; the evaluation splits are told apart by their markers (SPLIT_MARKERS)."""
-    from .analysis import EVAL_SPLITS, curve
 
     fig = _figure(figsize=(11, 4), layout="constrained")
     ax_loss, ax_acc = fig.subplots(1, 2, sharex=True)

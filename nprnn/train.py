@@ -54,9 +54,12 @@ import numpy as np
 
 from .checkpoint import (FILENAME, CheckpointError, load_checkpoint, load_params_into,
                          read_config_json, save_checkpoint)
+from . import datasets
 from .datasets import MAX_SEED, resolve_data_dir
 from .device import cpu_model, resolve_device
+from .files import written_atomically
 from .kernels.gpu_common import to_host
+from .memory import Staging
 from .model import make_model
 from .optim import OPTIMIZERS, StepRecorder, make_optimizer
 
@@ -191,8 +194,7 @@ def load_task(config, task=None):
     before perm_seed existed have none in their config.json: they used the permutation of 0.)"""
     if task is not None:
         return task
-    from .datasets import get_task
-    return get_task(config["task"], data_dir=config["data_dir"], T=config["T"],
+    return datasets.get_task(config["task"], data_dir=config["data_dir"], T=config["T"],
                     seed=config.get("perm_seed", 0), valid_size=config["valid_size"])
 
 
@@ -217,8 +219,7 @@ def check_task_fits(model, task, source):
 def check_named_task_fits(model, config, source):
     """check_task_fits for the task that config["task"] and config["T"] name, from its spec
     alone: a task that does not fit is refused before its data is fetched or cached."""
-    from .datasets import task_spec
-    spec = task_spec(config["task"])
+    spec = datasets.task_spec(config["task"])
     _check_fits(model, spec.name, spec.shape(config["T"])[1], spec.num_classes, source)
 
 
@@ -248,7 +249,7 @@ def evaluate(model, task, split, batch_size=256, should_stop=None, progress=None
     Returns dict(loss, accuracy, count), or None if `should_stop()` became true in between
     (a stop signal during a long evaluation does not wait for it to finish). `progress`, if
     given, is called as progress(examples done, examples in all) after each batch. On cuda the
-    batches go through `staging` (an nprnn.gpu.Staging that the caller keeps from one
+    batches go through `staging` (an nprnn.memory.Staging that the caller keeps from one
     evaluation to the next), else through buffers of their own."""
     if task.size(split) == 0:
         if split == "valid":
@@ -306,9 +307,8 @@ class MetricsLog:
                     continue
                 if isinstance(rec, dict) and rec.get("iteration", 0) <= keep_until:
                     kept.append(line)
-            tmp = self.path.with_name(self.path.name + ".tmp")
-            tmp.write_text("".join(line + "\n" for line in kept))
-            os.replace(tmp, self.path)
+            with written_atomically(self.path) as tmp:
+                tmp.write_text("".join(line + "\n" for line in kept))
         self.file = open(self.path, "a")
 
     def write(self, **record):
@@ -472,9 +472,8 @@ def _arithmetic():
 
 
 def _write_json(path, obj):
-    tmp = Path(str(path) + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    with written_atomically(path) as tmp:
+        tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
 def format_config(config, model):
@@ -618,10 +617,7 @@ def train(config=None, out="runs/run", resume=False, given=None, task=None, echo
     recorder = StepRecorder(model.device, config["clip"], prog["interval"])
     # on cuda, every epoch and evaluation of the run fills the same few batch buffers (page-locked
     # ones among them, slow to allocate, and freed only by a wait for the GPU)
-    staging = None
-    if model.device == "cuda":
-        from .gpu import Staging
-        staging = Staging()
+    staging = Staging() if model.device == "cuda" else None
 
     def sync():
         """prog["interval"] brought up to date; TrainingDiverged if a step was not finite."""

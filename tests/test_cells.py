@@ -530,7 +530,7 @@ def test_a_workspace_grows_and_hands_out_views_of_what_it_holds():
     def allocate(shape, dtype):
         made.append((shape, np.dtype(dtype).name))
         return np.empty(shape, dtype=dtype)
-    ws = nprnn.cells.Workspace(allocate)
+    ws = nprnn.memory.Workspace(allocate)
     a = ws.get("hs", (5, 4, 3), np.float32)
     assert ws.get("hs", [5, 4, 3], "float32") is a
     b = ws.get("hs", (5, 2, 3), np.float32)                # a smaller batch

@@ -518,21 +518,21 @@ def test_out_of_gpu_memory_is_a_memory_error(monkeypatch):
                     "numba.cuda has another driver module, and nprnn allocates nothing on a GPU")
     from numba.cuda.cudadrv import driver
 
-    from nprnn import gpu, optim
+    from nprnn import memory, optim
     from nprnn.kernels import gpu_common as G
     oom = driver.binding.CUresult.CUDA_ERROR_OUT_OF_MEMORY
     other = driver.binding.CUresult.CUDA_ERROR_INVALID_VALUE
     allocations = [
         ("device_array", lambda: G.device_array((1024, 3), np.float32), "GPU"),
-        ("device_array", lambda: gpu.Workspace().get("hs", (5, 2, 3), np.float64), "GPU"),
+        ("device_array", lambda: memory.DeviceWorkspace().get("hs", (5, 2, 3), np.float64), "GPU"),
         ("device_array", lambda: G.scratch("test_oom", (2, 2), np.float32), "GPU"),
-        ("device_array", lambda: gpu.Staging().buffer("x", (2, 3), np.float32), "GPU"),
-        ("to_device", lambda: gpu.to_device(np.zeros((2, 3))), "GPU"),
-        ("pinned_array", lambda: gpu.Staging().upload("y", np.zeros(3)), "page-locked host"),
+        ("device_array", lambda: memory.Staging().buffer("x", (2, 3), np.float32), "GPU"),
+        ("to_device", lambda: memory.to_device(np.zeros((2, 3))), "GPU"),
+        ("pinned_array", lambda: memory.Staging().upload("y", np.zeros(3)), "page-locked host"),
     ]
-    for name, allocate, memory in allocations:
+    for name, allocate, where in allocations:
         monkeypatch.setattr(G.cuda, name, _failing(driver, oom))
-        with pytest.raises(MemoryError, match=rf"^out of {memory} memory: [\d,.]+ (bytes|MiB) "
+        with pytest.raises(MemoryError, match=rf"^out of {where} memory: [\d,.]+ (bytes|MiB) "
                                               rf"more, for an array of shape \(.*\) and dtype"):
             allocate()
         monkeypatch.setattr(G.cuda, name, _failing(driver, other))   # other errors pass as they are

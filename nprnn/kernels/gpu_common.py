@@ -33,7 +33,14 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from ..device import simulator_enabled
+
+def simulator_enabled():
+    """Whether numba.cuda is Numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1 at import)."""
+    try:
+        from numba.cuda.core import config
+    except ImportError:
+        from numba.core import config
+    return bool(getattr(config, "ENABLE_CUDASIM", False))
 
 try:
     from numba import cuda

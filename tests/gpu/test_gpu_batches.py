@@ -9,7 +9,7 @@ import pytest
 
 import gpu_testing as gt
 import nprnn
-from nprnn import gpu, sources
+from nprnn import gpu, memory, noise, sources
 from nprnn.datasets import get_task
 from nprnn.device import simulator_enabled
 from nprnn.kernels.gpu_common import to_host
@@ -34,7 +34,7 @@ def test_device_batches_equal_host_batches(data_dir, name, T):
             host = list(task.batches(split, 7, **kw))[:2]
             dev = list(task.batches(split, 7, device="cuda", **kw))[:2]
             for (xh, yh), (xd, yd) in zip(host, dev):
-                assert gpu.is_device_array(xd) and xd.dtype == np.float32
+                assert memory.is_device_array(xd) and xd.dtype == np.float32
                 np.testing.assert_array_equal(yd, yh)
                 # the image part is copied; the noise agrees to a few float32 ulps (GPU FMAs)
                 np.testing.assert_allclose(xd.copy_to_host(), xh, rtol=1e-6, atol=1e-6)
@@ -68,7 +68,7 @@ def test_reused_buffers_give_the_same_batches_and_are_overwritten_two_batches_la
         with pytest.raises(ValueError, match="reuse=True reuses GPU buffers: it needs "
                                              "device='cuda', got 'cpu'"):
             next(task.batches("test", 7, reuse=True))
-        with pytest.raises(ValueError, match="reuse must be True, False or an nprnn.gpu.Staging"
+        with pytest.raises(ValueError, match="reuse must be True, False or an nprnn.memory.Staging"
                                              ", got 'yes'"):
             task.batches("test", 7, device="cuda", reuse="yes")
 
@@ -80,10 +80,10 @@ def test_passes_that_share_a_staging_allocate_once(data_dir, name, T, monkeypatc
     later passes, smaller batches among them, allocate nothing."""
     allocated = []
     for kind in ("device_array", "pinned_array"):
-        make = getattr(gpu, kind)
-        monkeypatch.setattr(gpu, kind, lambda *a, _make=make, **kw: allocated.append(1)
+        make = getattr(memory, kind)
+        monkeypatch.setattr(memory, kind, lambda *a, _make=make, **kw: allocated.append(1)
                             or _make(*a, **kw))
-    staging = gpu.Staging()
+    staging = memory.Staging()
     with get_task(name, data_dir=data_dir, T=T, progress=False) as task:
         passes = [("test", 9, {}), ("train", 4, dict(seed=1, epoch=0)), ("test", 9, {}),
                   ("train", 4, dict(seed=1, epoch=1))]
@@ -117,8 +117,8 @@ def test_staging_waits_for_a_slots_last_copy_before_rewriting_its_host_buffer(mo
         def synchronize(self):
             log.append(("wait", self.id))
 
-    monkeypatch.setattr(gpu, "_event", Event)
-    staging = gpu.Staging(depth=2)
+    monkeypatch.setattr(memory, "_event", Event)
+    staging = memory.Staging(depth=2)
     a, b, c = (np.full(4, v, np.int64) for v in (1, 2, 3))
     da = staging.upload("y", a)
     staging.upload("y", b)
@@ -136,7 +136,7 @@ def test_staging_waits_for_a_slots_last_copy_before_rewriting_its_host_buffer(mo
     assert staging.buffer("x", (2, 0, 3), np.float32).shape == (2, 0, 3)
     for depth in (0, 1.5, True):
         with pytest.raises(ValueError, match="depth must be an integer >= 1"):
-            gpu.Staging(depth)
+            memory.Staging(depth)
 
 
 @pytest.mark.real_gpu
@@ -153,7 +153,7 @@ def test_an_upload_returns_while_the_kernels_queued_before_it_still_run():
             cuda.nanosleep(1000000)                      # about a millisecond
 
     a = np.arange(1000.0)
-    staging = gpu.Staging(depth=2)
+    staging = memory.Staging(depth=2)
     staging.upload("x", a), staging.upload("x", a)       # both slots' buffers allocated
     sleep[1, 1](0)                                       # compiled
     cuda.synchronize()
@@ -170,11 +170,11 @@ def test_an_upload_returns_while_the_kernels_queued_before_it_still_run():
 
 
 def test_to_device_passes_a_device_array_through_only_in_the_dtype_asked_for():
-    a = gpu.to_device(np.zeros(3))
-    assert gpu.to_device(a) is a and gpu.to_device(a, np.float64) is a
+    a = memory.to_device(np.zeros(3))
+    assert memory.to_device(a) is a and memory.to_device(a, np.float64) is a
     with pytest.raises(TypeError, match="a device array of dtype float64 where float32 is "
                                         "needed"):
-        gpu.to_device(a, np.float32)
+        memory.to_device(a, np.float32)
 
 
 def test_model_takes_device_batches(data_dir, monkeypatch):
@@ -196,7 +196,7 @@ def test_model_takes_device_batches(data_dir, monkeypatch):
     with pytest.raises(TypeError, match="GPU array but this model is on the cpu"):
         cpu_model.loss_and_grad(xd, y)
     with pytest.raises(ValueError, match="m = input_size = 784"):
-        model.loss_and_grad(gpu.to_device(np.zeros((4, 3, 5), np.float32)), y)
+        model.loss_and_grad(memory.to_device(np.zeros((4, 3, 5), np.float32)), y)
 
 
 def test_data_benchmark_on_cuda(monkeypatch, capsys):
@@ -221,4 +221,4 @@ def test_a_head_longer_than_the_sequence_is_refused_before_any_copy():
     """On a GPU an oversized head would be written past x unchecked (kernels do no bounds
     checks), so head_then_noise refuses it first."""
     with pytest.raises(ValueError, match="head's 5 steps do not fit in T = 4"):
-        gpu.head_then_noise(np.zeros((2, 5, 3), np.float32), 4, np.zeros((2, 2), np.int64))
+        noise.head_then_noise_device(np.zeros((2, 5, 3), np.float32), 4, np.zeros((2, 2), np.int64))

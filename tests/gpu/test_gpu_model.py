@@ -12,7 +12,7 @@ import pytest
 
 import gpu_testing as gt
 import nprnn
-from nprnn import autotune, gpu
+from nprnn import autotune, gpu, memory
 from nprnn.bench import bench_inputs
 
 pytestmark = gt.requires_cuda
@@ -63,7 +63,7 @@ def kernels(name, version):
 def test_model_on_cuda_matches_cpu(name, version):
     cpu, dev = pair(name, "float64")
     dev.gpu_version = kernels(name, version)
-    assert dev.device == "cuda" and all(gpu.is_device_array(p) for p in dev.params.values())
+    assert dev.device == "cuda" and all(memory.is_device_array(p) for p in dev.params.values())
     for k, v in dev.host_params().items():
         np.testing.assert_array_equal(v, cpu.params[k], err_msg=f"initial {k}")
     x, y = data()
@@ -91,8 +91,8 @@ def test_a_given_h0_and_its_gradient_dh0_match_the_cpu(name, version):
     h0, dh_T = rng.standard_normal((2, gt.B, gt.N))
     h_T, cache = cpu.cell.forward(cpu.cell_params(), xt, h0, **cpu.hyper)
     g, dh0 = cpu.cell.backward(cpu.cell_params(), cache, dh_T, **cpu.hyper)
-    cell, ws = gpu.gpu_cell(name), gpu.Workspace()
-    h_T_d, cache_d = cell.forward(dev.cell_params(), gpu.to_device(xt), h0,
+    cell, ws = gpu.gpu_cell(name), memory.DeviceWorkspace()
+    h_T_d, cache_d = cell.forward(dev.cell_params(), memory.to_device(xt), h0,
                                   kernels(name, version), ws, **dev.hyper)
     g_d, dh0_d = cell.backward(dev.cell_params(), cache_d, dh_T, ws, **dev.hyper)
     gt.assert_close(h_T_d, h_T, "float64", "h_T")
@@ -302,8 +302,8 @@ def test_training_steps_stay_on_the_gpu_and_follow_the_cpu():
     from nprnn.kernels import optim as K_optim
     cpu, dev = pair("antisym-gated", "float64")
     v_cpu = {k: np.zeros_like(p) for k, p in cpu.params.items()}
-    v_dev = {k: gpu.to_device(np.zeros_like(p)) for k, p in cpu.params.items()}
-    one = gpu.to_device(np.ones(1))                          # the clipping factor
+    v_dev = {k: memory.to_device(np.zeros_like(p)) for k, p in cpu.params.items()}
+    one = memory.to_device(np.ones(1))                          # the clipping factor
     rng = np.random.default_rng(7)
     for _ in range(3):
         x, y = rng.standard_normal((gt.B, gt.T, gt.M)), rng.integers(0, 4, gt.B)
@@ -315,7 +315,7 @@ def test_training_steps_stay_on_the_gpu_and_follow_the_cpu():
             p = dev.params[k]
             K_optim.sgd_momentum_gpu(p.reshape(p.size), v_dev[k].reshape(p.size),
                                      g_dev[k].reshape(p.size), 0.5, 0.9, one, threads=8)
-            assert gpu.is_device_array(p) and gpu.is_device_array(g_dev[k])
+            assert memory.is_device_array(p) and memory.is_device_array(g_dev[k])
     for k, p in dev.host_params().items():
         gt.assert_close(p, cpu.params[k], "float64", f"{k} after 3 steps")
 
@@ -402,7 +402,7 @@ def test_a_diverging_cuda_run_is_stopped_at_its_first_bad_step(tmp_path):
 
 
 def test_training_and_evaluation_on_cuda_take_batches_in_reused_buffers(tmp_path, monkeypatch):
-    """The loop's batches go through one nprnn.gpu.Staging (no wait for the GPU per batch),
+    """The loop's batches go through one nprnn.memory.Staging (no wait for the GPU per batch),
     kept for the whole run: every epoch and evaluation fills the same buffers."""
     from nprnn.datasets import ArrayTask
     from nprnn.train import train
@@ -423,15 +423,15 @@ def test_training_and_evaluation_on_cuda_take_batches_in_reused_buffers(tmp_path
         ("train", "cuda"), ("test", "cuda"), ("train", "cuda"), ("test", "cuda"),
         ("train", "cuda"), ("test", "cuda")]
     staging = asked[0][2]
-    assert isinstance(staging, gpu.Staging) and all(r is staging for _, _, r in asked)
+    assert isinstance(staging, memory.Staging) and all(r is staging for _, _, r in asked)
 
 
 @pytest.mark.parametrize("name", ["antisym", "lstm"])
 def test_h0_and_dh_T_must_hold_one_state_per_batch_row_on_the_gpu_too(name):
     """As on the CPU (tests/test_cells.py): an (n,) vector is refused, not broadcast."""
     model = nprnn.make_model(name, 3, 5, 4, dtype="float64", device="cuda")
-    xt = gpu.to_device(np.zeros((2, 3, 3)))                         # (T, B, m)
-    cell, ws = gpu.gpu_cell(name), gpu.Workspace()
+    xt = memory.to_device(np.zeros((2, 3, 3)))                         # (T, B, m)
+    cell, ws = gpu.gpu_cell(name), memory.DeviceWorkspace()
     with pytest.raises(ValueError, match=r"h0 must have shape \(B, n\) = \(3, 5\), got \(5,\)"):
         cell.forward(model.cell_params(), xt, np.ones(5), "step", ws, **model.hyper)
     _, cache = cell.forward(model.cell_params(), xt, None, "step", ws, **model.hyper)

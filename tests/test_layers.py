@@ -1,0 +1,95 @@
+"""The import graph of nprnn/ and cli.py runs one way, down the layers below: a module imports
+only modules of lower layers (at the top of the file or inside a function alike), so there is no
+circle, and kernels/ imports nothing of nprnn above it. A new module must be placed in a layer
+here; that is where a reader learns what it may touch.
+"""
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# top to bottom
+LAYERS = [
+    ["cli"],
+    ["nprnn"],                                  # the public API (__init__.py)
+    ["nprnn.plotting"],                         # figures of what analysis computes
+    ["nprnn.analysis"],                         # dynamics, Jacobians, gates of trained runs
+    ["nprnn.train", "nprnn.bench"],             # the training loop; the benchmark
+    ["nprnn.model", "nprnn.optim", "nprnn.checkpoint", "nprnn.gradcheck", "nprnn.datasets"],
+    ["nprnn.autotune"],                         # times the GPU kernel options
+    ["nprnn.gpu"],                              # the GPU path of the cells and the loss
+    ["nprnn.cells", "nprnn.noise", "nprnn.sources"],
+    ["nprnn.device", "nprnn.reference", "nprnn.memory", "nprnn.files"],
+    ["nprnn.kernels.antisym", "nprnn.kernels.rnn", "nprnn.kernels.lstm", "nprnn.kernels.gru",
+     "nprnn.kernels.readout", "nprnn.kernels.optim", "nprnn.kernels.noise",
+     "nprnn.kernels.layout"],
+    ["nprnn.kernels.gpu_common"],
+    ["nprnn.kernels.common"],
+    ["nprnn.kernels"],                          # the package's (empty) __init__.py
+]
+LAYER = {module: depth for depth, modules in enumerate(LAYERS) for module in modules}
+
+
+def module_name(path):
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules():
+    return {module_name(p): p for p in [ROOT / "cli.py", *sorted((ROOT / "nprnn").rglob("*.py"))]}
+
+
+def imports(path, name, known):
+    """(line, module) for every import of an nprnn module in the file, wherever it sits."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[:len(package.split(".")) - (node.level - 1)]
+                base = ".".join(up + ([node.module] if node.module else []))
+            # "from . import gpu" imports the module nprnn.gpu; "from .cells import X" nprnn.cells
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base
+                       for a in node.names]
+        else:
+            continue
+        found += [(node.lineno, t) for t in targets if t == "nprnn" or t.startswith("nprnn.")]
+    return found
+
+
+def test_every_module_has_a_layer():
+    unplaced = sorted(set(modules()) - set(LAYER))
+    assert not unplaced, f"place these modules in a layer of tests/test_layers.py: {unplaced}"
+
+
+def test_imports_run_down_the_layers():
+    known = modules()
+    wrong = []
+    for name, path in known.items():
+        for line, target in imports(path, name, known):
+            if target != name and LAYER.get(target, -1) <= LAYER.get(name, len(LAYERS)):
+                wrong.append(f"{path.relative_to(ROOT)}:{line} imports {target} "
+                             f"(layer {LAYER.get(target)}) from layer {LAYER.get(name)}")
+    assert not wrong, "imports that run up or across the layers:\n" + "\n".join(wrong)
+
+
+@pytest.mark.parametrize("source, broken", [
+    ("from .model import make_model\n", "nprnn/cells.py"),          # up
+    ("def f():\n    from . import gpu\n", "nprnn/noise.py"),         # up, inside a function
+    ("from .. import device\n", "nprnn/kernels/gpu_common.py"),      # out of kernels/
+])
+def test_the_check_catches_an_upward_import(source, broken, tmp_path, monkeypatch):
+    """The check itself fails where it should: an import added upward is named."""
+    path = ROOT / broken
+    name = module_name(path)
+    fake = tmp_path / path.name
+    fake.write_text(path.read_text() + "\n" + source)
+    known = modules()
+    found = [t for _, t in imports(fake, name, known)]
+    target = found[-1]
+    assert LAYER[target] <= LAYER[name], (broken, target)
