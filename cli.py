@@ -24,6 +24,7 @@ from nprnn.checkpoint import FILENAME, CheckpointError, load_checkpoint
 from nprnn.datasets import DEFAULT_PERMUTATION_SEED, MAX_SEED, TASKS
 from nprnn.device import DeviceUnavailable, resolve_device
 from nprnn.model import count_params
+from nprnn.optim import OPTIMIZERS
 from nprnn.sources import DataError
 from nprnn.train import CONFIG
 
@@ -681,7 +682,7 @@ def plot_runs(runs, out, name):
               type=click.Choice(INIT_SCHEMES),
               help="Initialisation: Appendix C, or critical (LSTMs only).")
 @click.option("--optimizer", default="sgd", show_default=True,
-              type=click.Choice(["sgd", "adagrad"]), help="SGD with momentum, or Adagrad.")
+              type=click.Choice(list(OPTIMIZERS)), help="SGD with momentum, or Adagrad.")
 @click.option("--lr", default=0.1, show_default=True, type=FiniteFloat(min=0, min_open=True),
               help="Learning rate (grid: 0.1, 0.2, 0.3, 0.4, 0.5, 0.75, 1).")
 @click.option("--momentum", default=0.9, show_default=True,

@@ -2,8 +2,8 @@
 and the benchmark's rows (`cli.py bench --device cuda`).
 
 Where several kernels can run a pass (the step and the persistent versions; for the Euler cells'
-persistent kernels the matrix read from global memory or kept in shared memory: nprnn/gpu.py,
-`GPUCell.options`), which is fastest depends on the GPU, n, the batch size and the dtype. So, as
+persistent kernels the matrix read from global memory or kept in shared memory:
+`backends.options`), which is fastest depends on the GPU, n, the batch size and the dtype. So, as
 cuDNN's find and Triton's autotune do, a `Tuner` times every option of each pass once per
 (cell, n, B, dtype, GPU), on T = min(T, 64) steps of random data, keeps the fastest, and writes
 the choice to a small JSON file (`cache_path`: beside numba's cache when NUMBA_CACHE_DIR is set,
@@ -25,10 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
+from .backends import CUDA, options, resolve, time_major
 from .files import written_atomically
-from .gpu import gpu_cell, model_logits, model_loss_and_grad, time_major
 from .kernels.gpu_common import cuda, device_copy, simulator_enabled
-from .memory import DeviceWorkspace as Workspace
+from .memory import DeviceWorkspace
 
 CACHE_NAME = "kernel-choices.json"
 FORMAT = 1
@@ -46,10 +46,12 @@ def cache_path():
 
 
 def kernels_digest():
-    """A digest of the kernel sources and of gpu.py: a choice timed on other kernels is stale."""
+    """A digest of the kernels and of the code that calls them (backends.py, cells.py): a choice
+    timed on other kernels is stale."""
     here = Path(__file__).parent
     h = hashlib.sha256()
-    for path in sorted((here / "kernels").glob("*.py")) + [here / "gpu.py"]:
+    callers = [here / "backends.py", here / "cells.py"]
+    for path in sorted((here / "kernels").glob("*.py")) + callers:
         h.update(path.read_bytes())
     return h.hexdigest()[:16]
 
@@ -91,7 +93,7 @@ def measure_ms(run, kernels, backward):
 class Choice:
     """The kernels of a model's forward and backward passes, and how they were chosen: "timed"
     (just now), "cached" (timed earlier on this GPU) or "untimed" (the first option)."""
-    forward: object
+    forward: object             # a backends.Kernels
     backward: object
     how: str
 
@@ -133,27 +135,26 @@ class Tuner:
         return self._chosen[asked]
 
     def _choose(self, model, B, T, version):
-        runner = gpu_cell(model.name)
-        n, dtype = model.hidden_size, model.dtype
+        cell, n, dtype, launch = model.cell, model.hidden_size, model.dtype, model.launch
         if version != "auto":
-            return Choice(*(runner.resolve(version, n, dtype, backward)
+            return Choice(*(resolve(cell, version, n, dtype, backward, launch)
                             for backward in (False, True)), "asked for")
-        options = [runner.options(n, dtype, backward) for backward in (False, True)]
+        fits = [options(cell, n, dtype, backward, launch) for backward in (False, True)]
         if self.measure is None:
-            return Choice(options[0][0], options[1][0], "untimed")
+            return Choice(fits[0][0], fits[1][0], "untimed")
         key = self._key(model, B)
         choices = self._load()
         entry = choices.get(key)
         if entry is not None:
             picked = [next((k for k in opts if k.token == entry[pass_]), None)
-                      for opts, pass_ in zip(options, ("forward", "backward"))]
+                      for opts, pass_ in zip(fits, ("forward", "backward"))]
             if None not in picked:
                 return Choice(*picked, "cached")
-        entry = self._time(model, runner, options, B, T)
+        entry = self._time(model, fits, B, T)
         choices[key] = entry
         self._save()
         picked = [next(k for k in opts if k.token == entry[pass_])
-                  for opts, pass_ in zip(options, ("forward", "backward"))]
+                  for opts, pass_ in zip(fits, ("forward", "backward"))]
         return Choice(*picked, "timed")
 
     def _key(self, model, B):
@@ -161,26 +162,29 @@ class Tuner:
             self.gpu = device_name()
         return f"{self.gpu} | {model.name} | n={model.hidden_size} | B={B} | {model.dtype.name}"
 
-    def _time(self, model, runner, options, B, T):
+    def _time(self, model, fits, B, T):
         """Each option of the forward pass, then each of BPTT after the fastest forward: an entry
         {"forward": token, "backward": token, "forward_ms": {...}, "backward_ms": {...}}."""
         T = max(1, min(T, self.steps))
-        m, n, dtype = model.input_size, model.hidden_size, model.dtype
+        m, n, dtype, cell = model.input_size, model.hidden_size, model.dtype, model.cell
         rng = np.random.default_rng(0)
         x = device_copy(rng.standard_normal((T, B, m)).astype(dtype))
         dh_T = device_copy(rng.standard_normal((B, n)).astype(dtype))
         p, hyper = model.cell_params(), model.hyper
-        ws, out = Workspace(), Workspace()
+        ws, out = DeviceWorkspace(), DeviceWorkspace()
+
+        def on(forward, backward=None):
+            return CUDA(model.launch, forward, backward or forward)
         entry = {"T": T}
         forward_ms = {k.token: self.measure(
-            lambda k=k: runner.forward(p, x, None, k, ws, **hyper), k, False)
-            for k in options[0]}
-        fastest = _fastest(options[0], forward_ms)
-        _, cache = runner.forward(p, x, None, fastest, ws, **hyper)
+            lambda k=k: cell.forward(p, x, None, ws, backend=on(k), **hyper), k, False)
+            for k in fits[0]}
+        fastest = _fastest(fits[0], forward_ms)
+        _, cache = cell.forward(p, x, None, ws, backend=on(fastest), **hyper)
         backward_ms = {k.token: self.measure(
-            lambda k=k: runner.backward(p, cache, dh_T, ws, out, k, **hyper), k, True)
-            for k in options[1]}
-        entry.update(forward=fastest.token, backward=_fastest(options[1], backward_ms).token,
+            lambda k=k: cell.backward(p, cache, dh_T, ws, out, backend=on(fastest, k), **hyper),
+            k, True) for k in fits[1]}
+        entry.update(forward=fastest.token, backward=_fastest(fits[1], backward_ms).token,
                      forward_ms=forward_ms, backward_ms=backward_ms)
         return entry
 
@@ -239,9 +243,8 @@ def time_model(model, x, y, versions=("step", "persistent"), repeats=5, warmup=1
     n, dtype = model.hidden_size, model.dtype
     x_batch = device_copy(np.ascontiguousarray(x, dtype=dtype))        # (B, T, m), as a task's
     y = device_copy(np.asarray(y, dtype=np.int64))
-    ws, out = Workspace(), Workspace()
-    runner = gpu_cell(model.name)
-    fits = [runner.options(n, dtype, backward) for backward in (False, True)]
+    ws, out = DeviceWorkspace(), DeviceWorkspace()
+    fits = [options(model.cell, n, dtype, backward, model.launch) for backward in (False, True)]
     every = sorted(dict.fromkeys(fits[0] + fits[1]), key=lambda k: k.version != "step")
     chosen = model.kernels_for(B, T)
     rows = []
@@ -257,12 +260,13 @@ def time_model(model, x, y, versions=("step", "persistent"), repeats=5, warmup=1
             notes.append(f"{k.version} {' and '.join(misfits)} "
                          f"{'does' if len(misfits) == 1 else 'do'} not fit in shared memory at "
                          f"n={n}, {dtype.name}")
+        be = CUDA(model.launch, k, k)
         if "forward" not in misfits:          # a forward that fits is timed even if BPTT is not
-            row["forward_ms"] = elapsed_ms(lambda k=k: model_logits(
-                model, time_major(x_batch, dtype, ws), (k, k), ws), repeats, warmup)
+            row["forward_ms"] = elapsed_ms(lambda be=be: model.logits_on(
+                be, time_major(x_batch, dtype, ws)), repeats, warmup)
         if not misfits:
-            row["forward_backward_ms"] = elapsed_ms(lambda k=k: model_loss_and_grad(
-                model, time_major(x_batch, dtype, ws), y, (k, k), ws, out), repeats, warmup)
+            row["forward_backward_ms"] = elapsed_ms(lambda be=be: model.step_on(
+                be, time_major(x_batch, dtype, ws), y, out), repeats, warmup)
         runs = [label for label, c in (("forward", chosen.forward), ("BPTT", chosen.backward))
                 if c == k]
         if runs:

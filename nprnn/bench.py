@@ -31,19 +31,15 @@ import numba
 import numpy as np
 
 from . import autotune
-from .cells import DEFAULT_EPS, DEFAULT_GAMMA
+from .cells import CELLS, DEFAULT_EPS, DEFAULT_GAMMA, EulerCell
 from .device import cpu_model
 from .model import make_model
 
 # (k_rec, k_in): how many n-wide blocks the recurrent and the input products have
-PRODUCT_BLOCKS = {"antisym": (1, 1), "antisym-gated": (1, 2), "ablation": (1, 2),
-                  "feedback": (1, 1), "rnn": (1, 1), "lstm": (4, 4), "peephole-lstm": (4, 4),
-                  "gru": (3, 3)}
-
-
 def flops(name, B, T, m, n):
-    """(forward, forward + backward) matrix-product FLOPs of one batch."""
-    k_rec, k_in = PRODUCT_BLOCKS[name]
+    """(forward, forward + backward) matrix-product FLOPs of one batch (the cell's
+    `product_blocks`: n-wide blocks of its recurrent and input products)."""
+    k_rec, k_in = CELLS[name].product_blocks
     fwd = 2 * T * B * n * (k_rec * n + k_in * m)
     bwd = 2 * T * B * n * (2 * k_rec * n + k_in * m)
     return fwd, fwd + bwd
@@ -94,7 +90,7 @@ def torch_available(device="cpu"):
     return device == "cpu" or torch.cuda.is_available()
 
 
-def _torch_euler(name, torch, n, m, eps, gamma, dtype, gen, device="cpu"):
+def _torch_euler(cell, torch, n, m, eps, gamma, dtype, gen, device="cpu"):
     """The Euler-family cell written the fastest plain way in PyTorch: the input projection for all
     steps as one product, then a time loop of torch.addmm over its unbind(1), autograd for BPTT."""
     def param(*shape, scale=1.0):
@@ -102,14 +98,14 @@ def _torch_euler(name, torch, n, m, eps, gamma, dtype, gen, device="cpu"):
         return w.to(device).requires_grad_()
     W = param(n, n, scale=n ** -0.5)
     V_h, b_h = param(n, m), param(n, scale=0.0)
-    gated = name in ("antisym-gated", "ablation")
+    gated = cell.gated
     V_z, b_z = (param(n, m), param(n, scale=0.0)) if gated else (None, None)
     eye = torch.eye(n, dtype=dtype, device=device)
 
     def hidden(x):
-        if name in ("antisym", "antisym-gated"):
+        if cell.antisymmetric:
             A = W.triu(1) - W.triu(1).T - gamma * eye
-        elif name == "ablation":
+        elif cell.diffusion:
             A = W - gamma * eye
         else:
             A = W
@@ -149,13 +145,14 @@ def _bench_torch(torch, name, x, y, n, dtype, repeat, seed, device):
     m = x.shape[2]
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)                   # the modules below draw from the global generator
-    if name in ("rnn", "lstm", "gru"):
-        cls = dict(rnn=torch.nn.RNN, lstm=torch.nn.LSTM, gru=torch.nn.GRU)[name]
-        module = cls(m, n, batch_first=True, dtype=tdtype).to(device)
+    cell = CELLS[name]
+    if cell.torch_module:                     # nn.RNN, nn.LSTM, nn.GRU: the same weights
+        module = getattr(torch.nn, cell.torch_module)(m, n, batch_first=True,
+                                                       dtype=tdtype).to(device)
         hidden = lambda x: module(x)[0][:, -1]                                   # noqa: E731
-    elif name in PRODUCT_BLOCKS and name != "peephole-lstm":
+    elif isinstance(cell, EulerCell):
         # the cell nprnn's side builds: make_model's default eps and gamma
-        hidden = _torch_euler(name, torch, n, m, DEFAULT_EPS, DEFAULT_GAMMA, tdtype, gen, device)
+        hidden = _torch_euler(cell, torch, n, m, DEFAULT_EPS, DEFAULT_GAMMA, tdtype, gen, device)
     else:
         return None
     readout = torch.nn.Linear(n, 10, dtype=tdtype).to(device)
@@ -243,7 +240,7 @@ def run_gpu(names, B, T, m, n, dtype="float32", repeat=5, with_torch=True, seed=
                 row["note"] = "(PyTorch has no such cell)"
             rows.append(row)
         if theirs is not None:
-            kind = "cuDNN" if name in ("rnn", "lstm", "gru") else "eager"
+            kind = "cuDNN" if CELLS[name].torch_module else "eager"
             rows.append(dict(model=name, impl=f"PyTorch {theirs['version']} {kind}",
                              forward=theirs["forward"], fwd_bwd=theirs["fwd_bwd"],
                              gflops=f_all / theirs["fwd_bwd"] / 1e9, ratio=1.0))

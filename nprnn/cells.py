@@ -1,15 +1,18 @@
-"""The cell registry: parameter names and shapes, initialisation, parameter counting, and how each
-cell's kernels are called.
-
-A cell is a recurrence h_t = f(h_{t-1}, x_t) over a whole sequence. Each entry of `CELLS` knows:
+"""The cell registry: one spec per cell, and everything else reads it. Each entry of `CELLS`
+knows:
 
     shapes(m, n)            parameter name -> shape (the names of docs/models.md's table)
     num_params(m, n)        trainable scalars (W of the antisymmetric models counts n(n-1)/2)
     init(rng, m, n, ...)    parameters at initialisation (Appendix C, or the critical one)
-    forward(p, x, h0)       run the CPU kernels; x is time-major (T, B, m); -> (h_T, cache)
-    backward(p, cache, dh_T) -> (grads, dh_0), grads with the same keys as p
-    reference_forward/backward   the float64 oracle in `nprnn/reference.py`, same contract but
-                            batch-major x (B, T, m)
+    forward(p, x, h0, ws, backend)   its kernels over a time-major x (T, B, m) -> (h_T, cache),
+                            on the CPU or, with a backends.CUDA, the GPU: written once
+    backward(p, cache, dh_T, ws, out, backend) -> (grads, dh_0), grads with the keys of p
+    forward_kernels, backward_kernels   its kernels' twins (kernels.common.Twins)
+    persistent_layouts(n, dtype, backward, rows)   which persistent GPU passes fit
+    reference               its float64 oracle in nprnn/reference.py (forward, backward), same
+                            contract but batch-major x (B, T, m)
+    product_blocks          n-wide blocks of its recurrent and input products (bench's FLOPs)
+    torch_module            the torch.nn module with the same weights, if any (bench)
     grad_mask(name, n)      None, or a 0/1 array that the gradient of `name` already respects
                             (the strict upper triangle of an antisymmetric W)
     sigmoid_gates           the cell's gates, values in (0, 1) that open and close: ("z",) of
@@ -19,16 +22,20 @@ A cell is a recurrence h_t = f(h_{t-1}, x_t) over a whole sequence. Each entry o
     ignores_h0(p)           whether h_1 (and so h_T) is the same whatever h_0 is: dh_T/dh_0 is
                             then exactly 0, not a product too small for the dtype
 
-Tests iterate over `CELLS`, so a cell added here cannot arrive without its gradient checks.
+The tests, the model, bench, gates and jacobian iterate over `CELLS`: a cell registered is a cell
+checked (tests/test_extra_cell.py registers one from a spec alone). A new cell of a family here
+is its reference functions and one `register(...)` line; a new family adds its kernels file and a
+spec class (`forward`, `backward`, `persistent_layouts` beside the rest).
 """
 import numpy as np
 
 from . import reference
+from .backends import CPU
 from .kernels import antisym as K_euler
-from .kernels.common import one_blas_thread
 from .kernels import gru as K_gru
 from .kernels import lstm as K_lstm
 from .kernels import rnn as K_rnn
+from .kernels.gpu_common import SHARED_BYTES_MAX
 
 # Appendix C grid: eps in {0.01, 0.1, 1}, gamma in {0.001, 0.01, 0.1, 1}, sigma_w in
 # {0, 1, 2, 4, 8, 16}. The defaults below are points of that grid.
@@ -53,6 +60,10 @@ class Cell:
     hyper = ()
     init_schemes = ("paper",)
     sigmoid_gates = ()
+    reference = (None, None)     # its forward and backward in nprnn/reference.py
+    product_blocks = (1, 1)      # n-wide blocks of its recurrent and input products (bench FLOPs)
+    unfitting_layout = None      # the layout named when a persistent pass does not fit
+    torch_module = None          # the torch.nn module with the same weights, if any (bench)
 
     def shapes(self, m, n):
         raise NotImplementedError
@@ -88,44 +99,23 @@ class Cell:
         return False
 
     def reference_forward(self, p, x, h0=None, **hyper):
-        return getattr(reference, self.ref_name + "_forward")(p, x, h0=h0, **hyper)
+        return self.reference[0](p, x, h0=h0, **hyper)
 
     def reference_backward(self, p, cache, dh_T, **hyper):
-        return getattr(reference, self.ref_name + "_backward")(p, cache, dh_T, **hyper)
+        return self.reference[1](p, cache, dh_T, **hyper)
 
-    @property
-    def ref_name(self):
-        return self.name.replace("-", "_")
-
-
-def _buffer(ws, name, shape, dtype):
-    """A workspace buffer, or a fresh array when there is no workspace."""
-    if ws is None:
-        return np.empty(tuple(int(s) for s in shape), dtype=np.dtype(dtype))
-    return ws.get(name, shape, dtype)
+    def persistent_layouts(self, n, dtype, backward, rows=1):
+        """The matrix layouts with which a persistent GPU pass fits a block's shared memory at n
+        units and `rows` batch rows per block ([None] for a cell with no layouts to choose;
+        empty where not even the rows' state fits)."""
+        raise NotImplementedError
 
 
-def check_state(name, a, B, n):
-    """h0 as a cell's forward takes it (None: zero) and dh_T as its backward takes it: one state
-    per batch row, (B, n). (A NumPy assignment would broadcast an (n,) vector, and a kernel, which
-    has no bounds checks, would read past a smaller array.)"""
-    if a is not None and tuple(np.shape(a)) != (B, n):
-        raise ValueError(f"{name} must have shape (B, n) = ({B}, {n}), got {tuple(np.shape(a))}")
-
-
-def _dh_T(dh_T, hs):
-    """dL/dh_T checked against the states hs (T+1, B, n), as a contiguous array of their dtype."""
-    check_state("dh_T", dh_T, *hs.shape[1:])
-    return np.ascontiguousarray(dh_T, dtype=hs.dtype)
-
-
-def _states(x, n, h0, ws=None, name="hs"):
-    """hs (T+1, B, n) with hs[0] = h_0 (zero unless given)."""
-    T, B, _ = x.shape
-    check_state("h0", h0, B, n)
-    hs = _buffer(ws, name, (T + 1, B, n), x.dtype)
-    hs[0] = 0.0 if h0 is None else h0
-    return hs
+def gradients(backend, out, p, B, n, dtype):
+    """Arrays for the gradients of the parameters p and for dh_0 (B, n): buffers of the
+    workspace `out` (a training step's, reused), or fresh arrays when it is None."""
+    g = {k: backend.buffer(out, f"d{k}", v.shape, v.dtype) for k, v in p.items()}
+    return g, backend.buffer(out, "dh0", (B, n), dtype)
 
 
 class EulerCell(Cell):
@@ -135,12 +125,18 @@ class EulerCell(Cell):
 
     hyper = ("eps", "gamma")
 
-    def __init__(self, name, summary, antisymmetric, gated, uses_gamma=True):
-        self.name, self.summary = name, summary
+    unfitting_layout = "global"
+
+    def __init__(self, name, summary, antisymmetric, gated, reference, uses_gamma=True):
+        self.name, self.summary, self.reference = name, summary, reference
         self.antisymmetric, self.gated = antisymmetric, gated
         self.diffusion = uses_gamma               # A has -gamma I (always, if antisymmetric)
         self.hyper = ("eps", "gamma") if uses_gamma else ("eps",)
         self.sigmoid_gates = ("z",) if gated else ()
+        self.product_blocks = (1, 2 if gated else 1)
+        # the kernels' twins (kernels/antisym.py), gated or not
+        self.forward_kernels = K_euler.euler_gated_forward if gated else K_euler.euler_forward
+        self.backward_kernels = K_euler.euler_gated_backward if gated else K_euler.euler_backward
 
     def shapes(self, m, n):
         s = dict(W=(n, n), V_h=(n, m), b_h=(n,))
@@ -172,62 +168,61 @@ class EulerCell(Cell):
             p["b_z"] = np.zeros(n, dtype)
         return p
 
-    def matrix(self, W, gamma):
+    def persistent_layouts(self, n, dtype, backward, rows=1):
+        return K_euler.persistent_layouts(n, dtype, self.antisymmetric, backward, rows)
+
+    def matrix(self, W, gamma, ws=None, backend=CPU):
         """The recurrent matrix A that the kernels use: W - W^T - gamma I (antisym,
-        antisym-gated), W - gamma I (ablation), W (feedback). `gpu.py` has the same on the GPU."""
+        antisym-gated), W - gamma I (ablation), W (feedback)."""
         if self.antisymmetric:
-            A = np.empty_like(W)
-            K_euler.antisym_matrix_cpu(A, W, gamma)
+            A = backend.buffer(ws, "A", W.shape, W.dtype)
+            backend.run(K_euler.antisym_matrix, A, W, gamma)
             return A
         if self.diffusion:
-            A = np.empty_like(W)
-            K_euler.shifted_matrix_cpu(A, W, gamma)
+            A = backend.buffer(ws, "A", W.shape, W.dtype)
+            backend.run(K_euler.shifted_matrix, A, W, gamma)
             return A
         return W
 
-    def dW(self, dA):
-        if self.antisymmetric:
-            dW = np.empty_like(dA)
-            K_euler.antisym_dW_cpu(dW, dA)
-            return dW
-        return dA
-
-    def forward(self, p, x, h0=None, ws=None, eps=DEFAULT_EPS, gamma=DEFAULT_GAMMA):
+    def forward(self, p, x, h0=None, ws=None, backend=CPU, eps=DEFAULT_EPS,
+                gamma=DEFAULT_GAMMA):
         T, B, _ = x.shape
         n = p["b_h"].shape[0]
-        eps = x.dtype.type(eps)                # float32 models compute in float32 throughout
-        A = self.matrix(p["W"], gamma)
-        hs = _states(x, n, h0, ws)
-        th = _buffer(ws, "th", (T, B, n), x.dtype)
+        eps = backend.scalar(eps, x.dtype)
+        A = self.matrix(p["W"], gamma, ws, backend)
+        hs = backend.states(ws, "hs", x, n, h0)
+        th = backend.buffer(ws, "th", (T, B, n), x.dtype)
         cache = dict(x=x, A=A, hs=hs, th=th)
-        with one_blas_thread():
-            if self.gated:
-                z = _buffer(ws, "z", th.shape, th.dtype)
-                K_euler.euler_gated_forward_cpu(hs, th, z, x, A, p["V_h"], p["b_h"],
-                                                p["V_z"], p["b_z"], eps)
-                cache["z"] = z
-            else:
-                K_euler.euler_forward_cpu(hs, th, x, A, p["V_h"], p["b_h"], eps)
+        gate = ()
+        if self.gated:
+            cache["z"] = backend.buffer(ws, "z", (T, B, n), x.dtype)
+            gate = (cache["z"],)
+        inputs = (p["V_h"], p["b_h"]) + ((p["V_z"], p["b_z"]) if self.gated else ())
+        backend.run_pass(self.forward_kernels, False, hs, th, *gate, x, A, *inputs, eps)
         return hs[T], cache
 
-    def backward(self, p, cache, dh_T, ws=None, eps=DEFAULT_EPS, gamma=DEFAULT_GAMMA):
+    def backward(self, p, cache, dh_T, ws=None, out=None, backend=CPU, eps=DEFAULT_EPS,
+                 gamma=DEFAULT_GAMMA):
         x, A, hs, th = cache["x"], cache["A"], cache["hs"], cache["th"]
-        eps = x.dtype.type(eps)
-        dh_T = _dh_T(dh_T, hs)
-        g = {k: np.empty_like(v) for k, v in p.items()}
-        dA = np.empty_like(A)
-        dh0 = np.empty_like(hs[0])
-        da = _buffer(ws, "da", th.shape, th.dtype)
-        with one_blas_thread():
-            if self.gated:
-                K_euler.euler_gated_backward_cpu(dA, g["V_h"], g["b_h"], g["V_z"], g["b_z"], dh0,
-                                                 da, _buffer(ws, "dzp", th.shape, th.dtype),
-                                                 _buffer(ws, "ds", th.shape, th.dtype),
-                                                 dh_T, hs, th, cache["z"], x, A, eps)
-            else:
-                K_euler.euler_backward_cpu(dA, g["V_h"], g["b_h"], dh0, da, dh_T, hs, th, x, A,
-                                           eps)
-        g["W"] = self.dW(dA)
+        T, B, _ = x.shape
+        n = A.shape[0]
+        eps = backend.scalar(eps, x.dtype)
+        dh_T = backend.upstream(dh_T, hs)
+        g, dh0 = gradients(backend, out, p, B, n, x.dtype)
+        # the antisymmetric models turn dA into dW (below); the others' dW is dA itself
+        dA = backend.buffer(ws, "dA", A.shape, A.dtype) if self.antisymmetric else g["W"]
+        da = backend.buffer(ws, "da", (T, B, n), x.dtype)
+        if self.gated:
+            grads = (dA, g["V_h"], g["b_h"], g["V_z"], g["b_z"], dh0, da,
+                     backend.buffer(ws, "dzp", (T, B, n), x.dtype),
+                     backend.buffer(ws, "ds", (T, B, n), x.dtype))
+            state = (dh_T, hs, th, cache["z"], x, A, eps)
+        else:
+            grads = (dA, g["V_h"], g["b_h"], dh0, da)
+            state = (dh_T, hs, th, x, A, eps)
+        backend.run_pass(self.backward_kernels, True, *grads, *state)
+        if self.antisymmetric:
+            backend.run(K_euler.antisym_dW, g["W"], dA)
         return g, dh0
 
     def gate_values(self, cache):
@@ -242,13 +237,17 @@ def register(cell):
     return cell
 
 
-register(EulerCell("antisym", "AntisymmetricRNN, eq. (12)", antisymmetric=True, gated=False))
+register(EulerCell("antisym", "AntisymmetricRNN, eq. (12)", antisymmetric=True, gated=False,
+                   reference=(reference.antisym_forward, reference.antisym_backward)))
 register(EulerCell("antisym-gated", "AntisymmetricRNN with gating, eq. (13)",
-                   antisymmetric=True, gated=True))
+                   antisymmetric=True, gated=True,
+                   reference=(reference.antisym_gated_forward, reference.antisym_gated_backward)))
 register(EulerCell("ablation", "eq. (13) with an unstructured W (section 5.4)",
-                   antisymmetric=False, gated=True))
+                   antisymmetric=False, gated=True,
+                   reference=(reference.ablation_forward, reference.ablation_backward)))
 register(EulerCell("feedback", "RNN with feedback, h + eps tanh(W h + V x + b) (section 4)",
-                   antisymmetric=False, gated=False, uses_gamma=False))
+                   antisymmetric=False, gated=False, uses_gamma=False,
+                   reference=(reference.feedback_forward, reference.feedback_backward)))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -282,8 +281,18 @@ class StackedGateCell(Cell):
     gates = ("h",)              # the gate blocks, in PyTorch's order
     forget_gate = None          # the block whose bias starts at 1 in the paper scheme
 
-    def __init__(self, name, summary):
-        self.name, self.summary = name, summary
+    def __init__(self, name, summary, kernels_module, reference):
+        self.name, self.summary, self.reference = name, summary, reference
+        self.kernels_module = kernels_module      # for its FORWARD_VALUES, BACKWARD_VALUES
+        self.product_blocks = (len(self.gates), len(self.gates))
+
+    def persistent_layouts(self, n, dtype, backward, rows=1):
+        # the persistent kernels keep VALUES vectors of n per row in shared memory and read W_hh
+        # from global memory: one layout, where the state fits
+        K = self.kernels_module
+        values = K.BACKWARD_VALUES if backward else K.FORWARD_VALUES
+        fits = values * n * rows * np.dtype(dtype).itemsize <= SHARED_BYTES_MAX
+        return [None] if fits else []
 
     def shapes(self, m, n):
         k = len(self.gates)
@@ -322,26 +331,27 @@ class RNNCell(StackedGateCell):
     """h_t = tanh(W_ih x_t + b_ih + W_hh h_{t-1} + b_hh)  (kernels/rnn.py)."""
 
     gates = ("h",)
+    forward_kernels, backward_kernels = K_rnn.rnn_forward, K_rnn.rnn_backward
+    torch_module = "RNN"
 
-    def forward(self, p, x, h0=None, ws=None, **hyper):
+    def forward(self, p, x, h0=None, ws=None, backend=CPU, **hyper):
         self._no_hyper(hyper)
         T = x.shape[0]
-        hs = _states(x, p["weight_hh"].shape[1], h0, ws)
-        with one_blas_thread():
-            K_rnn.rnn_forward_cpu(hs, x, p["weight_ih"], p["weight_hh"], p["bias_ih"],
-                                  p["bias_hh"])
+        hs = backend.states(ws, "hs", x, p["weight_hh"].shape[1], h0)
+        backend.run_pass(self.forward_kernels, False, hs, x, p["weight_ih"], p["weight_hh"],
+                         p["bias_ih"], p["bias_hh"])
         return hs[T], dict(x=x, hs=hs)
 
-    def backward(self, p, cache, dh_T, ws=None, **hyper):
+    def backward(self, p, cache, dh_T, ws=None, out=None, backend=CPU, **hyper):
         self._no_hyper(hyper)
         x, hs = cache["x"], cache["hs"]
-        g = {k: np.empty_like(v) for k, v in p.items()}
-        dh0 = np.empty_like(hs[0])
-        da = _buffer(ws, "da", hs[1:].shape, hs.dtype)
-        dh_T = _dh_T(dh_T, hs)
-        with one_blas_thread():
-            K_rnn.rnn_backward_cpu(g["weight_ih"], g["weight_hh"], g["bias_ih"], g["bias_hh"],
-                                   dh0, da, dh_T, hs, x, p["weight_hh"])
+        T, B, _ = x.shape
+        n = p["weight_hh"].shape[1]
+        g, dh0 = gradients(backend, out, p, B, n, x.dtype)
+        da = backend.buffer(ws, "da", (T, B, n), x.dtype)
+        dh_T = backend.upstream(dh_T, hs)
+        backend.run_pass(self.backward_kernels, True, g["weight_ih"], g["weight_hh"], g["bias_ih"],
+                         g["bias_hh"], dh0, da, dh_T, hs, x, p["weight_hh"])
         return g, dh0
 
 
@@ -377,9 +387,13 @@ class LSTMCell(StackedGateCell):
                    mu=(0.0, 5.0, 0.0, 0.0)),
     }
 
-    def __init__(self, name, summary, peephole):
-        super().__init__(name, summary)
+    def __init__(self, name, summary, peephole, reference):
+        super().__init__(name, summary, K_lstm, reference)
         self.peephole = peephole
+        self.torch_module = None if peephole else "LSTM"
+        self.forward_kernels = K_lstm.peephole_lstm_forward if peephole else K_lstm.lstm_forward
+        self.backward_kernels = (K_lstm.peephole_lstm_backward if peephole
+                                 else K_lstm.lstm_backward)
 
     def shapes(self, m, n):
         s = super().shapes(m, n)
@@ -398,36 +412,33 @@ class LSTMCell(StackedGateCell):
         return _stacked(rng, m, n, dtype, [v / m for v in c["nu2"]],
                         [v / n for v in c["sigma2"]], c["mu"])
 
-    def forward(self, p, x, h0=None, ws=None, **hyper):
+    def forward(self, p, x, h0=None, ws=None, backend=CPU, **hyper):
         self._no_hyper(hyper)
         T, B, _ = x.shape
         n = p["weight_hh"].shape[1]
-        hs = _states(x, n, h0, ws)
-        cs = _states(x, n, None, ws, "cs")          # c_0 = 0: h0 sets h_0 only
-        gates = _buffer(ws, "gates", (T, B, 4 * n), x.dtype)
-        args = (hs, cs, gates, x, p["weight_ih"], p["weight_hh"], p["bias_ih"], p["bias_hh"])
-        with one_blas_thread():
-            if self.peephole:
-                K_lstm.peephole_lstm_forward_cpu(*args, p["w_ci"], p["w_cf"], p["w_co"])
-            else:
-                K_lstm.lstm_forward_cpu(*args)
+        hs = backend.states(ws, "hs", x, n, h0)
+        cs = backend.states(ws, "cs", x, n)          # c_0 = 0: h0 sets h_0 only
+        gates = backend.buffer(ws, "gates", (T, B, 4 * n), x.dtype)
+        peepholes = (p["w_ci"], p["w_cf"], p["w_co"]) if self.peephole else ()
+        backend.run_pass(self.forward_kernels, False, hs, cs, gates, x, p["weight_ih"],
+                         p["weight_hh"], p["bias_ih"], p["bias_hh"], *peepholes)
         return hs[T], dict(x=x, hs=hs, cs=cs, gates=gates)
 
-    def backward(self, p, cache, dh_T, ws=None, **hyper):
+    def backward(self, p, cache, dh_T, ws=None, out=None, backend=CPU, **hyper):
         self._no_hyper(hyper)
         x, hs, cs, gates = cache["x"], cache["hs"], cache["cs"], cache["gates"]
-        g = {k: np.empty_like(v) for k, v in p.items()}
-        dh0 = np.empty_like(hs[0])
-        da = _buffer(ws, "da", gates.shape, gates.dtype)
-        dh_T = _dh_T(dh_T, hs)
+        T, B, _ = x.shape
+        n = p["weight_hh"].shape[1]
+        g, dh0 = gradients(backend, out, p, B, n, x.dtype)
+        da = backend.buffer(ws, "da", (T, B, 4 * n), x.dtype)
+        dh_T = backend.upstream(dh_T, hs)
         dW = (g["weight_ih"], g["weight_hh"], g["bias_ih"], g["bias_hh"])
-        with one_blas_thread():
-            if self.peephole:
-                K_lstm.peephole_lstm_backward_cpu(*dW, g["w_ci"], g["w_cf"], g["w_co"], dh0, da,
-                                                  dh_T, hs, cs, gates, x, p["weight_hh"],
-                                                  p["w_ci"], p["w_cf"], p["w_co"])
-            else:
-                K_lstm.lstm_backward_cpu(*dW, dh0, da, dh_T, hs, cs, gates, x, p["weight_hh"])
+        state = (hs, cs, gates, x, p["weight_hh"])
+        if self.peephole:
+            backend.run_pass(self.backward_kernels, True, *dW, g["w_ci"], g["w_cf"], g["w_co"],
+                             dh0, da, dh_T, *state, p["w_ci"], p["w_cf"], p["w_co"])
+        else:
+            backend.run_pass(self.backward_kernels, True, *dW, dh0, da, dh_T, *state)
         return g, dh0
 
 
@@ -437,37 +448,43 @@ class GRUCell(StackedGateCell):
 
     gates = ("r", "z", "n")
     sigmoid_gates = ("r", "z")               # n is the candidate, tanh
+    forward_kernels, backward_kernels = K_gru.gru_forward, K_gru.gru_backward
+    torch_module = "GRU"
 
     def ignores_h0(self, p):
         return False                         # h_t = (1 - z) n + z h_{t-1}: h_{t-1} passes z
 
-    def forward(self, p, x, h0=None, ws=None, **hyper):
+    def forward(self, p, x, h0=None, ws=None, backend=CPU, **hyper):
         self._no_hyper(hyper)
         T, B, _ = x.shape
         n = p["weight_hh"].shape[1]
-        hs = _states(x, n, h0, ws)
-        gates = _buffer(ws, "gates", (T, B, 3 * n), x.dtype)
-        hn = _buffer(ws, "hn", (T, B, n), x.dtype)
-        with one_blas_thread():
-            K_gru.gru_forward_cpu(hs, gates, hn, x, p["weight_ih"], p["weight_hh"],
-                                  p["bias_ih"], p["bias_hh"])
+        hs = backend.states(ws, "hs", x, n, h0)
+        gates = backend.buffer(ws, "gates", (T, B, 3 * n), x.dtype)
+        hn = backend.buffer(ws, "hn", (T, B, n), x.dtype)
+        backend.run_pass(self.forward_kernels, False, hs, gates, hn, x, p["weight_ih"],
+                         p["weight_hh"], p["bias_ih"], p["bias_hh"])
         return hs[T], dict(x=x, hs=hs, gates=gates, hn=hn)
 
-    def backward(self, p, cache, dh_T, ws=None, **hyper):
+    def backward(self, p, cache, dh_T, ws=None, out=None, backend=CPU, **hyper):
         self._no_hyper(hyper)
         x, hs, gates, hn = cache["x"], cache["hs"], cache["gates"], cache["hn"]
-        g = {k: np.empty_like(v) for k, v in p.items()}
-        dh0 = np.empty_like(hs[0])
-        dh_T = _dh_T(dh_T, hs)
-        with one_blas_thread():
-            K_gru.gru_backward_cpu(g["weight_ih"], g["weight_hh"], g["bias_ih"], g["bias_hh"],
-                                   dh0, _buffer(ws, "dgi", gates.shape, gates.dtype),
-                                   _buffer(ws, "dgh", gates.shape, gates.dtype), dh_T, hs,
-                                   gates, hn, x, p["weight_hh"])
+        T, B, _ = x.shape
+        n = p["weight_hh"].shape[1]
+        g, dh0 = gradients(backend, out, p, B, n, x.dtype)
+        dh_T = backend.upstream(dh_T, hs)
+        backend.run_pass(self.backward_kernels, True, g["weight_ih"], g["weight_hh"], g["bias_ih"],
+                         g["bias_hh"], dh0, backend.buffer(ws, "dgi", gates.shape, x.dtype),
+                         backend.buffer(ws, "dgh", gates.shape, x.dtype), dh_T, hs, gates, hn, x,
+                         p["weight_hh"])
         return g, dh0
 
 
-register(RNNCell("rnn", "vanilla RNN, tanh(W_ih x + W_hh h + b) (PyTorch nn.RNN)"))
-register(LSTMCell("lstm", "LSTM, gates i f g o (PyTorch nn.LSTM)", peephole=False))
-register(LSTMCell("peephole-lstm", "LSTM with peepholes on c (Gers et al. 2002)", peephole=True))
-register(GRUCell("gru", "GRU, gates r z n (PyTorch nn.GRU)"))
+register(RNNCell("rnn", "vanilla RNN, tanh(W_ih x + W_hh h + b) (PyTorch nn.RNN)", K_rnn,
+                 reference=(reference.rnn_forward, reference.rnn_backward)))
+register(LSTMCell("lstm", "LSTM, gates i f g o (PyTorch nn.LSTM)", peephole=False,
+                  reference=(reference.lstm_forward, reference.lstm_backward)))
+register(LSTMCell("peephole-lstm", "LSTM with peepholes on c (Gers et al. 2002)", peephole=True,
+                  reference=(reference.peephole_lstm_forward,
+                             reference.peephole_lstm_backward)))
+register(GRUCell("gru", "GRU, gates r z n (PyTorch nn.GRU)", K_gru,
+                 reference=(reference.gru_forward, reference.gru_backward)))

@@ -14,7 +14,7 @@ def grown_view(memory, shape, dtype, allocate):
     uint8 view of a buffer (or None). Where memory is None or too small, `a` is allocated
     afresh, allocate(shape, dtype=dtype), and its bytes are the memory returned, so memory only
     grows. A zero-size `a` is always fresh (there are no bytes to view) and leaves memory as it
-    was. What `Workspace` and the slots of `gpu.Staging` hold their buffers with."""
+    was. What `Workspace` and the slots of `Staging` hold their buffers with."""
     shape, dtype = tuple(int(s) for s in shape), np.dtype(dtype)
     nbytes = int(np.prod(shape)) * dtype.itemsize
     if nbytes == 0:

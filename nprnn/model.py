@@ -3,14 +3,16 @@
 `Model.loss_and_grad` is full BPTT: the readout's backward gives dL/dh_T, the cell's backward
 carries it through all T steps. Inputs are validated here, once, so the kernels can trust them.
 
-On device "cuda" (nprnn/gpu.py) the same calls run the GPU twins: `params` and the gradients are
-numba device arrays that stay on the GPU (`host_params()` copies the parameters out), while y, the
-loss, the logits and h_T cross as NumPy values, as on the CPU; x may be a NumPy array or a device
-array (`Task.batches(..., device="cuda")` makes batches on the GPU).
+The forward pass, the loss and BPTT are written once (`step_on`): a backend (nprnn/backends.py)
+runs each kernel's CPU or GPU twin. On device "cuda" `params` and the gradients are numba device
+arrays that stay on the GPU (`host_params()` copies the parameters out), while y, the loss, the
+logits and h_T cross as NumPy values, as on the CPU; x may be a NumPy array or a device array
+(`Task.batches(..., device="cuda")` makes batches on the GPU).
 """
 import numpy as np
 
-from . import autotune, gpu
+from . import autotune, backends
+from .backends import CPU, CUDA, time_major
 from .cells import CELLS, DEFAULT_EPS, DEFAULT_GAMMA, gaussian
 from .device import DEVICES, resolve_device
 from .kernels import layout as K_layout
@@ -35,19 +37,23 @@ class Model:
         self.hyper = hyper
         self.dtype = np.dtype(dtype)
         self.device = device
-        # GPU kernel version ("auto", "step" or "persistent"; see nprnn/gpu.py), the autotuner
-        # that chooses for "auto" (nprnn/autotune.py), and the activation buffers reused from
-        # call to call (host or device arrays)
+        # The same code runs on both devices; what differs is chosen here, once. On cuda: the
+        # launch settings (a backends.Launch), the kernel version ("auto", "step" or
+        # "persistent"; nprnn/backends.py) and the autotuner that chooses for "auto"
+        # (nprnn/autotune.py). Buffers reused from call to call: the activations (`_workspace`),
+        # on cuda also the returned outputs and a training step's gradients (on the CPU these
+        # are fresh arrays, the caller's to keep), and the uploads of x and y.
         self.gpu_version = "auto"
+        self.launch = backends.LAUNCH
         self.tuner = None
         self._workspace = Workspace()
         self._inputs = Workspace()             # the host's time-major copy of x, on both devices
+        self._outputs = self._step_grads = self._uploads = None
         if device == "cuda":
-            gpu.gpu_cell(cell.name)            # ValueError for a cell without GPU kernels
             self.tuner = autotune.Tuner.for_this_gpu()
             params = {k: to_device(v) for k, v in params.items()}
-            self._workspace = DeviceWorkspace()
-            self._step_grads = DeviceWorkspace()  # the gradients of step_arrays (see there)
+            self._workspace = self._outputs = DeviceWorkspace()
+            self._step_grads = DeviceWorkspace()
             self._uploads = Staging()           # host x and y, copied without waiting for the GPU
         self.params = params
         # what the kernels are built for: each parameter's shape, dtype and memory (_check_params)
@@ -136,7 +142,7 @@ class Model:
             raise TypeError("x is a GPU array but this model is on the cpu: make the model with "
                             "device='cuda', or pass x.copy_to_host()")
         self._check_x_shape_and_dtype(x)
-        return gpu.time_major(x, self.dtype, self._workspace)
+        return time_major(x, self.dtype, self._workspace)
 
     def _check_y(self, y, B):
         y = np.asarray(y)
@@ -157,39 +163,47 @@ class Model:
             raise ValueError("kernels_for: this model is on the cpu, which has one version")
         return self.tuner.choose(self, B, T, self.gpu_version)
 
-    def _kernels(self, xt):
+    def backend_for(self, xt):
+        """The backend (nprnn/backends.py) that runs the passes over time-major x (T, B, m)."""
+        if self.device == "cpu":
+            return CPU
         choice = self.kernels_for(xt.shape[1], xt.shape[0])
-        return choice.forward, choice.backward
+        return CUDA(self.launch, choice.forward, choice.backward)
 
     def hidden(self, x):
         """h_T (B, n) for x (B, T, m)."""
-        if self.device == "cuda":
-            xt = self._check_x(x)
-            return gpu.model_hidden(self, xt, self._kernels(xt), ws=self._workspace,
-                                    staging=self._uploads).copy_to_host()
-        h_T, _ = self.cell.forward(self.cell_params(), self._check_x(x), None,
-                                   ws=self._workspace, **self.hyper)
-        return h_T.copy()
+        xt = self._check_x(x)
+        be = self.backend_for(xt)
+        h_T, _ = self.cell.forward(self.cell_params(), be.upload(xt, self.dtype, self._uploads,
+                                                                 "x"),
+                                   None, self._workspace, backend=be, **self.hyper)
+        return be.to_host(h_T)
 
     def forward(self, x):
         """logits (B, K) for x (B, T, m)."""
-        if self.device == "cuda":
-            xt = self._check_x(x)
-            return gpu.model_logits(self, xt, self._kernels(xt), ws=self._workspace,
-                                    staging=self._uploads).copy_to_host()
-        h_T = self.hidden(x)
-        logits = np.empty((h_T.shape[0], self.num_classes), dtype=self.dtype)
-        K_readout.readout_forward_cpu(logits, h_T, self.params["W_out"], self.params["b_out"])
+        xt = self._check_x(x)
+        be = self.backend_for(xt)
+        return be.to_host(self.logits_on(be, xt))
+
+    def logits_on(self, be, xt):
+        """logits (B, K) for time-major x (T, B, m) on the backend `be`, left where they were
+        computed."""
+        x = be.upload(xt, self.dtype, self._uploads, "x")
+        h_T, _ = self.cell.forward(self.cell_params(), x, None, self._workspace, backend=be,
+                                   **self.hyper)
+        logits = be.buffer(self._outputs, "logits", (h_T.shape[0], self.num_classes), self.dtype)
+        be.run(K_readout.readout_forward, logits, h_T, self.params["W_out"],
+               self.params["b_out"])
         return logits
 
     def loss_and_grad(self, x, y, return_logits=False):
         """Mean softmax cross-entropy over the batch and its gradient w.r.t. every parameter
         (full BPTT). Returns (loss, grads[, logits]); grads has the same keys as params."""
-        losses, grads, logits, _ = self._step(x, y, reuse_grads=False)
-        if self.device == "cuda":
-            losses, logits = losses.copy_to_host(), logits.copy_to_host()
-        loss = float(losses.mean())
-        return (loss, grads, logits) if return_logits else (loss, grads)
+        xt = self._check_x(x)
+        be = self.backend_for(xt)
+        losses, grads, logits, _ = self.step_on(be, xt, y, out=None)
+        loss = float(be.to_host(losses).mean())
+        return (loss, grads, be.to_host(logits)) if return_logits else (loss, grads)
 
     def step_arrays(self, x, y):
         """What `loss_and_grad` computes, left where it was computed (device arrays on cuda, so
@@ -198,31 +212,29 @@ class Model:
         buffers and is overwritten by the next call (y, uploaded from the host, by the second
         next), the gradients included, so that a training step allocates no gradients on the GPU;
         `loss_and_grad` returns gradients of its own."""
-        return self._step(x, y, reuse_grads=True)
-
-    def _step(self, x, y, reuse_grads):
         xt = self._check_x(x)
+        return self.step_on(self.backend_for(xt), xt, y, out=self._step_grads)
+
+    def step_on(self, be, xt, y, out=None):
+        """The training step's arrays (as step_arrays) for time-major x (T, B, m) and labels y on
+        the backend `be`: the cell's forward pass, the readout, the loss, and BPTT from the loss
+        to every parameter. The gradients go to the workspace `out` (None: fresh arrays)."""
         B = xt.shape[1]
-        y = self._check_y(y, B)
-        if self.device == "cuda":
-            y = to_device(y, np.int64, self._uploads, "y")
-            out = self._step_grads if reuse_grads else None
-            losses, grads, logits = gpu.model_loss_and_grad(
-                self, xt, y, self._kernels(xt), ws=self._workspace, out=out,
-                staging=self._uploads)
-            return losses, grads, logits, y
-        p = self.params
-        h_T, cache = self.cell.forward(self.cell_params(), xt, None, ws=self._workspace,
-                                       **self.hyper)
-        logits = np.empty((B, self.num_classes), dtype=self.dtype)
-        K_readout.readout_forward_cpu(logits, h_T, p["W_out"], p["b_out"])
-        losses = np.empty(B, dtype=self.dtype)
-        dlogits = np.empty_like(logits)
-        K_readout.softmax_xent_cpu(losses, dlogits, logits, y)
-        dW_out, db_out, dh_T = (np.empty_like(p["W_out"]), np.empty_like(p["b_out"]),
-                                np.empty_like(h_T))
-        K_readout.readout_backward_cpu(dW_out, db_out, dh_T, dlogits, h_T, p["W_out"])
-        grads, _ = self.cell.backward(self.cell_params(), cache, dh_T, ws=self._workspace,
+        y = be.upload(self._check_y(y, B) if not is_device_array(y) else y, np.int64,
+                      self._uploads, "y")
+        x = be.upload(xt, self.dtype, self._uploads, "x")
+        p, ws, dtype, K = self.params, self._workspace, self.dtype, self.num_classes
+        h_T, cache = self.cell.forward(self.cell_params(), x, None, ws, backend=be, **self.hyper)
+        logits = be.buffer(self._outputs, "logits", (B, K), dtype)
+        be.run(K_readout.readout_forward, logits, h_T, p["W_out"], p["b_out"])
+        losses = be.buffer(self._outputs, "losses", (B,), dtype)
+        dlogits = be.buffer(ws, "dlogits", (B, K), dtype)
+        be.run(K_readout.softmax_xent, losses, dlogits, logits, y)
+        dW_out = be.buffer(out, "dW_out", p["W_out"].shape, dtype)
+        db_out = be.buffer(out, "db_out", p["b_out"].shape, dtype)
+        dh_T = be.buffer(ws, "dh_T", h_T.shape, dtype)
+        be.run(K_readout.readout_backward, dW_out, db_out, dh_T, dlogits, h_T, p["W_out"])
+        grads, _ = self.cell.backward(self.cell_params(), cache, dh_T, ws, out, backend=be,
                                       **self.hyper)
         grads.update(W_out=dW_out, b_out=db_out)
         return losses, grads, logits, y

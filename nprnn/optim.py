@@ -27,7 +27,6 @@ from .kernels import optim as K_optim
 from .kernels.gpu_common import copy_into, device_array, fill, is_device_array, memory_of, to_host
 from .memory import to_device
 
-OPTIMIZERS = ("sgd", "adagrad")
 
 
 def _flat(a, what, name):
@@ -227,6 +226,8 @@ class SGD(Optimizer):
 
     name = "sgd"
     slot_names = ("velocity",)
+    options = ("momentum",)              # what a run's configuration sets
+    settings = ()                        # what only code sets
 
     def __init__(self, params, lr, momentum=0.9):
         momentum = float(momentum)
@@ -250,6 +251,8 @@ class Adagrad(Optimizer):
 
     name = "adagrad"
     slot_names = ("accumulator",)
+    options = ()
+    settings = ("initial_accumulator", "delta")
 
     def __init__(self, params, lr, initial_accumulator=0.1, delta=1e-7):
         initial_accumulator = float(initial_accumulator)
@@ -269,17 +272,22 @@ class Adagrad(Optimizer):
         K_optim.adagrad_gpu(p, G, g, self.lr, self.hyper["delta"], scale)
 
 
-def make_optimizer(name, params, lr, momentum=None, **hyper):
-    """"sgd" (SGD with momentum; momentum 0.9 unless given) or "adagrad" (which takes none), with
-    state shaped like `params`."""
-    if name == "sgd":
-        return SGD(params, lr, momentum=0.9 if momentum is None else momentum, **hyper)
-    if name == "adagrad":
-        if momentum is not None:
-            raise ValueError(f"adagrad has no momentum (got momentum={momentum!r}); it is an "
-                             f"option of sgd")
-        return Adagrad(params, lr, **hyper)
-    raise ValueError(f"unknown optimizer {name!r}; choose one of: {', '.join(OPTIMIZERS)}")
+# name -> class; each class's `options` are the run options (train's config, the CLI) it reads
+OPTIMIZERS = {cls.name: cls for cls in (SGD, Adagrad)}
+
+
+def make_optimizer(name, params, lr, **options):
+    """The optimizer `name` (a key of OPTIMIZERS: "sgd", SGD with momentum 0.9 unless given;
+    "adagrad") with state shaped like `params`; `options` are its own (`cls.options`)."""
+    if name not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {name!r}; choose one of: {', '.join(OPTIMIZERS)}")
+    cls = OPTIMIZERS[name]
+    for key, value in options.items():
+        if key not in cls.options + cls.settings and value is not None:
+            owners = [n for n, c in OPTIMIZERS.items() if key in c.options]
+            raise ValueError(f"{name} has no {key} (got {key}={value!r})"
+                             + (f"; it is an option of {', '.join(owners)}" if owners else ""))
+    return cls(params, lr, **{k: v for k, v in options.items() if v is not None})
 
 
 class StepRecorder:

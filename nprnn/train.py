@@ -143,7 +143,8 @@ def check_options_used(config):
     """A new run's option that would be recorded in config.json but change nothing is refused
     (as make_model refuses sigma_w with init 'critical'): momentum is SGD's alone, perm_seed
     seeds pmnist's permutation alone. (Only new runs: a saved run is resumed as it was.)"""
-    if config["optimizer"] != "sgd" and config["momentum"] != DEFAULTS["momentum"]:
+    if ("momentum" not in OPTIMIZERS[config["optimizer"]].options
+            and config["momentum"] != DEFAULTS["momentum"]):
         raise TrainError(f"momentum = {config['momentum']!r} has no effect with optimizer "
                          f"{config['optimizer']!r} (momentum is SGD's): leave momentum at "
                          f"{DEFAULTS['momentum']}")
@@ -207,8 +208,9 @@ def build_model(config, input_size, num_classes):
 
 
 def build_optimizer(config, params):
-    extra = dict(momentum=config["momentum"]) if config["optimizer"] == "sgd" else {}
-    return make_optimizer(config["optimizer"], params, config["lr"], **extra)
+    cls = OPTIMIZERS[config["optimizer"]]
+    return make_optimizer(config["optimizer"], params, config["lr"],
+                          **{k: config[k] for k in cls.options})
 
 
 def check_task_fits(model, task, source):
@@ -484,7 +486,7 @@ def format_config(config, model):
             "device", "eval_every", "eval_split", "log_every", "checkpoint_every", "data_dir",
             "valid_size"]
     lines = [f"  {k:<17} {config.get(k)}" for k in keys
-             if not (k == "momentum" and config["optimizer"] != "sgd")
+             if not (k == "momentum" and k not in OPTIMIZERS[config["optimizer"]].options)
              and not (k == "perm_seed" and config["task"] != "pmnist")]
     lines.append(f"  {'parameters':<17} {model.num_params():,}")
     if model.device == "cuda":      # which GPU kernels run (nprnn/autotune.py times them once)

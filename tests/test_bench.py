@@ -63,7 +63,7 @@ def test_gpu_table_rows_ratios_and_yardsticks(monkeypatch):
     """run_gpu's assembly of the GPU table, with the timings faked (CI has no GPU): a row per
     kernel version, ratios against the same model's PyTorch row, a note where PyTorch has no such
     cell, and cuDNN nn.RNN / nn.LSTM added as yardsticks when not asked for."""
-    pytest.importorskip("numba_cuda", reason="nprnn.gpu needs numba-cuda (the cuda extra)")
+    pytest.importorskip("numba_cuda", reason="the GPU path needs numba-cuda (the cuda extra)")
     from nprnn import autotune
 
     def time_model(model, x, y, **kw):

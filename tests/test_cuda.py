@@ -22,6 +22,7 @@ import pytest
 
 import nprnn
 from nprnn import device
+from nprnn.backends import Kernels, options, resolve
 from nprnn.kernels import antisym as K
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -360,20 +361,18 @@ LARGEST_SHARED_MATRIX_N = {
 def test_auto_runs_the_persistent_kernels_up_to_the_readmes_sizes_then_the_step_ones(names):
     """Untimed, "auto" runs the first option: persistent (for the Euler cells with the matrix in
     global memory, which an H100 showed fastest) while the rows' state fits, else step."""
-    gpu = pytest.importorskip("nprnn.gpu")
     for name in names:
-        cell = gpu.gpu_cell(name)
-        first = (gpu.Kernels("persistent", "global") if name in EULER
-                 else gpu.Kernels("persistent"))
+        cell = nprnn.CELLS[name]
+        first = Kernels("persistent", "global") if name in EULER else Kernels("persistent")
         for dtype, largest in LARGEST_PERSISTENT_N[names].items():
             for backward, n in zip((False, True), largest):
-                assert cell.resolve("auto", n, dtype, backward) == first, (name, dtype, n)
-                assert cell.resolve("persistent", n, dtype, backward) == first
-                assert cell.resolve("auto", n + 1, dtype, backward) == gpu.Kernels("step")
-                assert cell.resolve("step", n, dtype, backward) == gpu.Kernels("step")
-                assert cell.options(n + 1, dtype, backward) == [gpu.Kernels("step")]
+                assert resolve(cell, "auto", n, dtype, backward) == first, (name, dtype, n)
+                assert resolve(cell, "persistent", n, dtype, backward) == first
+                assert resolve(cell, "auto", n + 1, dtype, backward) == Kernels("step")
+                assert resolve(cell, "step", n, dtype, backward) == Kernels("step")
+                assert options(cell, n + 1, dtype, backward) == [Kernels("step")]
     with pytest.raises(ValueError, match="version must be one of"):
-        cell.resolve("fast", 8, "float32", False)
+        resolve(cell, "fast", 8, "float32", False)
 
 
 EULER = ("antisym", "antisym-gated", "ablation", "feedback")
@@ -381,28 +380,26 @@ EULER = ("antisym", "antisym-gated", "ablation", "feedback")
 
 @pytest.mark.parametrize("names", list(LARGEST_SHARED_MATRIX_N))
 def test_euler_cells_offer_the_matrix_in_shared_memory_up_to_the_readmes_sizes(names):
-    gpu = pytest.importorskip("nprnn.gpu")
     for name in names:
-        cell = gpu.gpu_cell(name)
-        shared = gpu.Kernels("persistent", "skew" if cell.cell.antisymmetric else "dense")
+        cell = nprnn.CELLS[name]
+        shared = Kernels("persistent", "skew" if cell.antisymmetric else "dense")
         for dtype, largest in LARGEST_SHARED_MATRIX_N[names].items():
             for backward, n in zip((False, True), largest):
-                assert cell.options(n, dtype, backward) == [
-                    gpu.Kernels("persistent", "global"), shared, gpu.Kernels("step")]
-                assert shared not in cell.options(n + 1, dtype, backward), (name, dtype, n + 1)
+                assert options(cell, n, dtype, backward) == [
+                    Kernels("persistent", "global"), shared, Kernels("step")]
+                assert shared not in options(cell, n + 1, dtype, backward), (name, dtype, n + 1)
 
 
 def test_a_kernels_value_runs_only_where_it_fits():
     """A Kernels value (what the autotuner passes) is checked against the options at that size:
     the skew layout of a matrix that is not antisymmetric would give wrong numbers."""
-    gpu = pytest.importorskip("nprnn.gpu")
-    skew = gpu.Kernels("persistent", "skew")
-    assert gpu.gpu_cell("antisym").resolve(skew, 8, "float32", backward=True) == skew
+    skew = Kernels("persistent", "skew")
+    assert resolve(nprnn.CELLS["antisym"], skew, 8, "float32", backward=True) == skew
     with pytest.raises(ValueError, match=r"ablation cannot run 'persistent, matrix in shared "
                                          r"memory \(skew\)' forward at n=8, float32; it can run: "
                                          r"persistent, matrix in global memory, persistent, "
                                          r"matrix in shared memory \(dense\), step"):
-        gpu.gpu_cell("ablation").resolve(skew, 8, "float32", backward=False)
+        resolve(nprnn.CELLS["ablation"], skew, 8, "float32", backward=False)
 
 
 def test_persistent_launch_refuses_what_does_not_fit_and_says_why():

@@ -19,8 +19,8 @@ LAYERS = [
     ["nprnn.train", "nprnn.bench"],             # the training loop; the benchmark
     ["nprnn.model", "nprnn.optim", "nprnn.checkpoint", "nprnn.gradcheck", "nprnn.datasets"],
     ["nprnn.autotune"],                         # times the GPU kernel options
-    ["nprnn.gpu"],                              # the GPU path of the cells and the loss
     ["nprnn.cells", "nprnn.noise", "nprnn.sources"],
+    ["nprnn.backends"],                         # where kernels run: memory, twins, launch
     ["nprnn.device", "nprnn.reference", "nprnn.memory", "nprnn.files"],
     ["nprnn.kernels.antisym", "nprnn.kernels.rnn", "nprnn.kernels.lstm", "nprnn.kernels.gru",
      "nprnn.kernels.readout", "nprnn.kernels.optim", "nprnn.kernels.noise",
@@ -53,7 +53,7 @@ def imports(path, name, known):
             if node.level:
                 up = package.split(".")[:len(package.split(".")) - (node.level - 1)]
                 base = ".".join(up + ([node.module] if node.module else []))
-            # "from . import gpu" imports the module nprnn.gpu; "from .cells import X" nprnn.cells
+            # "from . import noise" imports the module nprnn.noise; "from .cells import X" nprnn.cells
             targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base
                        for a in node.names]
         else:
@@ -80,7 +80,7 @@ def test_imports_run_down_the_layers():
 
 @pytest.mark.parametrize("source, broken", [
     ("from .model import make_model\n", "nprnn/cells.py"),          # up
-    ("def f():\n    from . import gpu\n", "nprnn/noise.py"),         # up, inside a function
+    ("def f():\n    from . import model\n", "nprnn/noise.py"),       # up, inside a function
     ("from .. import device\n", "nprnn/kernels/gpu_common.py"),      # out of kernels/
 ])
 def test_the_check_catches_an_upward_import(source, broken, tmp_path, monkeypatch):

@@ -4,7 +4,7 @@ This runs without a GPU: `numba.cuda.compile_ptx` needs only NVVM, which the num
 wheels bring. The simulator accepts some Python that the real compiler rejects (and the other
 way round), so this catches a kernel that passes the simulator tests but could not run on a GPU.
 
-Kernels are found by scanning every module of nprnn.kernels and nprnn.gpu for @cuda.jit kernels
+Kernels are found by scanning every module of nprnn.kernels for @cuda.jit kernels
 (device functions are compiled inside the kernels that call them), so a new kernel is compiled
 here without being listed; their number is checked against the kernel decorators in the source.
 Argument types follow from the argument names, which the kernels use consistently (ARG_KINDS); a
@@ -48,7 +48,7 @@ from nprnn.kernels.gpu_common import MAX_THREADS_PER_BLOCK
 
 CC = (9, 0)
 NPRNN = Path(nprnn.__file__).parent
-MODULES = ["nprnn.gpu"] + [f"nprnn.kernels.{m.name}" for m in pkgutil.iter_modules(
+MODULES = [f"nprnn.kernels.{m.name}" for m in pkgutil.iter_modules(
     [str(NPRNN / "kernels")])]
 
 # argument name -> kind: "1", "2", "3" a C-contiguous array of the model dtype with that many

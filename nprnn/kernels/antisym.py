@@ -36,7 +36,7 @@ How the CPU work is split (the standard recipe, on threads that own batch rows):
 import numpy as np
 from numba import prange
 
-from .common import (dsigmoid_from_y, dtanh_from_y, flush_denormals, matmul_nt_rows,
+from .common import (Twins, dsigmoid_from_y, dtanh_from_y, flush_denormals, matmul_nt_rows,
                      matmul_tn_rows, njit, njit_inline, njit_parallel, num_slices,
                      restore_fp_mode, row_slice, sigmoid, sum_rows, tanh)
 from .gpu_common import (SHARED_BYTES_MAX, TILE, cdiv, column_sums_gpu, cuda, load_block_rows,
@@ -940,3 +940,17 @@ def euler_gated_backward_gpu_persistent(dA, dV_h, db_h, dV_z, db_z, dh0, da, dzp
         dh0, da, dzp, ds, dh_T, th, z, A, dh0.dtype.type(eps), LAYOUTS.index(layout), rows)
     euler_param_grads_gpu(dA, dV_h, db_h, ds, da, hs, x, tile=tile)
     euler_input_grads_gpu(dV_z, db_z, dzp, x, tile=tile)
+
+
+# ----------------------------------------------------------------------------------------------
+# The twins, as nprnn/backends.py runs them
+# ----------------------------------------------------------------------------------------------
+antisym_matrix = Twins(antisym_matrix_cpu, antisym_matrix_gpu)
+shifted_matrix = Twins(shifted_matrix_cpu, shifted_matrix_gpu)
+antisym_dW = Twins(antisym_dW_cpu, antisym_dW_gpu)
+euler_forward = Twins(euler_forward_cpu, euler_forward_gpu, euler_forward_gpu_persistent)
+euler_backward = Twins(euler_backward_cpu, euler_backward_gpu, euler_backward_gpu_persistent)
+euler_gated_forward = Twins(euler_gated_forward_cpu, euler_gated_forward_gpu,
+                            euler_gated_forward_gpu_persistent)
+euler_gated_backward = Twins(euler_gated_backward_cpu, euler_gated_backward_gpu,
+                             euler_gated_backward_gpu_persistent)

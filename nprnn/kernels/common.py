@@ -33,6 +33,7 @@ reference to rounding.
 """
 import math
 import platform
+from typing import Callable, NamedTuple
 
 import numba
 import numpy as np
@@ -321,3 +322,18 @@ def sum_rows(out, D):
     out[:] = partial[0]
     for c in range(1, S):
         out += partial[c]
+
+
+# ----------------------------------------------------------------------------------------------
+# Twins: how a backend (nprnn/backends.py) finds a kernel's two versions
+# ----------------------------------------------------------------------------------------------
+
+class Twins(NamedTuple):
+    """A kernel's twins, with identical positional arguments: the `cpu` function (@njit) and the
+    GPU host functions, `gpu` (for a cell's pass: one launch per step) and `gpu_persistent` (one
+    launch per pass, where there is one). `gpu_options(launch)` gives the GPU function's keyword
+    launch settings from a backends.Launch (a cell's passes take theirs from the backend)."""
+    cpu: Callable
+    gpu: Callable
+    gpu_persistent: Callable = None
+    gpu_options: Callable = None

@@ -32,7 +32,7 @@ The caller holds BLAS to one thread (`common.one_blas_thread`) while these kerne
 import numpy as np
 from numba import prange
 
-from .common import (dsigmoid_from_y, dtanh_from_y, flush_denormals, flush_subnormal,
+from .common import (Twins, dsigmoid_from_y, dtanh_from_y, flush_denormals, flush_subnormal,
                      matmul_nt_rows, matmul_tn_rows, njit_inline, njit_parallel, num_slices,
                      restore_fp_mode, row_slice, sigmoid, sum_rows, tanh)
 from .gpu_common import (TILE, cuda, load_block_rows, persistent_kernel,
@@ -387,3 +387,8 @@ def gru_backward_gpu_persistent(dW_ih, dW_hh, db_ih, db_hh, dh0, dgi, dgh, dh_T,
     gru_backward_persistent_kernel[grid, threads, 0, shared](dh0, dgi, dgh, dh_T, hs, gates, hn,
                                                              W_hh, rows)
     stacked_param_grads_gpu(dW_ih, dW_hh, db_ih, db_hh, dgi, dgh, hs, x, tile=tile)
+
+
+# the twins, as nprnn/backends.py runs them
+gru_forward = Twins(gru_forward_cpu, gru_forward_gpu, gru_forward_gpu_persistent)
+gru_backward = Twins(gru_backward_cpu, gru_backward_gpu, gru_backward_gpu_persistent)

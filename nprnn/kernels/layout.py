@@ -6,7 +6,7 @@ twins.
                          (the model refuses a NaN or Inf in its input)
     time_major_gpu       the same on the device (device inputs are not scanned)
     copy_leading_steps_gpu   x[:, :t0] = head: the image part of a noise-padded batch made on the
-                         device, before its noise is drawn there (nprnn.gpu.head_then_noise)
+                         device, before its noise is drawn there (nprnn.noise.head_then_noise_device)
 """
 import math
 

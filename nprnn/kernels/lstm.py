@@ -35,7 +35,7 @@ The caller holds BLAS to one thread (`common.one_blas_thread`) while these kerne
 import numpy as np
 from numba import prange
 
-from .common import (BLOCK_ROWS, dsigmoid_from_y, dtanh_from_y, flush_denormals,
+from .common import (Twins, BLOCK_ROWS, dsigmoid_from_y, dtanh_from_y, flush_denormals,
                      flush_subnormal, matmul_nt_rows, matmul_tn_rows, njit_inline, njit_parallel,
                      num_slices, restore_fp_mode, row_slice, sigmoid, sum_rows, tanh)
 from .gpu_common import (TILE, WARP, cdiv, cuda, fill, load_block_rows, persistent_kernel,
@@ -611,3 +611,10 @@ def peephole_lstm_backward_gpu_persistent(dW_ih, dW_hh, db_ih, db_hh, dw_ci, dw_
     peephole_grads_gpu(dw_ci, dw_cf, dw_co, da, cs)
 
 
+# the twins, as nprnn/backends.py runs them
+lstm_forward = Twins(lstm_forward_cpu, lstm_forward_gpu, lstm_forward_gpu_persistent)
+lstm_backward = Twins(lstm_backward_cpu, lstm_backward_gpu, lstm_backward_gpu_persistent)
+peephole_lstm_forward = Twins(peephole_lstm_forward_cpu, peephole_lstm_forward_gpu,
+                              peephole_lstm_forward_gpu_persistent)
+peephole_lstm_backward = Twins(peephole_lstm_backward_cpu, peephole_lstm_backward_gpu,
+                               peephole_lstm_backward_gpu_persistent)

@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from .common import njit, njit_inline
+from .common import Twins, njit, njit_inline
 from .gpu_common import cdiv, cuda, step_grid
 
 
@@ -150,3 +150,12 @@ def readout_backward_gpu(dW_out, db_out, dh, dlogits, h, W_out, *, block=(32, 8)
     n = h.shape[1]
     grid, block = step_grid(max(B, K), n + 1, block)     # (n + 1, max(B, K)) over (x, y)
     readout_backward_kernel[grid, block](dW_out, db_out, dh, dlogits, h, W_out)
+
+
+# the twins, as nprnn/backends.py runs them, with their GPU launch settings
+readout_forward = Twins(readout_forward_cpu, readout_forward_gpu,
+                        gpu_options=lambda launch: dict(block=launch.readout_block))
+softmax_xent = Twins(softmax_xent_cpu, softmax_xent_gpu,
+                     gpu_options=lambda launch: dict(threads=launch.readout_block[0]))
+readout_backward = Twins(readout_backward_cpu, readout_backward_gpu,
+                         gpu_options=lambda launch: dict(block=launch.readout_block))

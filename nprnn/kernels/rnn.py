@@ -22,7 +22,7 @@ The caller holds BLAS to one thread (`common.one_blas_thread`) while these kerne
 import numpy as np
 from numba import prange
 
-from .common import (dtanh_from_y, flush_denormals, flush_subnormal, matmul_nt_rows,
+from .common import (Twins, dtanh_from_y, flush_denormals, flush_subnormal, matmul_nt_rows,
                      matmul_tn_rows, njit_parallel, num_slices, restore_fp_mode, row_slice,
                      sum_rows, tanh)
 from .gpu_common import (TILE, cuda, load_block_rows, persistent_kernel,
@@ -261,3 +261,8 @@ def rnn_backward_gpu_persistent(dW_ih, dW_hh, db_ih, db_hh, dh0, da, dh_T, hs, x
     grid, threads, shared = state_launch(B, n, dh0.dtype, BACKWARD_VALUES * n, rows, threads)
     rnn_backward_persistent_kernel[grid, threads, 0, shared](dh0, da, dh_T, hs, W_hh, rows)
     stacked_param_grads_gpu(dW_ih, dW_hh, db_ih, db_hh, da, da, hs, x, tile=tile)
+
+
+# the twins, as nprnn/backends.py runs them
+rnn_forward = Twins(rnn_forward_cpu, rnn_forward_gpu, rnn_forward_gpu_persistent)
+rnn_backward = Twins(rnn_backward_cpu, rnn_backward_gpu, rnn_backward_gpu_persistent)

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from numba import cuda
 
+from nprnn.backends import Launch
 from nprnn.device import cuda_available
 
 CUDA_OK, CUDA_WHY = cuda_available()
@@ -24,6 +25,8 @@ T, B, M, N = 4, 3, 2, 6          # time steps, batch rows, input size, hidden un
 STEP_BLOCK = (4, 2)              # version 1: 4 units x 2 rows per block -> 2 x 2 blocks
 THREADS, ROWS = 4, 2             # version 2: 4 threads per block, 2 rows per block -> 2 blocks
 TILE = 8                         # matmul_tn_gpu tile in the cell tests (it has its own test)
+SMALL_LAUNCH = Launch(step_block=STEP_BLOCK, threads=THREADS, rows=ROWS, tile=TILE,
+                      readout_block=(4, 2))
 DTYPES = ("float64", "float32")
 
 # |gpu - cpu| <= atol + rtol |cpu| (llm.c's validate_result): float64 to rounding, float32 with
@@ -32,14 +35,26 @@ TOLERANCE = {"float64": (1e-12, 1e-12), "float32": (2e-5, 2e-5)}
 
 
 def small_launch(monkeypatch):
-    """The model path's launch settings (nprnn.gpu.LAUNCH) shrunk, so that each kernel runs
-    several small, ragged blocks (the simulator runs each thread in Python)."""
-    from nprnn import gpu
-    monkeypatch.setitem(gpu.LAUNCH, "step_block", STEP_BLOCK)
-    monkeypatch.setitem(gpu.LAUNCH, "threads", THREADS)
-    monkeypatch.setitem(gpu.LAUNCH, "rows", ROWS)
-    monkeypatch.setitem(gpu.LAUNCH, "tile", TILE)
-    monkeypatch.setitem(gpu.LAUNCH, "readout_block", (4, 2))
+    """Launch settings (nprnn.backends.LAUNCH, which models take when made) shrunk, so that each
+    kernel runs several small, ragged blocks (the simulator runs each thread in Python)."""
+    from nprnn import backends
+    monkeypatch.setattr(backends, "LAUNCH", SMALL_LAUNCH)
+
+
+def record_launches(monkeypatch, cell):
+    """A list to which each GPU launch of `cell`'s passes appends (pass, version, layout), as it
+    runs (the cell's forward_kernels and backward_kernels wrapped)."""
+    launched = []
+
+    def recorded(run, direction, version):
+        return lambda *a, **kw: (launched.append((direction, version, kw.get("layout"))),
+                                 run(*a, **kw))[1]
+    for direction in ("forward", "backward"):
+        twins = getattr(cell, f"{direction}_kernels")
+        monkeypatch.setattr(cell, f"{direction}_kernels", twins._replace(
+            gpu=recorded(twins.gpu, direction, "step"),
+            gpu_persistent=recorded(twins.gpu_persistent, direction, "persistent")))
+    return launched
 
 
 def assert_close(got, want, dtype, what):

@@ -9,13 +9,14 @@ import pytest
 
 import gpu_testing as gt
 import nprnn
-from nprnn import autotune, gpu
+from nprnn import autotune
+from nprnn.backends import Kernels
 from nprnn.train import format_config
 
 pytestmark = gt.requires_cuda
 
-GLOBAL, SKEW, STEP = (gpu.Kernels("persistent", "global"), gpu.Kernels("persistent", "skew"),
-                      gpu.Kernels("step"))
+GLOBAL, SKEW = Kernels("persistent", "global"), Kernels("persistent", "skew")
+STEP = Kernels("step")
 
 
 @pytest.fixture(autouse=True)
@@ -122,13 +123,7 @@ def test_untimed_the_persistent_kernels_read_the_matrix_from_global_memory():
 def test_the_model_runs_the_kernels_it_chose_and_matches_the_cpu(tmp_path, monkeypatch):
     """With a timer that makes skew fastest forward and step fastest in BPTT, loss_and_grad
     launches exactly those, and its numbers match the CPU's."""
-    from nprnn.kernels import antisym as K_euler
-    launched = []
-    for kernel in ("euler_forward_gpu_persistent", "euler_backward_gpu_persistent",
-                   "euler_forward_gpu", "euler_backward_gpu"):
-        run = getattr(K_euler, kernel)
-        monkeypatch.setattr(K_euler, kernel, lambda *a, run=run, kernel=kernel, **kw: (
-            launched.append((kernel, kw.get("layout"))), run(*a, **kw))[1])
+    launched = gt.record_launches(monkeypatch, nprnn.CELLS["antisym"])
     tuner = autotune.Tuner(tmp_path / "c.json", FakeTimer(FAST_STEP_BPTT), gpu="G")
     dev = model(tuner=tuner)
     cpu = nprnn.make_model("antisym", gt.M, gt.N, 4, seed=3, dtype="float64", eps=0.5)
@@ -137,7 +132,7 @@ def test_the_model_runs_the_kernels_it_chose_and_matches_the_cpu(tmp_path, monke
     dev.kernels_for(gt.B, gt.T)                          # the timing runs launch every option
     launched.clear()
     loss_d, g_d = dev.loss_and_grad(x, y)
-    assert launched == [("euler_forward_gpu_persistent", "skew"), ("euler_backward_gpu", None)]
+    assert launched == [("forward", "persistent", "skew"), ("backward", "step", None)]
     loss_c, g_c = cpu.loss_and_grad(x, y)
     assert abs(loss_d - loss_c) <= 1e-12 * max(1.0, abs(loss_c))
     for k in g_c:

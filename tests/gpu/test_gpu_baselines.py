@@ -119,7 +119,7 @@ def test_baseline_forward_and_backward_match_cpu(cell, dtype, version, rows=ROWS
 @pytest.mark.parametrize("cell", list(CELLS))
 @pytest.mark.parametrize("rows", [1, 3])
 def test_persistent_kernels_at_other_rows_per_block(cell, rows):
-    """rows = 1 is what `gpu.LAUNCH` uses; 3 rows per block leave a block with one row of 3."""
+    """rows = 1 is what `backends.LAUNCH` uses; 3 rows per block leave a block with one row of 3."""
     test_baseline_forward_and_backward_match_cpu(cell, "float64", "persistent", rows=rows)
 
 

@@ -9,7 +9,7 @@ import pytest
 
 import gpu_testing as gt
 import nprnn
-from nprnn import gpu, memory, noise, sources
+from nprnn import memory, noise, sources
 from nprnn.datasets import get_task
 from nprnn.device import simulator_enabled
 from nprnn.kernels.gpu_common import to_host
@@ -178,7 +178,7 @@ def test_to_device_passes_a_device_array_through_only_in_the_dtype_asked_for():
 
 
 def test_model_takes_device_batches(data_dir, monkeypatch):
-    monkeypatch.setitem(gpu.LAUNCH, "readout_block", (4, 2))
+    gt.small_launch(monkeypatch)
     with get_task("padded-mnist", data_dir=data_dir, T=3, progress=False) as task:
         (xh, y), = list(task.batches("test", 4))[:1]
         (xd, _), = list(task.batches("test", 4, device="cuda"))[:1]
@@ -203,7 +203,7 @@ def test_data_benchmark_on_cuda(monkeypatch, capsys):
     """benchmarks/bench_data.py --device cuda at tiny sizes: batches made on the device, the
     step on the device, and the GPU noise rate printed."""
     import runpy
-    monkeypatch.setitem(gpu.LAUNCH, "readout_block", (4, 2))
+    gt.small_launch(monkeypatch)
     monkeypatch.setattr(sys, "argv", ["bench_data.py", "--device", "cuda", "--tasks", "",
                                       "--synthetic", "cifar10-noise", "--batch-size", "2",
                                       "--hidden", "3", "--batches", "1", "--steps", "1",

@@ -90,7 +90,7 @@ def test_step_version_for_any_number_of_steps(steps):
 @pytest.mark.parametrize("rows, version", [(1, "persistent"), (3, "persistent"),
                                            (3, "persistent-global")])
 def test_persistent_kernels_at_other_rows_per_block(rows, version, gated):
-    """rows = 1 is what `gpu.LAUNCH` uses; 3 rows per block leave a block with one row of 3.
+    """rows = 1 is what `backends.LAUNCH` uses; 3 rows per block leave a block with one row of 3.
     (The state copies in shared memory are placed by rows: ROWS = 2 alone hid a wrong offset.)"""
     check("float64", gated, "skew", version, T, rows=rows)
 

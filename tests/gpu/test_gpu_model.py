@@ -12,7 +12,8 @@ import pytest
 
 import gpu_testing as gt
 import nprnn
-from nprnn import autotune, gpu, memory
+from nprnn import autotune, backends, memory
+from nprnn.backends import CUDA, Kernels
 from nprnn.bench import bench_inputs
 
 pytestmark = gt.requires_cuda
@@ -47,7 +48,7 @@ def data(seed=0):
 
 EULER = ("antisym", "antisym-gated", "ablation", "feedback")
 # every cell's step and persistent versions, and the Euler cells' matrix in shared memory
-VERSIONS = [(name, version) for name in sorted(gpu.GPU_CELLS)
+VERSIONS = [(name, version) for name in sorted(nprnn.CELLS)
             for version in ("step", "persistent") + (("shared",) if name in EULER else ())]
 
 
@@ -56,7 +57,7 @@ def kernels(name, version):
     global memory), or "shared" (their matrix in shared memory: a Kernels value)."""
     if version != "shared":
         return version
-    return gpu.Kernels("persistent", "skew" if nprnn.CELLS[name].antisymmetric else "dense")
+    return Kernels("persistent", "skew" if nprnn.CELLS[name].antisymmetric else "dense")
 
 
 @pytest.mark.parametrize("name, version", VERSIONS)
@@ -91,28 +92,16 @@ def test_a_given_h0_and_its_gradient_dh0_match_the_cpu(name, version):
     h0, dh_T = rng.standard_normal((2, gt.B, gt.N))
     h_T, cache = cpu.cell.forward(cpu.cell_params(), xt, h0, **cpu.hyper)
     g, dh0 = cpu.cell.backward(cpu.cell_params(), cache, dh_T, **cpu.hyper)
-    cell, ws = gpu.gpu_cell(name), memory.DeviceWorkspace()
-    h_T_d, cache_d = cell.forward(dev.cell_params(), memory.to_device(xt), h0,
-                                  kernels(name, version), ws, **dev.hyper)
-    g_d, dh0_d = cell.backward(dev.cell_params(), cache_d, dh_T, ws, **dev.hyper)
+    cell, ws = nprnn.CELLS[name], memory.DeviceWorkspace()
+    be = CUDA.for_cell(cell, gt.N, "float64", kernels(name, version), gt.SMALL_LAUNCH)
+    h_T_d, cache_d = cell.forward(dev.cell_params(), memory.to_device(xt), h0, ws, backend=be,
+                                  **dev.hyper)
+    g_d, dh0_d = cell.backward(dev.cell_params(), cache_d, dh_T, ws, backend=be, **dev.hyper)
     gt.assert_close(h_T_d, h_T, "float64", "h_T")
     gt.assert_close(dh0_d, dh0, "float64", "dh_0")
     assert set(g_d) == set(g)
     for k in g:
         gt.assert_close(g_d[k], g[k], "float64", f"grad {k}")
-
-
-def record_layouts(monkeypatch, gated):
-    """A list that the Euler persistent host functions (gated or not) append their `layout`
-    to, launch by launch, as they run."""
-    from nprnn.kernels import antisym as K_euler
-    layouts = []
-    for direction in ("forward", "backward"):
-        kernel = f"euler_{'gated_' if gated else ''}{direction}_gpu_persistent"
-        run = getattr(K_euler, kernel)
-        monkeypatch.setattr(K_euler, kernel, lambda *a, run=run, **kw: (
-            layouts.append(kw["layout"]), run(*a, **kw)))
-    return layouts
 
 
 @pytest.mark.parametrize("name", EULER)
@@ -121,16 +110,16 @@ def test_a_matrix_too_big_for_shared_memory_is_read_from_global_memory(name, mon
     still runs the persistent passes, with the matrix in global memory, and they match the CPU."""
     from nprnn.kernels import antisym as K_euler
     monkeypatch.setattr(K_euler, "SHARED_BYTES_MAX", 300)   # state <= 288 B; matrix >= 120 B
-    runner = gpu.gpu_cell(name)
+    cell = nprnn.CELLS[name]
     for backward in (False, True):
-        assert runner.options(gt.N, "float64", backward) == [
-            gpu.Kernels("persistent", "global"), gpu.Kernels("step")]
-    launched = record_layouts(monkeypatch, runner.cell.gated)
+        assert backends.options(cell, gt.N, "float64", backward, gt.SMALL_LAUNCH) == [
+            Kernels("persistent", "global"), Kernels("step")]
+    launched = gt.record_launches(monkeypatch, cell)
     cpu, dev = pair(name, "float64")
     x, y = data()
     loss_c, g_c = cpu.loss_and_grad(x, y)
     loss_d, g_d = dev.loss_and_grad(x, y)
-    assert launched == ["global", "global"]
+    assert launched == [("forward", "persistent", "global"), ("backward", "persistent", "global")]
     assert abs(loss_d - loss_c) <= 1e-12 * max(1.0, abs(loss_c))
     for k in g_c:
         gt.assert_close(g_d[k], g_c[k], "float64", f"grad {k}")
@@ -213,12 +202,13 @@ def test_time_model_reports_every_option(monkeypatch):
     in shared memory at this size: a row each, beside step; the row 'auto' runs says so. rnn
     has no such choice."""
     from nprnn.kernels import antisym as K_euler
-    layouts = record_layouts(monkeypatch, gated=False)
+    launched = gt.record_launches(monkeypatch, nprnn.CELLS["antisym"])
     rows = autotune.time_model(cuda_model("antisym"), *bench_inputs(2, 2, 1, "float32", K=3),
                                repeats=1, warmup=0)
     assert [r["version"] for r in rows] == [
         "step", "persistent, matrix in global memory", "persistent, matrix in shared memory (skew)"]
     # each row: the forward pass timed, then forward and backward
+    layouts = [layout for _, version, layout in launched if version == "persistent"]
     assert layouts == ["global"] * 3 + ["skew"] * 3, layouts
     assert rows[1]["note"].startswith("auto runs this, untimed")
     assert "auto" not in rows[0]["note"] and "auto" not in rows[2]["note"]
@@ -241,15 +231,13 @@ def test_time_model_reports_every_option(monkeypatch):
 def test_time_model_times_the_persistent_pass_that_fits(monkeypatch):
     """A persistent forward that fits is timed even when its BPTT does not; the note says so,
     and which option 'auto' runs in each pass."""
-    runner = gpu.gpu_cell("rnn")
-    fits = {False: [gpu.Kernels("persistent"), gpu.Kernels("step")],
-            True: [gpu.Kernels("step")]}
-    monkeypatch.setattr(runner, "options", lambda n, dtype, backward: fits[backward])
+    fits = {False: [None], True: []}                   # the layouts that fit each pass
+    monkeypatch.setattr(nprnn.CELLS["rnn"], "persistent_layouts",
+                        lambda n, dtype, backward, rows=1: fits[backward])
     ran = []
     monkeypatch.setattr(autotune, "elapsed_ms", lambda fn, repeats, warmup: fn() or 1.0)
-    monkeypatch.setattr(autotune, "model_logits", lambda *a: ran.append("forward"))
-    monkeypatch.setattr(autotune, "model_loss_and_grad",
-                        lambda *a: ran.append("forward+backward"))
+    monkeypatch.setattr(nprnn.Model, "logits_on", lambda *a: ran.append("forward"))
+    monkeypatch.setattr(nprnn.Model, "step_on", lambda *a: ran.append("forward+backward"))
     x, y = bench_inputs(2, 2, 1, "float32", K=3)
     step, persistent = autotune.time_model(cuda_model("rnn"), x, y, repeats=1, warmup=0)
     assert persistent["note"].startswith("persistent BPTT does not fit in shared memory at n=4")
@@ -257,7 +245,7 @@ def test_time_model_times_the_persistent_pass_that_fits(monkeypatch):
     assert step["note"].startswith("auto runs this (BPTT), untimed")
     assert ran == ["forward", "forward+backward", "forward"]   # step's two, then persistent's
     ran.clear()
-    fits[False] = [gpu.Kernels("step")]                      # nothing persistent fits: no row
+    fits[False] = []                                          # nothing persistent fits: no row
     rows = autotune.time_model(cuda_model("rnn"), x, y, repeats=1, warmup=0)
     assert [r["version"] for r in rows] == ["step"] and ran == ["forward", "forward+backward"]
 
@@ -266,7 +254,7 @@ def test_time_model_times_the_change_to_time_major_layout(monkeypatch):
     """A training step gets its batch batch-first and makes it time-major on the GPU: each timed
     call does that too, as PyTorch's timed call does its own layout change."""
     calls, inside = [], []
-    real = gpu.time_major
+    real = autotune.time_major
     monkeypatch.setattr(autotune, "time_major",
                         lambda *a, **kw: calls.append(1) or real(*a, **kw))
 
@@ -293,7 +281,9 @@ def test_finite_differences_perturb_a_cuda_parameter_in_place():
 
 
 def test_every_cell_has_gpu_kernels():
-    assert set(gpu.GPU_CELLS) == set(nprnn.CELLS)
+    for cell in nprnn.CELLS.values():
+        for twins in (cell.forward_kernels, cell.backward_kernels):
+            assert twins.cpu and twins.gpu and twins.gpu_persistent, cell.name
 
 
 def test_training_steps_stay_on_the_gpu_and_follow_the_cpu():
@@ -431,9 +421,10 @@ def test_h0_and_dh_T_must_hold_one_state_per_batch_row_on_the_gpu_too(name):
     """As on the CPU (tests/test_cells.py): an (n,) vector is refused, not broadcast."""
     model = nprnn.make_model(name, 3, 5, 4, dtype="float64", device="cuda")
     xt = memory.to_device(np.zeros((2, 3, 3)))                         # (T, B, m)
-    cell, ws = gpu.gpu_cell(name), memory.DeviceWorkspace()
+    cell, ws = nprnn.CELLS[name], memory.DeviceWorkspace()
+    be = CUDA.for_cell(cell, 5, "float64", "step")
     with pytest.raises(ValueError, match=r"h0 must have shape \(B, n\) = \(3, 5\), got \(5,\)"):
-        cell.forward(model.cell_params(), xt, np.ones(5), "step", ws, **model.hyper)
-    _, cache = cell.forward(model.cell_params(), xt, None, "step", ws, **model.hyper)
+        cell.forward(model.cell_params(), xt, np.ones(5), ws, backend=be, **model.hyper)
+    _, cache = cell.forward(model.cell_params(), xt, None, ws, backend=be, **model.hyper)
     with pytest.raises(ValueError, match=r"dh_T must have shape \(B, n\) = \(3, 5\), got \(2, 5\)"):
-        cell.backward(model.cell_params(), cache, np.ones((2, 5)), ws, **model.hyper)
+        cell.backward(model.cell_params(), cache, np.ones((2, 5)), ws, backend=be, **model.hyper)
