@@ -502,23 +502,8 @@ def jacobian(out, models, gammas, lengths, hidden_size, input_size, eps, sigma_w
     for r in rows:
         click.echo(f"{r['label']:<28} {r['T']:>5} {r['mean']:>14.4g} {r['std']:>13.4g} "
                    f"{r['max']:>13.4g}")
-    # Eigenvalues all 0 have two causes. h_T may not depend on h_0 at all (rnn and the LSTMs
-    # with weight_hh = 0, sigma_w 0): J is 0 in any dtype, and the cell knows it from its
-    # parameters (Cell.ignores_h0). Otherwise J is a product of nonzero step Jacobians whose
-    # numbers fell below what the dtype holds (a product too small, or tanh' rounded to 0 where
-    # tanh rounds to +-1): rounding, which float64 (down to 1e-308 against float32's 1e-45) may
-    # avoid; a claim that it does would need the float64 run.
-    deaf = {label for label, m in built if m.cell.ignores_h0(m.cell_params())}
-    zero = [r for r in rows if r["max"] == 0]
-    constant = list(dict.fromkeys(r["label"] for r in zero if r["label"] in deaf))
-    rounded = [f"{r['label']} at T={r['T']}" for r in zero if r["label"] not in deaf]
-    if constant:
-        click.echo(f"note: J is 0 for {', '.join(constant)}: h_T does not depend on h_0 (its "
-                   f"recurrent weights are 0); the figure leaves these points out")
-    if rounded:
-        click.echo(f"note: every eigenvalue rounded to 0 in {dtype} for {'; '.join(rounded)}"
-                   + (" (--dtype float64 holds numbers down to 1e-308)" if dtype == "float32"
-                      else "") + "; the figure leaves these points out")
+    for note in analysis.zero_eigenvalue_notes(built, rows, dtype):
+        click.echo(f"note: {note}")
     what = "trained models" if checkpoints else f"initialisation, n = {hidden_size}"
     old = _draw(old, png, "plot_jacobian", rows, png,
                 f"End-to-end Jacobian dh_T/dh_0 ({what}); inputs: {inputs}, {sequences} per T")

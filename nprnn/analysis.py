@@ -366,6 +366,30 @@ def gaussian_sequences(num, steps, input_size, seed=0):
     return np.random.default_rng(seed).standard_normal((num, steps, input_size))
 
 
+def zero_eigenvalue_notes(built, rows, dtype):
+    """What to say of the rows of `jacobian_spectra` whose eigenvalues are all 0 (each a line).
+
+    They have two causes. h_T may not depend on h_0 at all (rnn and the LSTMs with weight_hh = 0,
+    sigma_w 0): J is 0 in any dtype, and the cell knows it from its parameters
+    (Cell.ignores_h0). Otherwise J is a product of nonzero step Jacobians whose numbers fell
+    below what the dtype holds (a product too small, or tanh' rounded to 0 where tanh rounds to
+    +-1): rounding, which float64 (down to 1e-308 against float32's 1e-45) may avoid; a claim
+    that it does would need the float64 run. `built`: [(label, model)]."""
+    deaf = {label for label, m in built if m.cell.ignores_h0(m.cell_params())}
+    zero = [r for r in rows if r["max"] == 0]
+    constant = list(dict.fromkeys(r["label"] for r in zero if r["label"] in deaf))
+    rounded = [f"{r['label']} at T={r['T']}" for r in zero if r["label"] not in deaf]
+    notes = []
+    if constant:
+        notes.append(f"J is 0 for {', '.join(constant)}: h_T does not depend on h_0 (its "
+                     f"recurrent weights are 0); the figure leaves these points out")
+    if rounded:
+        notes.append(f"every eigenvalue rounded to 0 in {dtype} for {'; '.join(rounded)}"
+                     + (" (--dtype float64 holds numbers down to 1e-308)" if dtype == "float32"
+                        else "") + "; the figure leaves these points out")
+    return notes
+
+
 def jacobian_models(names, gammas, hidden_size, input_size, eps, sigma_w=1.0, seed=0,
                     dtype="float64"):
     """Models at initialisation for Figure 2: [(label, model)], one per name, and one per gamma

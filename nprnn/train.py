@@ -508,236 +508,297 @@ def train(config=None, out="runs/run", resume=False, given=None, task=None, echo
     progress: show the progress bar on stderr
     callback: called as callback(iteration, loss) after every step (tests use it to interrupt)
     """
-    out = Path(out)
-    ckpt_path = out / FILENAME
-    if resume:
-        if not ckpt_path.is_file():
-            raise TrainError(f"nothing to resume: {ckpt_path} does not exist (start the run "
-                             f"without --resume first)")
-        saved = load_checkpoint(ckpt_path)
-        config, changes = merge_resume_config(saved["config"], given or {})
-    else:
-        if ckpt_path.exists():
-            raise TrainError(f"{out} already holds a run; continue it with --resume, or choose "
-                             f"another --out")
-        # a new run writes these two; left from a run that stopped before its first checkpoint,
-        # or from something else, they would be overwritten (config.json) or mixed into the new
-        # run's curves (metrics.jsonl, which a run appends to; one linked to /dev/null is kept)
-        metrics = out / METRICS
-        found = [CONFIG] if (out / CONFIG).exists() else []
-        if metrics.is_file() and metrics.stat().st_size > 0:
-            found.append(METRICS)
-        if found:
-            raise TrainError(f"{out} holds {' and '.join(found)} but no {FILENAME}, so there is "
-                             f"no run to resume there. Delete {' and '.join(found)} to start a "
-                             f"run in {out}, or choose another --out")
-        config, changes = resolve_config(**(config or {})), []
-
-    if task is not None:
-        config["task"] = task.name
-    else:
-        # the data folder the run uses, recorded absolute even when it came from the default
-        # ($NPRNN_DATA_DIR or ./data), so that a resume or an eval elsewhere finds the same one
-        config["data_dir"] = str(resolve_data_dir(config["data_dir"]).resolve())
-    if not resume:
-        check_options_used(config)
-    # "auto" recorded as the device it chose; no GPU for --device cuda: said before any work
-    config["device"] = resolve_device(config["device"])
-    owns_task = task is None                  # then close it at the end (a CachedTask's file)
-    task = load_task(config, task)
-    if resume:
-        model = build_model(config, config["input_size"], config["num_classes"])
-        check_task_fits(model, task, f"checkpoint {ckpt_path}")
-        load_params_into(model, saved["params"], f"checkpoint {ckpt_path}")
-    else:
-        model = build_model(config, task.m, task.num_classes)
-    optimizer = build_optimizer(config, model.params)
-    if resume:
-        try:
-            optimizer.load_state_dict(saved["optimizer"])
-        except ValueError as e:
-            raise CheckpointError(f"checkpoint {ckpt_path}: {e}") from None
-
-    # the resolved configuration: every default made explicit, as config.json records it
-    eval_split = "valid" if config["valid_size"] > 0 else "test"
-    config.update(eps=model.hyper.get("eps"), gamma=model.hyper.get("gamma"), seq_len=task.T,
-                  input_size=task.m, num_classes=task.num_classes,
-                  num_params=model.num_params(), eval_split=eval_split)
-    B, total = config["batch_size"], config["iterations"]
-    per_epoch = task.num_batches("train", B)
-    if per_epoch == 0:
-        raise TrainError(f"the training split of {task.name!r} has {task.size('train')} examples, "
-                         f"fewer than one batch of {B}; lower --batch-size")
-    config["batches_per_epoch"] = per_epoch
-
-    if resume:
-        prog = saved["progress"]
-        if total < prog["iteration"]:
-            raise TrainError(f"the run in {out} is already at iteration {prog['iteration']}; "
-                             f"--iterations must be at least that, got {total}")
-        if prog["batches_per_epoch"] != per_epoch:
-            raise TrainError(f"the task now has {per_epoch} batches per epoch, the checkpoint was "
-                             f"written with {prog['batches_per_epoch']}: the training set changed "
-                             f"(another --data-dir, or other files in it?)")
-        for c in changes:                     # said once the changes are known to hold
-            echo(f"resume: {c}")
-    else:
-        prog = dict(iteration=0, epoch=0, batch=0, batches_per_epoch=per_epoch, elapsed=0.0,
-                    evaluated={}, interval=_new_interval())
+    run = Run(config, Path(out), resume, given, task, echo, progress)
     try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise TrainError(f"cannot create the run folder {out}: {e.strerror or e}") from None
-    _write_json(out / CONFIG, config)
-
-    arithmetic = _arithmetic()               # what this process's steps run with
-    echo(("resuming" if resume else "training") + f" {model.name} on {task.name} in {out}")
-    echo(format_config(config, model))
-    if resume:
-        echo(f"  {'from iteration':<17} {prog['iteration']} (epoch {prog['epoch']}, "
-             f"batch {prog['batch']})")
-        if prog.get("numpy", np.__version__) != np.__version__:
-            echo(f"note: this run drew its data order so far with NumPy {prog['numpy']}, and "
-                 f"continues with NumPy {np.__version__}. NumPy does not promise the same random "
-                 f"streams across versions, so the order from here on may differ from an "
-                 f"uninterrupted run's")
-        before = prog.get("arithmetic", arithmetic)   # (runs saved before it was recorded)
-        moved = [f"{k} {before.get(k)} -> {v}" for k, v in arithmetic.items()
-                 if before.get(k) != v]
-        if moved:
-            echo(f"note: this run's last steps ran elsewhere ({'; '.join(moved)}). The kernels' "
-                 f"floating-point results may differ in their last bits there, so the parameters "
-                 f"from here on need not be bit-identical to an uninterrupted run's")
-    prog["numpy"] = np.__version__            # the NumPy whose Generator draws the data order
-    prog["arithmetic"] = arithmetic
-
-    saved_at = [prog["iteration"]]            # the iteration of the checkpoint on disk
-    # The interval's running loss, accuracy and gradient norm are summed where the step runs
-    # (StepRecorder). Reading them is the one wait for a GPU, done only by sync(): when this loop
-    # reports, evaluates, saves or stops, and after every step on the CPU, where it costs nothing
-    # and a divergence stops the run at once.
-    recorder = StepRecorder(model.device, config["clip"], prog["interval"])
-    # on cuda, every epoch and evaluation of the run fills the same few batch buffers (page-locked
-    # ones among them, slow to allocate, and freed only by a wait for the GPU)
-    staging = Staging() if model.device == "cuda" else None
-
-    def sync():
-        """prog["interval"] brought up to date; TrainingDiverged if a step was not finite."""
-        acc = recorder.read()
-        if acc["first_bad"] is not None:
-            raise _diverged(acc, prog["iteration"], saved_at[0], ckpt_path, config, out)
-        prog["interval"] = {k: acc[k] for k in StepRecorder.FIELDS}
-        return acc
-
-    def checkpoint():
-        sync()                               # never save the parameters past a bad step
-        prog["metrics_bytes"] = log.length()
-        save_checkpoint(ckpt_path, model.params, optimizer.state_dict(), config, prog)
-        saved_at[0] = prog["iteration"]
-
-    log = MetricsLog(out / METRICS, keep_until=prog["iteration"] if resume else None,
-                     keep_bytes=prog.get("metrics_bytes") if resume else None)
-    bar = Progress(total, prog["iteration"], enabled=progress, echo=echo)
-    t_start, elapsed0 = time.perf_counter(), prog["elapsed"]
-
-    def elapsed():
-        return elapsed0 + time.perf_counter() - t_start
-
-    def run_eval(split, it, stop):
-        """Evaluate at iteration `it`, log it; False if a stop signal cut it short."""
-        res = evaluate(model, task, split, config["eval_batch_size"],
-                       should_stop=lambda: stop.stopping() is not None,
-                       progress=lambda done, total: bar.status(
-                           f"iteration {it}: evaluating {split}, {done:,} / {total:,}"),
-                       staging=staging)
-        if res is None:
-            return False
-        prog["evaluated"][split] = it
-        log.write(iteration=it, split=split, loss=res["loss"], accuracy=res["accuracy"],
-                  count=res["count"], time=round(elapsed(), 3))
-        bar.message(f"iteration {it}: {split} loss {res['loss']:.4f}  accuracy "
-                    f"{res['accuracy']:.4f}")
-        return True
-
-    def eval_due(it):
-        return it > 0 and (it % config["eval_every"] == 0 or it == total)
-
-    try:
-        with StopSignals(bar.message) as stop:
-            if not resume or changes:
-                # iteration 0: a run folder always has a checkpoint; on a resume that changed
-                # options (config.json says so already), the checkpoint says so too, at once
-                checkpoint()
-            it = prog["iteration"]
-            # an evaluation that a stop signal cut short is done now, before going on, and
-            # saved as done: metrics.jsonl keeps the lines at the checkpoint's iteration, so a
-            # later resume from the same checkpoint would log it again
-            if eval_due(it) and prog["evaluated"].get(eval_split) != it:
-                if run_eval(eval_split, it, stop):
-                    prog["elapsed"] = elapsed()
-                    checkpoint()
-            run_loss = run_acc = float("nan")
-            while it < total and stop.stopping() is None:
-                epoch, start = divmod(it, per_epoch)
-                for x, y in task.batches("train", B, seed=config["seed"], epoch=epoch,
-                                         start=start, device=model.device,
-                                         reuse=_reuse(model, staging)):
-                    losses, grads, logits, y_step = model.step_arrays(x, y)
-                    recorder.record(losses, logits, y_step, grads)
-                    optimizer.step(model.params, grads, recorder.scale)
-                    it += 1
-                    prog.update(iteration=it, epoch=it // per_epoch, batch=it % per_epoch)
-                    interval_end = it % config["log_every"] == 0 or it == total
-                    if (model.device == "cpu" or interval_end or eval_due(it)
-                            or callback is not None):
-                        acc_run = sync()
-                        run_loss = acc_run["loss_sum"] / max(acc_run["count"], 1)
-                        run_acc = acc_run["correct"] / max(acc_run["count"], 1)
-                    if interval_end:
-                        t = elapsed()
-                        log.write(iteration=it, split="train", loss=run_loss, accuracy=run_acc,
-                                  grad_norm=acc_run["grad_norm_sum"] / acc_run["steps"],
-                                  lr=config["lr"], epoch=it / per_epoch, time=round(t, 3),
-                                  it_per_s=round(it / max(t, 1e-9), 4))
-                    bar.update(it, run_loss, run_acc, interval_end)
-                    if interval_end:
-                        prog["interval"] = _new_interval()
-                        recorder.reset()
-                    if callback is not None:
-                        callback(it, float(np.mean(to_host(losses))))
-                    if eval_due(it):
-                        run_eval(eval_split, it, stop)
-                    prog["elapsed"] = elapsed()
-                    if it % config["checkpoint_every"] == 0 or it == total:
-                        checkpoint()
-                    if it >= total or stop.stopping() is not None:
+        with StopSignals(run.bar.message) as stop:
+            run.begin(stop)
+            while run.it < run.total and stop.stopping() is None:
+                for x, y in run.batches():            # the rest of this epoch, in its order
+                    run.step(x, y)                    # forward, full BPTT, optimizer step
+                    run.report(stop, callback)        # log, evaluate, checkpoint when due
+                    if run.it >= run.total or stop.stopping() is not None:
                         break
-            final = None
-            if it >= total:
-                if prog["evaluated"].get("test") != it and stop.stopping() is None:
-                    if run_eval("test", it, stop):
-                        prog["elapsed"] = elapsed()
-                        checkpoint()
-                if prog["evaluated"].get("test") == it:
-                    final = _last_record(out / METRICS, "test", it)
-            prog["elapsed"] = elapsed()
-            # a signal after the final evaluation stops nothing: the run is complete and saved
-            stopped = stop.stopping() if final is None else None
-            if stopped is not None:
-                checkpoint()
+            final, stopped = run.finish(stop)
     finally:
-        log.close()
-        bar.close()
-        if owns_task:
-            task.close()
+        run.close()
+    it, ckpt_path = run.it, run.ckpt_path
     if stopped:
         echo(f"stopped by {stopped} at iteration {it}; checkpoint saved to {ckpt_path}. "
              f"Continue with: python cli.py train --out {out} --resume")
     elif final is not None:
         echo(f"final test accuracy after {it} iterations: {final['accuracy']:.4f} "
-             f"(loss {final['loss']:.4f}, {prog['elapsed']:.0f} s of training)")
-    return dict(iteration=it, completed=it >= total and not stopped, stopped=stopped,
-                final=final, elapsed=prog["elapsed"], out=str(out))
+             f"(loss {final['loss']:.4f}, {run.prog['elapsed']:.0f} s of training)")
+    return dict(iteration=it, completed=it >= run.total and not stopped, stopped=stopped,
+                final=final, elapsed=run.prog["elapsed"], out=str(out))
+
+
+class Run:
+    """A training run in its folder: its configuration, model, optimizer, task, progress and
+    files, and the parts of `train`'s loop. Opening it (the constructor) checks everything a
+    run needs before any work (a new folder or a checkpoint to resume, the task, the device),
+    writes config.json and prints the configuration."""
+
+    def __init__(self, config, out, resume, given, task, echo, progress):
+        self.out, self.resume, self.echo, self._progress = out, resume, echo, progress
+        self.ckpt_path = ckpt_path = out / FILENAME
+        if resume:
+            if not ckpt_path.is_file():
+                raise TrainError(f"nothing to resume: {ckpt_path} does not exist (start the run "
+                                 f"without --resume first)")
+            saved = load_checkpoint(ckpt_path)
+            config, changes = merge_resume_config(saved["config"], given or {})
+        else:
+            if ckpt_path.exists():
+                raise TrainError(f"{out} already holds a run; continue it with --resume, or "
+                                 f"choose another --out")
+            # a new run writes these two; left from a run that stopped before its first
+            # checkpoint, or from something else, they would be overwritten (config.json) or
+            # mixed into the new run's curves (metrics.jsonl, which a run appends to; one linked
+            # to /dev/null is kept)
+            metrics = out / METRICS
+            found = [CONFIG] if (out / CONFIG).exists() else []
+            if metrics.is_file() and metrics.stat().st_size > 0:
+                found.append(METRICS)
+            if found:
+                raise TrainError(f"{out} holds {' and '.join(found)} but no {FILENAME}, so there "
+                                 f"is no run to resume there. Delete {' and '.join(found)} to "
+                                 f"start a run in {out}, or choose another --out")
+            config, changes = resolve_config(**(config or {})), []
+        self.changes = changes
+
+        if task is not None:
+            config["task"] = task.name
+        else:
+            # the data folder the run uses, recorded absolute even when it came from the default
+            # ($NPRNN_DATA_DIR or ./data), so that a resume or an eval elsewhere finds the same
+            config["data_dir"] = str(resolve_data_dir(config["data_dir"]).resolve())
+        if not resume:
+            check_options_used(config)
+        # "auto" recorded as the device it chose; no GPU for --device cuda: said before any work
+        config["device"] = resolve_device(config["device"])
+        self.owns_task = task is None          # then close it at the end (a CachedTask's file)
+        self.task = task = load_task(config, task)
+        try:
+            self._build(config, saved if resume else None)
+        except BaseException:
+            self._close_task()
+            raise
+
+    def _build(self, config, saved):
+        out, task, resume, echo = self.out, self.task, self.resume, self.echo
+        if resume:
+            model = build_model(config, config["input_size"], config["num_classes"])
+            check_task_fits(model, task, f"checkpoint {self.ckpt_path}")
+            load_params_into(model, saved["params"], f"checkpoint {self.ckpt_path}")
+        else:
+            model = build_model(config, task.m, task.num_classes)
+        optimizer = build_optimizer(config, model.params)
+        if resume:
+            try:
+                optimizer.load_state_dict(saved["optimizer"])
+            except ValueError as e:
+                raise CheckpointError(f"checkpoint {self.ckpt_path}: {e}") from None
+
+        # the resolved configuration: every default made explicit, as config.json records it
+        eval_split = "valid" if config["valid_size"] > 0 else "test"
+        config.update(eps=model.hyper.get("eps"), gamma=model.hyper.get("gamma"), seq_len=task.T,
+                      input_size=task.m, num_classes=task.num_classes,
+                      num_params=model.num_params(), eval_split=eval_split)
+        B, total = config["batch_size"], config["iterations"]
+        per_epoch = task.num_batches("train", B)
+        if per_epoch == 0:
+            raise TrainError(f"the training split of {task.name!r} has {task.size('train')} "
+                             f"examples, fewer than one batch of {B}; lower --batch-size")
+        config["batches_per_epoch"] = per_epoch
+
+        if resume:
+            prog = saved["progress"]
+            if total < prog["iteration"]:
+                raise TrainError(f"the run in {out} is already at iteration {prog['iteration']}; "
+                                 f"--iterations must be at least that, got {total}")
+            if prog["batches_per_epoch"] != per_epoch:
+                raise TrainError(f"the task now has {per_epoch} batches per epoch, the checkpoint "
+                                 f"was written with {prog['batches_per_epoch']}: the training set "
+                                 f"changed (another --data-dir, or other files in it?)")
+            for c in self.changes:            # said once the changes are known to hold
+                echo(f"resume: {c}")
+        else:
+            prog = dict(iteration=0, epoch=0, batch=0, batches_per_epoch=per_epoch, elapsed=0.0,
+                        evaluated={}, interval=_new_interval())
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise TrainError(f"cannot create the run folder {out}: {e.strerror or e}") from None
+        _write_json(out / CONFIG, config)
+
+        arithmetic = _arithmetic()           # what this process's steps run with
+        echo(("resuming" if resume else "training") + f" {model.name} on {task.name} in {out}")
+        echo(format_config(config, model))
+        if resume:
+            _say_what_changed(prog, arithmetic, echo)
+        prog["numpy"] = np.__version__        # the NumPy whose Generator draws the data order
+        prog["arithmetic"] = arithmetic
+
+        self.config, self.model, self.optimizer, self.prog = config, model, optimizer, prog
+        self.it, self.total, self.per_epoch = prog["iteration"], total, per_epoch
+        self.eval_split = eval_split
+        self.saved_at = prog["iteration"]     # the iteration of the checkpoint on disk
+        # The interval's running loss, accuracy and gradient norm are summed where the step runs
+        # (StepRecorder). Reading them is the one wait for a GPU, done only by sync(): when the
+        # loop reports, evaluates, saves or stops, and after every step on the CPU, where it
+        # costs nothing and a divergence stops the run at once.
+        self.recorder = StepRecorder(model.device, config["clip"], prog["interval"])
+        # on cuda, every epoch and evaluation of the run fills the same few batch buffers
+        # (page-locked ones among them, slow to allocate, and freed only by a wait for the GPU)
+        self.staging = Staging() if model.device == "cuda" else None
+        self.log = MetricsLog(out / METRICS, keep_until=prog["iteration"] if resume else None,
+                              keep_bytes=prog.get("metrics_bytes") if resume else None)
+        self.bar = Progress(total, prog["iteration"], enabled=self._progress, echo=echo)
+        self.run_loss = self.run_acc = float("nan")
+        self._t_start, self._elapsed0 = time.perf_counter(), prog["elapsed"]
+
+    # -- the parts of the loop ------------------------------------------------------------------
+    def begin(self, stop):
+        """The iteration-0 checkpoint (a run folder always has one; a resume that changed options
+        says so in its checkpoint at once), and an evaluation that a stop signal cut short, done
+        now and saved as done (metrics.jsonl keeps the lines at the checkpoint's iteration, so a
+        later resume from the same checkpoint would log it again)."""
+        if not self.resume or self.changes:
+            self.checkpoint()
+        if self.eval_due(self.it) and self.prog["evaluated"].get(self.eval_split) != self.it:
+            if self.evaluate(self.eval_split, stop):
+                self.prog["elapsed"] = self.elapsed()
+                self.checkpoint()
+
+    def batches(self):
+        """The training batches from the current iteration to the end of its epoch."""
+        epoch, start = divmod(self.it, self.per_epoch)
+        return self.task.batches("train", self.config["batch_size"], seed=self.config["seed"],
+                                 epoch=epoch, start=start, device=self.model.device,
+                                 reuse=_reuse(self.model, self.staging))
+
+    def step(self, x, y):
+        """One iteration: the loss and its gradient by full BPTT, the running totals (and the
+        clipping factor they give), the optimizer's update."""
+        self.losses, grads, logits, y_step = self.model.step_arrays(x, y)
+        self.recorder.record(self.losses, logits, y_step, grads)
+        self.optimizer.step(self.model.params, grads, self.recorder.scale)
+        self.it += 1
+        self.prog.update(iteration=self.it, epoch=self.it // self.per_epoch,
+                         batch=self.it % self.per_epoch)
+
+    def report(self, stop, callback=None):
+        """After a step: the interval's line of metrics.jsonl and the bar, an evaluation and a
+        checkpoint when they are due."""
+        it, config = self.it, self.config
+        interval_end = it % config["log_every"] == 0 or it == self.total
+        if (self.model.device == "cpu" or interval_end or self.eval_due(it)
+                or callback is not None):
+            acc = self.sync()
+            self.run_loss = acc["loss_sum"] / max(acc["count"], 1)
+            self.run_acc = acc["correct"] / max(acc["count"], 1)
+        if interval_end:
+            t = self.elapsed()
+            self.log.write(iteration=it, split="train", loss=self.run_loss,
+                           accuracy=self.run_acc, grad_norm=acc["grad_norm_sum"] / acc["steps"],
+                           lr=config["lr"], epoch=it / self.per_epoch, time=round(t, 3),
+                           it_per_s=round(it / max(t, 1e-9), 4))
+        self.bar.update(it, self.run_loss, self.run_acc, interval_end)
+        if interval_end:
+            self.prog["interval"] = _new_interval()
+            self.recorder.reset()
+        if callback is not None:
+            callback(it, float(np.mean(to_host(self.losses))))
+        if self.eval_due(it):
+            self.evaluate(self.eval_split, stop)
+        self.prog["elapsed"] = self.elapsed()
+        if it % config["checkpoint_every"] == 0 or it == self.total:
+            self.checkpoint()
+
+    def finish(self, stop):
+        """(final test metrics or None, the stopping signal or None): the final evaluation on
+        the test split once all iterations are done, and a checkpoint where a signal stopped
+        the run. A signal after the final evaluation stops nothing: the run is complete."""
+        final = None
+        if self.it >= self.total:
+            if self.prog["evaluated"].get("test") != self.it and stop.stopping() is None:
+                if self.evaluate("test", stop):
+                    self.prog["elapsed"] = self.elapsed()
+                    self.checkpoint()
+            if self.prog["evaluated"].get("test") == self.it:
+                final = _last_record(self.out / METRICS, "test", self.it)
+        self.prog["elapsed"] = self.elapsed()
+        stopped = stop.stopping() if final is None else None
+        if stopped is not None:
+            self.checkpoint()
+        return final, stopped
+
+    def close(self):
+        self.log.close()
+        self.bar.close()
+        self._close_task()
+
+    def _close_task(self):
+        if self.owns_task:
+            self.task.close()
+
+    # -- helpers --------------------------------------------------------------------------------
+    def elapsed(self):
+        return self._elapsed0 + time.perf_counter() - self._t_start
+
+    def eval_due(self, it):
+        return it > 0 and (it % self.config["eval_every"] == 0 or it == self.total)
+
+    def sync(self):
+        """prog["interval"] brought up to date; TrainingDiverged if a step was not finite."""
+        acc = self.recorder.read()
+        if acc["first_bad"] is not None:
+            raise _diverged(acc, self.it, self.saved_at, self.ckpt_path, self.config, self.out)
+        self.prog["interval"] = {k: acc[k] for k in StepRecorder.FIELDS}
+        return acc
+
+    def checkpoint(self):
+        self.sync()                           # never save the parameters past a bad step
+        self.prog["metrics_bytes"] = self.log.length()
+        save_checkpoint(self.ckpt_path, self.model.params, self.optimizer.state_dict(),
+                        self.config, self.prog)
+        self.saved_at = self.it
+
+    def evaluate(self, split, stop):
+        """Evaluate at the current iteration and log it; False if a stop signal cut it short."""
+        it = self.it
+        res = evaluate(self.model, self.task, split, self.config["eval_batch_size"],
+                       should_stop=lambda: stop.stopping() is not None,
+                       progress=lambda done, total: self.bar.status(
+                           f"iteration {it}: evaluating {split}, {done:,} / {total:,}"),
+                       staging=self.staging)
+        if res is None:
+            return False
+        self.prog["evaluated"][split] = it
+        self.log.write(iteration=it, split=split, loss=res["loss"], accuracy=res["accuracy"],
+                       count=res["count"], time=round(self.elapsed(), 3))
+        self.bar.message(f"iteration {it}: {split} loss {res['loss']:.4f}  accuracy "
+                         f"{res['accuracy']:.4f}")
+        return True
+
+
+def _say_what_changed(prog, arithmetic, echo):
+    """On resume: where the run continues from, and what may keep its bits from matching an
+    uninterrupted run's (another NumPy draws the data order; other numba, scipy or CPU)."""
+    echo(f"  {'from iteration':<17} {prog['iteration']} (epoch {prog['epoch']}, "
+         f"batch {prog['batch']})")
+    if prog.get("numpy", np.__version__) != np.__version__:
+        echo(f"note: this run drew its data order so far with NumPy {prog['numpy']}, and "
+             f"continues with NumPy {np.__version__}. NumPy does not promise the same random "
+             f"streams across versions, so the order from here on may differ from an "
+             f"uninterrupted run's")
+    before = prog.get("arithmetic", arithmetic)   # (runs saved before it was recorded)
+    moved = [f"{k} {before.get(k)} -> {v}" for k, v in arithmetic.items()
+             if before.get(k) != v]
+    if moved:
+        echo(f"note: this run's last steps ran elsewhere ({'; '.join(moved)}). The kernels' "
+             f"floating-point results may differ in their last bits there, so the parameters "
+             f"from here on need not be bit-identical to an uninterrupted run's")
 
 
 def _last_record(metrics_path, split, iteration):
