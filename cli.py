@@ -8,7 +8,6 @@ import math
 import os
 import shlex
 import signal
-import sys
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,6 +24,7 @@ from nprnn.datasets import DEFAULT_PERMUTATION_SEED, MAX_SEED, TASKS
 from nprnn.device import DeviceUnavailable, resolve_device
 from nprnn.model import count_params
 from nprnn.optim import OPTIMIZERS
+from nprnn.progress import CountBar
 from nprnn.sources import DataError
 from nprnn.train import CONFIG
 
@@ -773,28 +773,6 @@ def _left_behind(out):
     return ""
 
 
-class _EvalProgress:
-    """`eval`'s progress: "evaluating test: 2,560 / 10,000" redrawn in place on stderr when it is
-    a terminal (an evaluation of pmnist's test split takes a minute on a CPU); silent otherwise,
-    so that logs keep only the result."""
-
-    def __init__(self, split, stream=None):
-        self.split, self.stream = split, stream or sys.stderr
-        self.on = self.stream.isatty()
-        self.drawn = False
-
-    def __call__(self, done, total):
-        if self.on:
-            self.stream.write(f"\revaluating {self.split}: {done:,} / {total:,}")
-            self.stream.flush()
-            self.drawn = True
-
-    def close(self):
-        if self.drawn:
-            self.stream.write("\n")
-            self.stream.flush()
-
-
 @cli.command("eval")
 @click.argument("run", type=click.Path())
 @click.option("--split", default="test", show_default=True,
@@ -813,7 +791,7 @@ class _EvalProgress:
 def eval_run(run, split, task, data_dir, T, batch_size, device):
     """Evaluate the checkpoint of RUN (a run folder or a checkpoint file): loss and accuracy."""
 
-    shown = _EvalProgress(split)
+    shown = CountBar(f"evaluating {split}")
     try:
         with _enough_memory("--batch-size or --T"):
             r = training.evaluate_checkpoint(run, split=split, task_name=task, data_dir=data_dir,

@@ -59,9 +59,7 @@ import io
 import os
 import pickle
 import struct
-import sys
 import tarfile
-import time
 import urllib.request
 import zlib
 from dataclasses import dataclass, field
@@ -70,6 +68,7 @@ from pathlib import Path
 import numpy as np
 
 from .files import remove_stale_temporaries, temporary_name
+from .progress import DownloadBar
 
 
 # ----------------------------------------------------------------------------------------------
@@ -169,40 +168,6 @@ def _gunzip(data, path):
 # downloads
 # ----------------------------------------------------------------------------------------------
 
-class _Progress:
-    """A one-line progress bar on stderr: redrawn in place on a terminal, else two lines."""
-
-    def __init__(self, label, total, enabled=True, stream=None):
-        self.label, self.total, self.enabled = label, total, enabled
-        self.stream = stream or sys.stderr
-        self.tty = self.enabled and hasattr(self.stream, "isatty") and self.stream.isatty()
-        self.last = 0.0
-        if self.enabled and not self.tty:
-            size = f" ({total / 1e6:.1f} MB)" if total else ""
-            print(f"downloading {label}{size} ...", file=self.stream, flush=True)
-
-    def update(self, done, final=False):
-        if not self.tty or (not final and time.monotonic() - self.last < 0.1):
-            return
-        self.last = time.monotonic()
-        if self.total:
-            frac = min(done / self.total, 1.0)
-            bar = "#" * int(30 * frac)
-            text = f"\r{self.label} [{bar:<30}] {100 * frac:5.1f}% of {self.total / 1e6:.1f} MB"
-        else:
-            text = f"\r{self.label} {done / 1e6:.1f} MB"
-        self.stream.write(text)
-        self.stream.flush()
-
-    def close(self, done, ok):
-        if self.tty:
-            self.update(done, final=True)
-            self.stream.write("\n")
-        if self.enabled:
-            print(f"{self.label}: {'done' if ok else 'failed'}, {done / 1e6:.1f} MB",
-                  file=self.stream, flush=True)
-
-
 # ----------------------------------------------------------------------------------------------
 # files being written: hidden temporary names, and what a killed writer left behind
 # ----------------------------------------------------------------------------------------------
@@ -225,7 +190,7 @@ def fetch(url, dest, md5, progress=True, timeout=60):
         with urllib.request.urlopen(request, timeout=timeout) as response, open(tmp, "wb") as f:
             length = response.headers.get("Content-Length")
             total = int(length) if length and length.isdigit() else None
-            bar = _Progress(dest.name, total, enabled=progress)
+            bar = DownloadBar(dest.name, total, enabled=progress)
             h = hashlib.md5(usedforsecurity=False)
             while True:
                 chunk = response.read(1 << 16)

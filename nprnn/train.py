@@ -45,16 +45,15 @@ import json
 import math
 import os
 import signal
-import sys
 import threading
 import time
 from pathlib import Path
 
 import numpy as np
 
+from . import autotune, datasets
 from .checkpoint import (FILENAME, CheckpointError, load_checkpoint, load_params_into,
                          read_config_json, save_checkpoint)
-from . import datasets
 from .datasets import MAX_SEED, resolve_data_dir
 from .device import cpu_model, resolve_device
 from .files import written_atomically
@@ -62,6 +61,7 @@ from .kernels.gpu_common import to_host
 from .memory import Staging
 from .model import make_model
 from .optim import OPTIMIZERS, StepRecorder, make_optimizer
+from .progress import TrainingBar
 
 # Everything a run is made of. None for eps / gamma / T means "the model's / task's default";
 # the resolved values are written to config.json.
@@ -382,67 +382,6 @@ class StopSignals:
         return False
 
 
-class Progress:
-    """A one-line progress bar on a terminal (redrawn at most 4 times a second); elsewhere (a log
-    file under nohup) one line per logging interval. Shows it/s, loss and running accuracy.
-    Disabled, it draws nothing and hands its messages (evaluations, a stop) to `echo`."""
-
-    def __init__(self, total, start, stream=None, enabled=True, width=24, echo=print):
-        self.total, self.enabled, self.width, self.echo = total, enabled, width, echo
-        self.stream = stream or sys.stderr
-        self.tty = enabled and hasattr(self.stream, "isatty") and self.stream.isatty()
-        self.t0, self.i0, self.last_draw = time.perf_counter(), start, 0.0
-
-    def _line(self, it, loss, acc):
-        rate = (it - self.i0) / max(time.perf_counter() - self.t0, 1e-9)
-        frac = it / self.total if self.total else 1.0
-        done = int(self.width * frac)
-        eta = (self.total - it) / rate if rate > 0 else float("inf")
-        eta_s = (f"{int(eta // 3600)}:{int(eta % 3600 // 60):02d}:{int(eta % 60):02d}"
-                 if math.isfinite(eta) else "?")
-        # loss and accuracy are those of the interval so far, as last read (on a GPU: at the
-        # interval's end); none before the first reading
-        stats = (f"  loss {loss:.4f}  acc {acc:.3f}" if math.isfinite(loss) else "")
-        return (f"[{'#' * done}{'-' * (self.width - done)}] {it}/{self.total} "
-                f"{rate:.2f} it/s{stats}  eta {eta_s}")
-
-    def update(self, it, loss, acc, interval_end=False):
-        if not self.enabled:
-            return
-        if self.tty:
-            now = time.perf_counter()
-            if now - self.last_draw >= 0.25 or it == self.total:
-                self.stream.write("\r" + self._line(it, loss, acc))
-                self.stream.flush()
-                self.last_draw = now
-        elif interval_end:
-            self.stream.write(self._line(it, loss, acc) + "\n")
-            self.stream.flush()
-
-    def close(self):
-        if self.tty:
-            self.stream.write("\n")
-            self.stream.flush()
-
-    def status(self, text):
-        """On a terminal, `text` in place of the bar until the next update (an evaluation in
-        progress, say); elsewhere nothing. Redrawn at most 4 times a second."""
-        now = time.perf_counter()
-        if self.tty and now - self.last_draw >= 0.25:
-            self.stream.write("\r" + text + "\x1b[K")         # ESC[K: clear the rest of the line
-            self.stream.flush()
-            self.last_draw = now
-
-    def message(self, text):
-        """A line of text that does not collide with the bar (`echo`'s, without a bar)."""
-        if not self.enabled:
-            self.echo(text)
-            return
-        self.stream.write(("\n" if self.tty else "") + text + "\n")
-        self.stream.flush()
-        self.last_draw = 0.0
-
-
 # ----------------------------------------------------------------------------------------------
 # The loop
 # ----------------------------------------------------------------------------------------------
@@ -638,6 +577,9 @@ class Run:
             _say_what_changed(prog, arithmetic, echo)
         prog["numpy"] = np.__version__        # the NumPy whose Generator draws the data order
         prog["arithmetic"] = arithmetic
+        seconds = _warm_up(config, model, task)
+        echo(f"compiling kernels ... {seconds:.1f} s (loaded from numba's cache once compiled; "
+             f"not counted as training time)")
 
         self.config, self.model, self.optimizer, self.prog = config, model, optimizer, prog
         self.it, self.total, self.per_epoch = prog["iteration"], total, per_epoch
@@ -653,7 +595,7 @@ class Run:
         self.staging = Staging() if model.device == "cuda" else None
         self.log = MetricsLog(out / METRICS, keep_until=prog["iteration"] if resume else None,
                               keep_bytes=prog.get("metrics_bytes") if resume else None)
-        self.bar = Progress(total, prog["iteration"], enabled=self._progress, echo=echo)
+        self.bar = TrainingBar(total, prog["iteration"], enabled=self._progress, echo=echo)
         self.run_loss = self.run_acc = float("nan")
         self._t_start, self._elapsed0 = time.perf_counter(), prog["elapsed"]
 
@@ -780,6 +722,27 @@ class Run:
         self.bar.message(f"iteration {it}: {split} loss {res['loss']:.4f}  accuracy "
                          f"{res['accuracy']:.4f}")
         return True
+
+
+def _warm_up(config, model, task):
+    """Seconds spent compiling the kernels that a training step and an evaluation run (numba
+    compiles each at its first call, or loads it from its disk cache), by one step of a
+    throwaway copy of the model on a batch of one short sequence, so that neither the training
+    time nor the first interval's it/s pays for it. On cuda the copy runs the kernels `model`
+    chose for the run's batches."""
+    t0 = time.perf_counter()
+    warm = build_model(config, model.input_size, model.num_classes)
+    if model.device == "cuda":
+        warm.tuner = autotune.Fixed(model.kernels_for(config["batch_size"], task.T))
+    x = np.zeros((1, min(task.T, 2), model.input_size), dtype=np.float32)
+    y = np.zeros(1, dtype=np.int64)
+    losses, grads, logits, y_step = warm.step_arrays(x, y)
+    recorder = StepRecorder(warm.device, config["clip"], _new_interval())
+    recorder.record(losses, logits, y_step, grads)
+    build_optimizer(config, warm.params).step(warm.params, grads, recorder.scale)
+    recorder.read()
+    warm.forward(x)
+    return time.perf_counter() - t0
 
 
 def _say_what_changed(prog, arithmetic, echo):

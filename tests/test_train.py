@@ -652,19 +652,29 @@ def test_cli_errors_are_clean(tmp_path, toy_get_task):
 
 def test_the_progress_bar_shows_an_evaluation_in_progress_on_a_terminal_only():
     import io
-    from nprnn.train import Progress
+    from nprnn.progress import TrainingBar
 
     class Terminal(io.StringIO):
         def isatty(self):
             return True
-    bar = Progress(total=100, start=0, stream=Terminal())
+    bar = TrainingBar(total=100, start=0, stream=Terminal())
     bar.status("iteration 10: evaluating test, 256 / 1,000")
-    assert bar.stream.getvalue() == "\riteration 10: evaluating test, 256 / 1,000\x1b[K"
-    log = Progress(total=100, start=0, stream=io.StringIO())
+    assert "iteration 10: evaluating test, 256 / 1,000" in bar.stream.getvalue()
+    bar.update(50, 0.5, 0.9)
+    bar.close()
+    assert "50/100" in bar.stream.getvalue() and "loss 0.5000  acc 0.900" in bar.stream.getvalue()
+    log = TrainingBar(total=100, start=0, stream=io.StringIO())
     log.status("iteration 10: evaluating test, 256 / 1,000")
+    log.update(10, 0.5, 0.9)                           # within an interval: no line in a log
     assert log.stream.getvalue() == ""
+    log.update(20, 0.5, 0.9, interval_end=True)        # one line per logging interval
+    log.message("iteration 20: test loss 0.5")
+    lines = log.stream.getvalue().splitlines()
+    assert len(lines) == 2 and "20/100" in lines[0] and "\r" not in log.stream.getvalue()
+    assert lines[1] == "iteration 20: test loss 0.5"
     said = []
-    quiet = Progress(total=100, start=0, stream=io.StringIO(), enabled=False, echo=said.append)
+    quiet = TrainingBar(total=100, start=0, stream=io.StringIO(), enabled=False,
+                        echo=said.append)
     quiet.update(100, 0.5, 0.9, interval_end=True)
     quiet.message("iteration 100: test loss 0.5")
     assert quiet.stream.getvalue() == "" and said == ["iteration 100: test loss 0.5"]
@@ -838,3 +848,28 @@ def test_a_run_saved_with_an_option_that_changes_nothing_still_resumes(tmp_path,
         train(dict(config, iterations=3), tmp_path, task=toy_task(), **quiet())
     done = train(out=tmp_path, resume=True, given=dict(iterations=6), task=toy_task(), **quiet())
     assert done["completed"] and done["iteration"] == 6
+
+
+def test_compiling_the_kernels_is_said_and_not_counted_as_training_time(tmp_path, monkeypatch):
+    """The first run on a fresh clone compiled its kernels (about 16 s) inside the first
+    interval, so "N s of training" and its it/s counted them. A throwaway step compiles them
+    before the clock starts, and the time is said on a line of its own."""
+    import time
+
+    import nprnn.train as training
+    warm_up = training._warm_up
+
+    def slow_warm_up(*args):
+        t0 = time.perf_counter()
+        time.sleep(1.0)                               # a compilation of a second
+        warm_up(*args)
+        return time.perf_counter() - t0
+    monkeypatch.setattr(training, "_warm_up", slow_warm_up)
+    said = []
+    summary = train(dict(CONFIG, iterations=3), tmp_path, task=toy_task(), echo=said.append,
+                    progress=False)
+    line = next(s for s in said if s.startswith("compiling kernels ... "))
+    assert float(line.split()[3]) >= 1.0
+    assert summary["elapsed"] < 1.0                   # three tiny steps, without the second
+    train_lines = [r for r in records(tmp_path, drop=()) if r["split"] == "train"]
+    assert all(r["time"] < 1.0 for r in train_lines)
