@@ -22,6 +22,7 @@ from nprnn.cells import INIT_SCHEMES
 from nprnn.checkpoint import FILENAME, CheckpointError, load_checkpoint
 from nprnn.datasets import DEFAULT_PERMUTATION_SEED, MAX_SEED, TASKS
 from nprnn.device import DeviceUnavailable, resolve_device
+from nprnn.files import why_no_folder
 from nprnn.model import count_params
 from nprnn.optim import OPTIMIZERS
 from nprnn.progress import CountBar
@@ -30,6 +31,22 @@ from nprnn.train import CONFIG
 
 # Seeds are 63-bit: they become int64 keys of the noise streams (nprnn/noise.py).
 SEED = click.IntRange(min=0, max=MAX_SEED)
+
+
+class Folder(click.Path):
+    """A folder's path (click.Path, files refused); an empty one, which would silently mean the
+    current folder (the repository's root, among the sources), is refused too."""
+
+    def __init__(self):
+        super().__init__(file_okay=False)
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and value.strip() == "":
+            self.fail("is empty, which would mean the current folder; name a folder", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+FOLDER = Folder()
 
 
 class FiniteFloat(click.FloatRange):
@@ -155,27 +172,12 @@ def _out_dir(out):
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise click.BadParameter(f"cannot create folder {out}: {_why_no_folder(path, e)}",
+        raise click.BadParameter(f"cannot create folder {out}: {why_no_folder(path, e)}",
                                  param_hint="--out") from None
     if not os.access(path, os.W_OK | os.X_OK):
         raise click.BadParameter(f"cannot write into folder {out}: permission denied",
                                  param_hint="--out")
     return path
-
-
-def _why_no_folder(path, error):
-    """Why mkdir of `path` failed: the nearest existing ancestor (or `path`) that is no folder,
-    else the OS's reason ("Permission denied", "File name too long", ...)."""
-    for p in (path, *path.parents):
-        try:
-            if not p.exists():
-                continue
-        except OSError:                 # a name too long, say: the OS's reason below says so
-            continue
-        if not p.is_dir():
-            return f"{p} is {'a file' if p.is_file() else 'not a folder'}"
-        break
-    return error.strerror or str(error)
 
 
 def _memory_error(error, lower, note=""):
@@ -315,7 +317,7 @@ def _draw(old, png, draw, *args, indent=""):
 
 
 @cli.command()
-@click.option("--out", required=True, type=click.Path(file_okay=False),
+@click.option("--out", required=True, type=FOLDER,
               help="Folder for figureN.png/.json/.csv (created if missing).")
 @click.option("--figures", default="1,3,4,5", show_default=True, callback=_number_list(int),
               help="Which of the paper's simulation figures: 1 (section 4), 3, 4, 5 (App. D).")
@@ -370,7 +372,7 @@ def simulate(out, figures, steps, eps, seed):
 
 
 @cli.command()
-@click.option("--out", required=True, type=click.Path(file_okay=False),
+@click.option("--out", required=True, type=FOLDER,
               help="Folder for figure2_jacobian.png/.csv/.json (created if missing).")
 @click.option("--models", default="antisym,lstm", show_default=True,
               callback=_name_list("model name", once=True),
@@ -399,7 +401,7 @@ def simulate(out, figures, steps, eps, seed):
                    "T=T)) instead of N(0, 1) noise. A task of fixed length (mnist: 784) needs "
                    "--lengths to be that length. With --checkpoint, pmnist's permutation is the "
                    "one the run was trained with.")
-@click.option("--data-dir", default=None, type=click.Path(file_okay=False),
+@click.option("--data-dir", default=None, type=FOLDER,
               help="Data folder for --task [default: the one a --checkpoint run recorded, else "
                    "the datasets module's default].")
 @click.option("--sequences", default=8, show_default=True, type=click.IntRange(min=1),
@@ -516,7 +518,7 @@ def jacobian(out, models, gammas, lengths, hidden_size, input_size, eps, sigma_w
 
 @cli.command()
 @click.argument("runs", nargs=-1, required=True, type=click.Path(exists=True))
-@click.option("--out", required=True, type=click.Path(file_okay=False),
+@click.option("--out", required=True, type=FOLDER,
               help="Folder for NAME.png/.csv/.json (created if missing).")
 @click.option("--name", default="gates", show_default=True, callback=_file_name,
               help="File name (without extension) of the outputs in --out.")
@@ -524,7 +526,7 @@ def jacobian(out, models, gammas, lengths, hidden_size, input_size, eps, sigma_w
               help="Feed every run this task's test sequences [default: each run's own task].")
 @click.option("--T", "T", default=None, type=click.IntRange(min=1),
               help="Sequence length of a noise-padded task [default: each run's].")
-@click.option("--data-dir", default=None, type=click.Path(file_okay=False),
+@click.option("--data-dir", default=None, type=FOLDER,
               help="Where the task's data is [default: each run's].")
 @click.option("--sequences", default=1000, show_default=True, type=click.IntRange(min=1),
               help="Test sequences to pool over: the first of the order --seed shuffles.")
@@ -618,7 +620,7 @@ def _first(batches, num):
 
 @cli.command("plot")
 @click.argument("runs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
-@click.option("--out", required=True, type=click.Path(file_okay=False),
+@click.option("--out", required=True, type=FOLDER,
               help="Folder for the PNG and the CSV (created if missing).")
 @click.option("--name", default="learning_curves", show_default=True, callback=_file_name,
               help="File name (without extension or folder) of the PNG and the CSV.")
@@ -695,12 +697,12 @@ def plot_runs(runs, out, name):
               help="Examples per forward pass when evaluating.")
 @click.option("--dtype", default="float32", show_default=True,
               type=click.Choice(["float32", "float64"]), help="Precision of the kernels.")
-@click.option("--out", default=None, type=click.Path(file_okay=False),
+@click.option("--out", default=None, type=FOLDER,
               help="Run folder [default: runs/MODEL-TASK].")
 @click.option("--resume", is_flag=True,
               help="Continue the run in --out from its checkpoint; only --iterations, the "
                    "reporting intervals, --data-dir, --device, --lr and --clip may change.")
-@click.option("--data-dir", default=None, type=click.Path(file_okay=False),
+@click.option("--data-dir", default=None, type=FOLDER,
               help="Where the task's raw files and cache are (nprnn.datasets' default if left "
                    "out).")
 @click.option("--valid-size", default=0, show_default=True, type=click.IntRange(min=0),
@@ -710,7 +712,10 @@ def plot_runs(runs, out, name):
 @click.option("--progress/--no-progress", default=True, show_default=True,
               help="Show the progress bar (on a terminal; one line per log interval otherwise). "
                    "Evaluations and a stop are reported either way.")
-def train(progress, out, resume, **options):
+@click.option("--allow-lost-log", is_flag=True,
+              help="With --resume: go on though metrics.jsonl is missing or shorter than the "
+                   "checkpoint recorded (its curves so far are lost).")
+def train(progress, out, resume, allow_lost_log, **options):
     """Train a model on a task; writes runs/NAME/config.json, metrics.jsonl, checkpoint.h5.
 
     Prints the resolved configuration and the parameter count, a progress bar (it/s, loss and
@@ -727,7 +732,10 @@ def train(progress, out, resume, **options):
     try:
         if resume:
             result = training.train(out=out, resume=True, given=given, echo=click.echo,
-                                    progress=progress)
+                                    progress=progress, allow_lost_log=allow_lost_log)
+        elif allow_lost_log:
+            raise click.BadParameter("is for --resume: a new run has no log to lose",
+                                     param_hint="--allow-lost-log")
         else:
             result = training.train(options, out, echo=click.echo, progress=progress)
     except (training.TrainError, CheckpointError, ValueError, RuntimeError, OSError) as e:
@@ -779,7 +787,7 @@ def _left_behind(out):
               type=click.Choice(["test", "valid", "train"]), help="Which split to score.")
 @click.option("--task", default=None,
               help="Another task with the same input size and classes [default: the run's].")
-@click.option("--data-dir", default=None, type=click.Path(file_okay=False),
+@click.option("--data-dir", default=None, type=FOLDER,
               help="Where the task's data is [default: the run's].")
 @click.option("--T", "T", default=None, type=click.IntRange(min=1),
               help="Sequence length of a noise-padded task [default: the run's].")
@@ -833,7 +841,7 @@ def bench(models, B, T, m, n, dtype, repeat, with_torch, device):
     """Forward and forward+backward time per batch, beside PyTorch measured in the same run.
 
     Prints medians of --repeat runs after a warm-up run. The last column is nprnn's time over
-    PyTorch's (below 1: nprnn is faster). Install PyTorch with `pip install torch` for it."""
+    PyTorch's (below 1: nprnn is faster). Install PyTorch with `pip install -e '.[bench]'`."""
     models = list(dict.fromkeys(models))            # each once, in the order given
     if "all" in models and models != ["all"]:
         raise click.BadParameter(f"'all' stands alone, got {','.join(models)!r}",
@@ -848,7 +856,8 @@ def bench(models, B, T, m, n, dtype, repeat, with_torch, device):
     except DeviceUnavailable as e:
         raise click.ClickException(str(e)) from None
     if with_torch and not B_.torch_available(device):
-        click.echo("PyTorch is not installed: timing nprnn alone (pip install torch to compare)."
+        click.echo("PyTorch is not installed: timing nprnn alone (pip install -e '.[bench]' to "
+                   "compare)."
                    if not B_.torch_available() else "PyTorch cannot use the GPU (a CPU-only "
                    "build?): timing nprnn alone.")
         with_torch = False
@@ -869,7 +878,7 @@ def bench(models, B, T, m, n, dtype, repeat, with_torch, device):
 # ----------------------------------------------------------------------------------------------
 
 def _data_dir_option(f):
-    return click.option("--data-dir", default=None, type=click.Path(file_okay=False),
+    return click.option("--data-dir", default=None, type=FOLDER,
                         help="Where raw files and caches are [default: $NPRNN_DATA_DIR, else "
                              "./data].")(f)
 

@@ -22,7 +22,7 @@ while PyTorch is timed; nprnn's kernels flush float32 subnormal gradients, see
 which would flatter nprnn. In float64 neither side flushes. The mode is set back afterwards, so
 nprnn's later rows are timed as the first.
 
-PyTorch is an optional yardstick (`pip install torch`); nprnn never imports it elsewhere.
+PyTorch is an optional yardstick (`pip install -e '.[bench]'`); nprnn never imports it elsewhere.
 """
 import os
 import time

@@ -79,3 +79,18 @@ def _sync_folder(folder):
         pass
     finally:
         os.close(fd)
+
+
+def why_no_folder(path, error):
+    """Why mkdir of `path` failed: the nearest existing ancestor (or `path`) that is no folder,
+    else the OS's reason ("Permission denied", "File name too long", ...)."""
+    for p in (path, *path.parents):
+        try:
+            if not p.exists():
+                continue
+        except OSError:                 # a name too long, say: the OS's reason below says so
+            continue
+        if not p.is_dir():
+            return f"{p} is {'a file' if p.is_file() else 'not a folder'}"
+        break
+    return error.strerror or str(error)

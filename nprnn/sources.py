@@ -67,7 +67,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .files import remove_stale_temporaries, temporary_name
+from .files import remove_stale_temporaries, temporary_name, why_no_folder
 from .progress import DownloadBar
 
 
@@ -233,6 +233,12 @@ def download_file(remote, directory, progress=True, timeout=60):
         if d.exists():
             break
         made.append(d)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DataError(f"cannot make the folder {directory} to download {remote.name} into: "
+                        f"{why_no_folder(directory, e)}; --data-dir or NPRNN_DATA_DIR choose "
+                        f"another data folder") from None
     failures = []
     for url in remote.urls:
         try:

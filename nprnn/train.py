@@ -20,8 +20,9 @@ A run lives in a folder, runs/NAME/:
     checkpoint.h5    the latest checkpoint (nprnn/checkpoint.py): parameters, optimizer state,
                      the iteration, the position in the data order, wall time so far
 
-One process at a time trains in a folder; nothing locks it (two would overwrite each other's
-checkpoints and mix their metrics lines).
+One process at a time trains in a folder: it holds an OS lock on runs/NAME/.lock for its life
+(released when it ends, however it ends), and a second one is refused, naming the first. A new
+run that fails before its first step (out of memory, say) leaves nothing behind.
 
 Nothing is lost:
   * a checkpoint is written at iteration 0, every `checkpoint_every` iterations, at the end, and
@@ -41,10 +42,12 @@ Nothing is lost:
   * a NaN or Inf in the loss or the gradient stops the run before the bad step is applied and
     leaves the last good checkpoint in place (TrainingDiverged names the iteration).
 """
+import fcntl
 import json
 import math
 import os
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
@@ -79,6 +82,7 @@ CHANGEABLE_ON_RESUME = ("iterations", "eval_every", "log_every", "checkpoint_eve
 
 METRICS = "metrics.jsonl"
 CONFIG = "config.json"
+LOCK = ".lock"
 
 
 class TrainError(Exception):
@@ -134,6 +138,9 @@ def resolve_config(**options):
         if not isinstance(config["data_dir"], (str, os.PathLike)):
             raise TrainError(f"data_dir must be a path (str or os.PathLike) or None, got "
                              f"{config['data_dir']!r}")
+        if str(config["data_dir"]).strip() == "":
+            raise TrainError("data_dir is empty, which would mean the current folder; name a "
+                             "folder, or leave it out for the default")
         # absolute: a run resumed or evaluated from another folder finds its data all the same
         config["data_dir"] = str(Path(config["data_dir"]).resolve())
     return config
@@ -152,6 +159,12 @@ def check_options_used(config):
         raise TrainError(f"perm_seed = {config['perm_seed']!r} has no effect on task "
                          f"{config['task']!r} (it seeds pmnist's pixel permutation): leave "
                          f"perm_seed at {DEFAULTS['perm_seed']}")
+
+
+def _unused_options(config):
+    """The options of `config` that its optimizer does not read (an Adagrad run's momentum)."""
+    used = OPTIMIZERS[config["optimizer"]].options
+    return [k for k in ("momentum",) if k in config and k not in used]
 
 
 def merge_resume_config(saved, given):
@@ -435,7 +448,7 @@ def format_config(config, model):
 
 
 def train(config=None, out="runs/run", resume=False, given=None, task=None, echo=print,
-          progress=True, callback=None):
+          progress=True, callback=None, allow_lost_log=False):
     """Train (or, with resume=True, continue) the run in folder `out`. Returns a summary dict:
     iteration, completed (bool), stopped (signal name or None), final (the final test metrics or
     None), elapsed (wall seconds of training so far), out.
@@ -446,8 +459,26 @@ def train(config=None, out="runs/run", resume=False, given=None, task=None, echo
     echo:     prints the messages (the configuration, evaluations, the end)
     progress: show the progress bar on stderr
     callback: called as callback(iteration, loss) after every step (tests use it to interrupt)
+    allow_lost_log: resume even where metrics.jsonl is missing or shorter than the checkpoint
+              recorded (its curves up to the checkpoint are then lost)
     """
-    run = Run(config, Path(out), resume, given, task, echo, progress)
+    out = _run_folder(out)
+    made = not out.exists()
+    created, run = [], None                    # the files this run made, the run
+    with RunLock(out):
+        try:
+            run = Run(config, out, resume, given, task, echo, progress, allow_lost_log, created)
+            return _train(run, callback)
+        except Exception as e:
+            trained = run is not None and run.it > 0
+            if not trained and not isinstance(e, TrainingDiverged):
+                _remove_new_run(out, created, made)     # it never trained: nothing to keep
+            raise
+
+
+def _train(run, callback):
+    """The loop of `train`, over an opened Run; returns train's summary."""
+    echo, out = run.echo, run.out
     try:
         with StopSignals(run.bar.message) as stop:
             run.begin(stop)
@@ -471,14 +502,73 @@ def train(config=None, out="runs/run", resume=False, given=None, task=None, echo
                 final=final, elapsed=run.prog["elapsed"], out=str(out))
 
 
+def _run_folder(out):
+    """`out` as a Path; an empty one (the current folder, perhaps the sources) is refused."""
+    if str(out).strip() == "":
+        raise TrainError("the run folder (--out) is empty, which would mean the current folder; "
+                         "name a folder for the run, e.g. runs/NAME")
+    return Path(out)
+
+
+def _remove_new_run(out, created, made):
+    """Remove what a run that failed before its first step made: the files in `created` (a new
+    run's config.json, metrics.jsonl and checkpoint), and the folder with its lock file where
+    the run made the folder."""
+    for path in created:
+        path.unlink(missing_ok=True)
+    if made:
+        (out / LOCK).unlink(missing_ok=True)
+        try:
+            out.rmdir()
+        except OSError:                        # something else is in it: leave it
+            pass
+
+
+class RunLock:
+    """An exclusive OS lock (flock) on the run folder's .lock file for the life of a training
+    process: the system releases it when the process ends, by a crash or kill -9 too, so a lock
+    is never stale. The file says which process holds it; a second process is refused, named."""
+
+    def __init__(self, out):
+        self.out, self.path, self.file = out, out / LOCK, None
+
+    def __enter__(self):
+        try:
+            self.out.mkdir(parents=True, exist_ok=True)
+            self.file = open(self.path, "a+")
+        except OSError as e:
+            raise TrainError(f"cannot create the run folder {self.out}: "
+                             f"{e.strerror or e}") from None
+        try:
+            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self.file.seek(0)
+            holder = self.file.read().strip() or "another process"
+            self.file.close()
+            raise TrainError(f"{self.out} is in use: {holder} is training there. Wait for it "
+                             f"to end, or choose another --out") from None
+        self.file.seek(0)
+        self.file.truncate()
+        self.file.write(f"process {os.getpid()} on {socket.gethostname()} since "
+                        f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        self.file.flush()
+        return self
+
+    def __exit__(self, *exc):
+        self.file.close()                      # closing releases the lock
+
+
 class Run:
     """A training run in its folder: its configuration, model, optimizer, task, progress and
     files, and the parts of `train`'s loop. Opening it (the constructor) checks everything a
     run needs before any work (a new folder or a checkpoint to resume, the task, the device),
     writes config.json and prints the configuration."""
 
-    def __init__(self, config, out, resume, given, task, echo, progress):
+    def __init__(self, config, out, resume, given, task, echo, progress, allow_lost_log=False,
+                 created=None):
         self.out, self.resume, self.echo, self._progress = out, resume, echo, progress
+        self.allow_lost_log = allow_lost_log
+        self.created = [] if created is None else created   # the files a new run made
         self.ckpt_path = ckpt_path = out / FILENAME
         if resume:
             if not ckpt_path.is_file():
@@ -513,6 +603,8 @@ class Run:
             config["data_dir"] = str(resolve_data_dir(config["data_dir"]).resolve())
         if not resume:
             check_options_used(config)
+        for key in _unused_options(config):   # config.json records only what applies
+            config.pop(key)
         # "auto" recorded as the device it chose; no GPU for --device cuda: said before any work
         config["device"] = resolve_device(config["device"])
         self.owns_task = task is None          # then close it at the end (a CachedTask's file)
@@ -559,15 +651,15 @@ class Run:
                 raise TrainError(f"the task now has {per_epoch} batches per epoch, the checkpoint "
                                  f"was written with {prog['batches_per_epoch']}: the training set "
                                  f"changed (another --data-dir, or other files in it?)")
+            self._check_log(prog)
             for c in self.changes:            # said once the changes are known to hold
                 echo(f"resume: {c}")
         else:
             prog = dict(iteration=0, epoch=0, batch=0, batches_per_epoch=per_epoch, elapsed=0.0,
                         evaluated={}, interval=_new_interval())
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise TrainError(f"cannot create the run folder {out}: {e.strerror or e}") from None
+        if not resume:
+            self.created += [out / name for name in (CONFIG, METRICS, FILENAME)
+                             if not (out / name).exists()]
         _write_json(out / CONFIG, config)
 
         arithmetic = _arithmetic()           # what this process's steps run with
@@ -598,6 +690,21 @@ class Run:
         self.bar = TrainingBar(total, prog["iteration"], enabled=self._progress, echo=echo)
         self.run_loss = self.run_acc = float("nan")
         self._t_start, self._elapsed0 = time.perf_counter(), prog["elapsed"]
+
+    def _check_log(self, prog):
+        """On resume: metrics.jsonl holds at least what the checkpoint recorded of it, or the
+        user said to go on without it (its curves up to the checkpoint are lost then)."""
+        kept = prog.get("metrics_bytes")
+        path = self.out / METRICS
+        if kept is None or self.allow_lost_log:
+            return
+        have = path.stat().st_size if path.is_file() else None
+        if have is None or have < kept:
+            what = "is missing" if have is None else f"holds {have:,} bytes"
+            raise TrainError(f"{path} {what}, but the checkpoint of iteration "
+                             f"{prog['iteration']} recorded {kept:,} bytes of it: the run's "
+                             f"curves so far would be lost. Put the file back, or resume with "
+                             f"--allow-lost-log to go on without them")
 
     # -- the parts of the loop ------------------------------------------------------------------
     def begin(self, stop):

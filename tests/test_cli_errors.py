@@ -294,16 +294,23 @@ def test_train_beyond_memory_before_the_run_folder(tmp_path, toy_get_task):
     assert "checkpoint" not in result.output and not out.exists()
 
 
-def test_train_beyond_memory_after_the_first_checkpoint(tmp_path, toy_get_task):
-    """A batch too large for memory fails after train wrote the checkpoint of iteration 0: the
-    message says what was left, and how to go on or start again."""
+def test_train_beyond_memory_at_the_first_step_leaves_nothing(tmp_path, toy_get_task):
+    """A batch too large for memory fails at the first step, after train wrote config.json and
+    the checkpoint of iteration 0: a run that never trained leaves nothing, so the same --out
+    takes the next try at once (the checkpoint used to block it)."""
     toy_get_task["task"] = lambda name: HugeBatches(name, *toy_arrays(), num_classes=2)
     out = tmp_path / "run"
     result = invoke(TRAIN + ["--out", out])
-    assert_one_line_error(result, 1, "not enough memory", "lower --hidden, --batch-size",
-                          f"checkpoint {out / 'checkpoint.h5'} (iteration 0)",
-                          f"--out {out} --resume", f"delete {out}")
-    assert (out / "checkpoint.h5").is_file()
+    assert_one_line_error(result, 1, "not enough memory", "lower --hidden, --batch-size")
+    assert "checkpoint" not in result.output.splitlines()[-1] and not out.exists()
+    toy_get_task["task"] = toy_task
+    assert invoke(TRAIN + ["--out", out]).exit_code == 0
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "notes.txt").write_text("mine")            # a folder the user made is kept, and
+    toy_get_task["task"] = lambda name: HugeBatches(name, *toy_arrays(), num_classes=2)
+    invoke(TRAIN + ["--out", kept])                     # what was in it
+    assert sorted(p.name for p in kept.iterdir()) == [".lock", "notes.txt"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -411,3 +418,25 @@ def test_eval_progress_is_drawn_in_place_on_a_terminal_only():
     quiet(256, 1000)
     quiet.close()
     assert quiet.stream.getvalue() == ""
+
+
+@pytest.mark.parametrize("args, option", [
+    (["train", "--out", ""], "--out"), (["train", "--data-dir", " "], "--data-dir"),
+    (["simulate", "--out", ""], "--out"), (["data", "info", "--data-dir", ""], "--data-dir")])
+def test_an_empty_folder_is_refused_naming_the_option(args, option, tmp_path, monkeypatch):
+    """`--out ""` trained silently into the current folder (the repository's root, among the
+    sources), and `--data-dir ""` meant it too."""
+    monkeypatch.chdir(tmp_path)
+    result = invoke(args)
+    assert_one_line_error(result, 2, f"Invalid value for '{option}': is empty, which would "
+                                     f"mean the current folder")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_data_folder_that_cannot_be_made_is_named_with_the_reason(tmp_path):
+    """--data-dir under a file, with downloads on: a bare '[Errno 20] Not a directory' before."""
+    (tmp_path / "a-file").write_text("")
+    result = invoke(["data", "prepare", "--task", "mnist", "--data-dir", tmp_path / "a-file" / "x"])
+    assert_one_line_error(result, 1, f"cannot make the folder {tmp_path / 'a-file' / 'x'}/mnist "
+                                     f"to download train-images-idx3-ubyte.gz into: "
+                                     f"{tmp_path / 'a-file'} is a file")

@@ -873,3 +873,61 @@ def test_compiling_the_kernels_is_said_and_not_counted_as_training_time(tmp_path
     assert summary["elapsed"] < 1.0                   # three tiny steps, without the second
     train_lines = [r for r in records(tmp_path, drop=()) if r["split"] == "train"]
     assert all(r["time"] < 1.0 for r in train_lines)
+
+
+def test_a_run_folder_is_locked_while_a_process_trains_in_it(tmp_path):
+    """Two processes training in one folder overwrote each other's checkpoints. The folder's
+    lock is held for a training process's life; a second is refused, naming the first; the OS
+    frees the lock when the holder dies, kill -9 included, so no lock is ever stale."""
+    out = tmp_path / "run"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(f"""
+            import sys, time
+            from pathlib import Path
+            from nprnn.train import RunLock
+            with RunLock(Path({str(out)!r})):
+                print("locked", flush=True)
+                time.sleep(60)
+            """)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(TrainError, match=rf"{re.escape(str(out))} is in use: process "
+                                             rf"{holder.pid} on .* since .* is training there"):
+            train(CONFIG, out, task=toy_task(), **quiet())
+        assert not (out / "config.json").exists()          # refused before anything was written
+    finally:
+        holder.kill()                                      # SIGKILL: no cleanup of its own
+        holder.wait()
+    summary = train(dict(CONFIG, iterations=4), out, task=toy_task(), **quiet())
+    assert summary["completed"]
+
+
+def test_resume_refuses_a_lost_log_unless_told(tmp_path):
+    """metrics.jsonl deleted (or cut) under a stopped run: resuming went on silently and the
+    curves so far were gone. The checkpoint records the log's length; a resume says what is
+    missing and refuses, unless allow_lost_log."""
+    train(dict(CONFIG, iterations=10), tmp_path, task=toy_task(), **quiet())
+    (tmp_path / "metrics.jsonl").unlink()
+    with pytest.raises(TrainError, match=r"metrics.jsonl is missing, but the checkpoint of "
+                                         r"iteration 10 recorded [\d,]+ bytes of it.*"
+                                         r"--allow-lost-log"):
+        train(out=tmp_path, resume=True, given=dict(iterations=12), task=toy_task(), **quiet())
+    (tmp_path / "metrics.jsonl").write_text('{"iteration": 1}\n')
+    with pytest.raises(TrainError, match=r"metrics.jsonl holds 17 bytes, but the checkpoint"):
+        train(out=tmp_path, resume=True, given=dict(iterations=12), task=toy_task(), **quiet())
+    summary = train(out=tmp_path, resume=True, given=dict(iterations=12), task=toy_task(),
+                    allow_lost_log=True, **quiet())
+    assert summary["completed"] and summary["iteration"] == 12
+
+
+def test_a_run_folder_must_be_named_and_an_adagrad_run_records_no_momentum(tmp_path):
+    with pytest.raises(TrainError, match=r"the run folder \(--out\) is empty"):
+        train(CONFIG, "", task=toy_task(), **quiet())
+    with pytest.raises(TrainError, match="data_dir is empty"):
+        train(dict(CONFIG, data_dir=""), tmp_path / "a", **quiet())
+    train(dict(CONFIG, optimizer="adagrad", iterations=2), tmp_path / "b", task=toy_task(),
+          **quiet())
+    config = json.loads((tmp_path / "b" / "config.json").read_text())
+    assert config["optimizer"] == "adagrad" and "momentum" not in config
+    train(dict(CONFIG, iterations=2), tmp_path / "c", task=toy_task(), **quiet())
+    assert json.loads((tmp_path / "c" / "config.json").read_text())["momentum"] == 0.9
