@@ -712,6 +712,10 @@ def plot_runs(runs, out, name):
 @click.option("--progress/--no-progress", default=True, show_default=True,
               help="Show the progress bar (on a terminal; one line per log interval otherwise). "
                    "Evaluations and a stop are reported either way.")
+@click.option("--tensorboard/--no-tensorboard", default=False, show_default=True,
+              help="Also write TensorBoard event files into the run folder (the tensorboard "
+                   "extra): losses, accuracies, gradient norm, lr, the recurrent matrix's "
+                   "eigenvalues. `tensorboard --logdir runs` shows runs side by side.")
 @click.option("--allow-lost-log", is_flag=True,
               help="With --resume: go on though metrics.jsonl is missing or shorter than the "
                    "checkpoint recorded (its curves so far are lost).")

@@ -59,10 +59,29 @@ def _limits(panel):
     return (-r, r), (-r, r)
 
 
-def draw_panel(ax, panel, field=True):
+# the captions and titles of nprnn/analysis.py (plain text, as the terminal and the JSON have
+# them) in matplotlib's mathtext, for the figures: the paper's symbols
+MATHTEXT = (("h_(t-1)", r"$h_{t-1}$"), ("h_t", r"$h_t$"), ("x_t", r"$x_t$"),
+            ("N(0, I)", r"$\mathcal{N}(0, I)$"), ("N(0, 1)", r"$\mathcal{N}(0, 1)$"),
+            ("W_ij", r"$W_{ij}$"), ("U_12", r"$U_{12}$"), ("U - U^T", r"$U - U^T$"),
+            ("Wdiff", r"$W_{\mathrm{diff}}$"), ("W+", r"$W_+$"), ("W-", r"$W_-$"),
+            ("W0", r"$W_0$"), ("+-", r"$\pm$"), ("eps =", r"$\epsilon$ ="),
+            ("gamma=", r"$\gamma$ = "), ("lambda", r"$\lambda$"), ("tanh", r"$\tanh$"),
+            ("dh_T / dh_0", r"$\partial h_T / \partial h_0$"),
+            ("dh_T/dh_0", r"$\partial h_T / \partial h_0$"))
+
+
+def mathtext(text):
+    """`text` with the symbols of MATHTEXT set as mathtext."""
+    for plain, math in MATHTEXT:
+        text = text.replace(plain, math)
+    return text
+
+
+def draw_panel(ax, panel, field=True, xlabel=True, ylabel=True):
     """One simulation panel: each trajectory as points whose opacity grows with t (earlier steps
     more translucent, as in the paper), its initial state as a star, and on feedback panels the
-    ODE's vector field h' = tanh(W h) in grey."""
+    ODE's vector field h' = tanh(W h) in grey; the axes are the state's two coordinates."""
 
     hs = panel["states"]                       # (T+1, S, 2)
     xlim, ylim = _limits(panel)
@@ -71,61 +90,106 @@ def draw_panel(ax, panel, field=True):
         # arrow length proportional to |h'|, the longest one 0.9 grid spacings
         spacing = (xlim[1] - xlim[0]) / (FIELD_GRID - 1)
         longest = max(float(np.hypot(U, V).max()), 1e-12)
-        ax.quiver(X, Y, U, V, color="0.65", angles="xy", scale_units="xy",
-                  scale=longest / (0.9 * spacing), width=0.005)
+        ax.quiver(X, Y, U, V, color="0.7", angles="xy", scale_units="xy",
+                  scale=longest / (0.9 * spacing), width=0.004)
     alpha = np.linspace(0.08, 1.0, hs.shape[0] - 1)
     for s in range(hs.shape[1]):
         color = TRAJECTORY_COLORS[s % len(TRAJECTORY_COLORS)]
-        ax.scatter(hs[1:, s, 0], hs[1:, s, 1], s=9, c=_rgba(color, alpha), linewidths=0)
-        ax.plot(hs[0, s, 0], hs[0, s, 1], marker="*", markersize=11, color=color,
+        ax.scatter(hs[1:, s, 0], hs[1:, s, 1], s=10, c=_rgba(color, alpha), linewidths=0)
+        ax.plot(hs[0, s, 0], hs[0, s, 1], marker="*", markersize=12, color=color,
                 markeredgecolor="black", markeredgewidth=0.6, linestyle="none")
     ax.set_xlim(*xlim)
     ax.set_ylim(*ylim)
     ax.set_aspect("equal")
-    ax.tick_params(labelsize=6)
-    ax.set_title(panel["title"], fontsize=8)
+    ax.tick_params(labelsize=8)
+    if xlabel:
+        ax.set_xlabel(r"$h_1$", fontsize=10)
+    if ylabel:
+        ax.set_ylabel(r"$h_2$", fontsize=10)
+    ax.set_title(mathtext(panel["title"]), fontsize=10)
+
+
+def _simulation_legend(fig, panels):
+    """The marks of every panel explained once, below the grid: the stars, the fade of time and,
+    where a panel is a feedback one, the grey vector field."""
+    from matplotlib.lines import Line2D
+    handles = [
+        Line2D([], [], marker="*", markersize=12, color="0.5", markeredgecolor="black",
+               markeredgewidth=0.6, linestyle="none", label=r"initial state $h_0$ (one colour "
+                                                              r"per trajectory)"),
+        Line2D([], [], marker="o", markersize=5, color="0.75", linestyle="none",
+               label=r"$h_1$ (faint) ... $h_T$ (solid): later steps are more opaque")]
+    if any(p["kind"] == "feedback" for p in panels):
+        handles.append(Line2D([], [], marker=r"$\rightarrow$", markersize=14, color="0.6",
+                              linestyle="none", label=r"vector field of the ODE "
+                                                      r"$h' = \tanh(W h)$"))
+    fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=9,
+               frameon=False)
 
 
 def plot_simulation(panels, path, ncols, title=""):
-    """A grid of simulation panels (Figures 1, 3, 4, 5) saved as a PNG at `path`."""
+    """A grid of simulation panels (Figures 1, 3, 4, 5) saved as a PNG at `path`: axes labelled
+    on the outer panels, one legend for the whole figure, the caption in mathtext."""
     nrows = -(-len(panels) // ncols)
-    fig = _figure(figsize=(2.6 * ncols, 2.75 * nrows), layout="constrained")
+    fig = _figure(figsize=(3.3 * ncols, 3.3 * nrows + 0.9), layout="constrained")
     axes = fig.subplots(nrows, ncols, squeeze=False)
-    for ax, panel in zip(axes.ravel(), panels):
-        draw_panel(ax, panel)
+    for k, (ax, panel) in enumerate(zip(axes.ravel(), panels)):
+        row, col = divmod(k, ncols)
+        draw_panel(ax, panel, xlabel=row == nrows - 1 or k + ncols >= len(panels),
+                   ylabel=col == 0)
     for ax in axes.ravel()[len(panels):]:
         ax.set_visible(False)
     if title:
-        fig.suptitle(title, fontsize=10)
-    _save(fig, path, dpi=110 if nrows <= 2 else 80)    # the 4x4 grids at a lower resolution
+        fig.suptitle(mathtext(title), fontsize=12)
+    _simulation_legend(fig, panels)
+    _save(fig, path, dpi=150)
+
+
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">")
 
 
 def plot_jacobian(rows, path, title=""):
     """Figure 2: mean and standard deviation of |lambda(dh_T/dh_0)| against T, one line per model
-    label; the mean on a log axis (it spans many decades when gradients vanish)."""
-    fig = _figure(figsize=(10, 4), layout="constrained")
-    ax_mean, ax_std = fig.subplots(1, 2)
+    label, each with a marker of its own, every panel with the legend: the mean on a log axis (it
+    spans many decades when gradients vanish), with the level 1 marked; the models that keep the
+    mean near 1 again on a linear axis, where they can be told apart; the standard deviation."""
     labels = list(dict.fromkeys(r["label"] for r in rows))
-    for label in labels:
+    near_one = [label for label in labels
+                if all(r["mean"] >= 0.5 for r in rows if r["label"] == label)]
+    fig = _figure(figsize=(17 if near_one else 12, 4.8), layout="constrained")
+    axes = fig.subplots(1, 3 if near_one else 2)
+    ax_mean, ax_std = axes[0], axes[-1]
+    ax_near = axes[1] if near_one else None
+    for k, label in enumerate(labels):
         rs = sorted((r for r in rows if r["label"] == label), key=lambda r: r["T"])
         T = [r["T"] for r in rs]
-        style = "--" if rs[0]["model"].startswith("lstm") else "-"
+        style = dict(linestyle="--" if rs[0]["model"].startswith("lstm") else "-",
+                     marker=MARKERS[k % len(MARKERS)], markersize=6, color=f"C{k % 10}",
+                     label=mathtext(label))
         # a mean of 0 (J is 0, or its eigenvalues rounded to 0) has no place on the log axis
         shown = [r for r in rs if r["mean"] > 0]
-        ax_mean.plot([r["T"] for r in shown], [r["mean"] for r in shown], style, marker="o",
-                     label=label)
-        ax_std.plot(T, [r["std"] for r in rs], style, marker="o", label=label)
+        ax_mean.plot([r["T"] for r in shown], [r["mean"] for r in shown], **style)
+        if label in near_one:
+            ax_near.plot(T, [r["mean"] for r in rs], **style)
+        ax_std.plot(T, [r["std"] for r in rs], **style)
     ax_mean.set_yscale("log")
-    ax_mean.axhline(1.0, color="0.5", linewidth=0.8)
-    for ax, what in ((ax_mean, "mean"), (ax_std, "standard deviation")):
-        ax.set_xlabel("T (time steps)")
-        ax.set_ylabel(f"{what} of |eigenvalue(dh_T / dh_0)|")
+    ylabel = r"$|\lambda(\partial h_T / \partial h_0)|$"
+    panels = [(ax_mean, "mean of " + ylabel + " (log axis)"),
+              (ax_std, "standard deviation of " + ylabel)]
+    if near_one:
+        panels.insert(1, (ax_near, "mean of " + ylabel + r", near 1"))
+    for ax, what in panels:
+        if ax is not ax_std:
+            ax.axhline(1.0, color="0.4", linewidth=0.8, linestyle=":", label=r"$|\lambda| = 1$")
+        ax.set_xlabel(r"sequence length $T$ (steps)", fontsize=11)
+        ax.set_ylabel(what, fontsize=11)
         ax.set_xticks(sorted({r["T"] for r in rows}))
+        ax.tick_params(labelsize=9)
         ax.grid(alpha=0.3)
-    ax_std.legend(fontsize=7)
+        ax.legend(fontsize=8)
     if title:
-        fig.suptitle(title, fontsize=10)
-    _save(fig, path, dpi=110)
+        fig.suptitle(mathtext(title), fontsize=12)
+    _save(fig, path, dpi=150)
 
 
 # the evaluation splits' markers in learning curves: a run with --valid-size has both
@@ -141,61 +205,85 @@ def run_colors(count):
     return [colormaps["turbo"](k / (count - 1)) for k in range(count)]
 
 
-def plot_learning_curves(runs, path, title=""):
-    """Loss (train solid, evaluation dashed; log axis, so a diverging run does not flatten the
-    others) and evaluation accuracy against iterations, one colour per run, labelled by model and
-    task; the evaluation splits are told apart by their markers (SPLIT_MARKERS)."""
+def _plain_log_ticks(ax):
+    """Tick labels of a log axis as plain numbers (4, 0.3), not 4x10^0; between the decades
+    only where the axis spans about one (matplotlib's choice, which keeps them apart)."""
+    from matplotlib.ticker import FuncFormatter, LogFormatter
 
-    fig = _figure(figsize=(11, 4), layout="constrained")
+    class Plain(LogFormatter):
+        def _num_to_string(self, x, vmin, vmax):
+            return f"{x:g}"
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(Plain(labelOnlyBase=False, minor_thresholds=(1, 0.4)))
+
+
+def plot_learning_curves(runs, path, title=""):
+    """Loss (log axis, so a diverging run does not flatten the others) and accuracy against
+    iterations: training as a line, evaluations as markers joined by a dashed line, told apart
+    by colour too (one run: blue for training, orange and green for the evaluation splits;
+    several: one colour per run, labelled by model and task). The accuracy axis spans the data,
+    so that 0.90 and 0.97 are told apart."""
+
+    fig = _figure(figsize=(12, 4.8), layout="constrained")
     ax_loss, ax_acc = fig.subplots(1, 2, sharex=True)
+    one = len(runs) == 1
+    split_colors = {"train": "C0", "test": "C1", "valid": "C2"}
+    lows, highs = [], []
     for run, color in zip(runs, run_colors(len(runs))):
-        it, loss = curve(run, "train", "loss")
-        if len(it):
-            ax_loss.plot(it, loss, color=color, label=f"{run['label']}, train")
-        for split in EVAL_SPLITS:
-            marker = SPLIT_MARKERS[split]
-            it, loss = curve(run, split, "loss")
-            if len(it):
-                ax_loss.plot(it, loss, "--", color=color, marker=marker, markersize=4,
-                             label=f"{run['label']}, {split}")
-            it, acc = curve(run, split, "accuracy")
-            if len(it):
-                ax_acc.plot(it, acc, color=color, marker=marker, markersize=4,
-                            label=f"{run['label']}, {split}")
-    ax_loss.set_ylabel("cross-entropy loss")
+        name = "" if one else f"{run['label']}, "
+        for split in ("train",) + EVAL_SPLITS:
+            c = split_colors[split] if one else color
+            style = (dict(linewidth=1.2, alpha=0.8) if split == "train" else
+                     dict(linestyle="--", marker=SPLIT_MARKERS[split], markersize=5))
+            for ax, key in ((ax_loss, "loss"), (ax_acc, "accuracy")):
+                it, v = curve(run, split, key)
+                if len(it):
+                    ax.plot(it, v, color=c, label=f"{name}{split}", **style)
+                    if key == "accuracy":          # past the first tenth of the run
+                        late = v[it >= 0.1 * it.max()]
+                        lows.append(float(late.min()))
+                        highs.append(float(late.max()))
+    ax_loss.set_ylabel("cross-entropy loss", fontsize=11)
     ax_loss.set_yscale("log")
-    ax_acc.set_ylabel("accuracy")
-    ax_acc.set_ylim(0, 1)
+    _plain_log_ticks(ax_loss)
+    ax_acc.set_ylabel("accuracy", fontsize=11)
+    if lows:
+        ax_acc.set_ylim(max(0.0, min(lows) - 0.03), min(1.0, max(highs) + 0.02))
     for ax in (ax_loss, ax_acc):
-        ax.set_xlabel("iteration")
+        ax.set_xlabel("iteration", fontsize=11)
+        ax.tick_params(labelsize=9)
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
-    if title:
-        fig.suptitle(title, fontsize=10)
-    _save(fig, path, dpi=110)
+            ax.legend(fontsize=8)
+    fig.suptitle(title or (runs[0]["label"] if one else "learning curves"), fontsize=12)
+    _save(fig, path, dpi=150)
 
 
 def plot_gates(runs, path):
-    """Each run's gates against the step t: the mean over sequences and units, with a band of
-    one standard deviation, and a dotted line where the image ends and noise begins."""
-    fig = _figure(figsize=(10, 2.6 * len(runs) + 0.4), layout="constrained")
+    """Each run's gates against the step t: the mean over sequences and units as a line, one
+    standard deviation either side as a thin dotted line of the same colour (filled bands
+    overlapped into one), and a vertical line where the image ends and noise begins; the legend
+    sits beside the panel, off the data."""
+    fig = _figure(figsize=(12, 3.0 * len(runs) + 0.6), layout="constrained")
     axes = fig.subplots(len(runs), 1, squeeze=False)[:, 0]
     for ax, run in zip(axes, runs):
+        t = np.arange(1, run["T"] + 1)
         for k, (gate, s) in enumerate(run["steps"].items()):
-            t = np.arange(1, run["T"] + 1)
             mean, std = np.asarray(s["mean"]), np.asarray(s["std"])
-            ax.plot(t, mean, color=f"C{k}", label=gate)
-            ax.fill_between(t, mean - std, mean + std, color=f"C{k}", alpha=0.2, linewidth=0)
+            ax.plot(t, mean, color=f"C{k}", linewidth=1.6, label=f"${gate}_t$ mean")
+            ax.plot(t, mean + std, color=f"C{k}", linewidth=0.7, linestyle=":",
+                    label=f"${gate}_t$ mean $\\pm$ 1 std")
+            ax.plot(t, mean - std, color=f"C{k}", linewidth=0.7, linestyle=":")
         if run["image_steps"] < run["T"]:
-            ax.axvline(run["image_steps"] + 0.5, color="0.4", linestyle=":", linewidth=1,
-                       label="image | noise")
+            ax.axvline(run["image_steps"] + 0.5, color="0.3", linestyle="-.", linewidth=1,
+                       label="image ends, noise begins")
         ax.set_ylim(-0.02, 1.02)            # a gate held at 0 or 1 stays in sight
         ax.set_xlim(1, max(run["T"], 2))
-        ax.set_ylabel("gate value")
-        ax.set_title(f"{run['label']} on {run['task']}, T={run['T']}: mean over "
-                     f"{run['sequences']} test sequences and the units, +- 1 std", fontsize=9)
+        ax.set_ylabel("gate value", fontsize=11)
+        ax.tick_params(labelsize=9)
+        ax.set_title(f"{mathtext(run['label'])} on {run['task']}, T = {run['T']}: over "
+                     f"{run['sequences']} test sequences and all units", fontsize=11)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="lower right")
-    axes[-1].set_xlabel("step t")
-    _save(fig, path, dpi=110)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    axes[-1].set_xlabel(r"step $t$", fontsize=11)
+    _save(fig, path, dpi=150)

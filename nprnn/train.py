@@ -72,13 +72,13 @@ DEFAULTS = dict(
     model="antisym", task="mnist", hidden=128, eps=None, gamma=None, sigma_w=1.0, init="paper",
     optimizer="sgd", lr=0.1, momentum=0.9, batch_size=128, iterations=50_000, clip=0.0, seed=0,
     perm_seed=0, eval_every=1000, log_every=100, checkpoint_every=500, eval_batch_size=256,
-    dtype="float32", device="cpu", data_dir=None, valid_size=0, T=None,
+    dtype="float32", device="cpu", data_dir=None, valid_size=0, T=None, tensorboard=False,
 )
 
 # What `--resume` may change: how long to run, how often to report, where the data is, and the two
 # knobs one turns after a divergence. Anything else would make the resumed run a different run.
 CHANGEABLE_ON_RESUME = ("iterations", "eval_every", "log_every", "checkpoint_every",
-                        "eval_batch_size", "data_dir", "device", "lr", "clip")
+                        "eval_batch_size", "data_dir", "device", "lr", "clip", "tensorboard")
 
 METRICS = "metrics.jsonl"
 CONFIG = "config.json"
@@ -123,6 +123,9 @@ def resolve_config(**options):
     if config["optimizer"] not in OPTIMIZERS:
         raise TrainError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got "
                          f"{config['optimizer']!r}")
+    if not isinstance(config["tensorboard"], (bool, np.bool_)):
+        raise TrainError(f"tensorboard must be True or False, got {config['tensorboard']!r}")
+    config["tensorboard"] = bool(config["tensorboard"])
     for key in ("lr", "clip", "momentum", "sigma_w"):
         config[key] = float(config[key])
     if not math.isfinite(config["lr"]) or config["lr"] <= 0:
@@ -308,8 +311,8 @@ class MetricsLog:
     gives `keep_until=i` instead: the lines of iterations after i are dropped, and a torn last
     line."""
 
-    def __init__(self, path, keep_until=None, keep_bytes=None):
-        self.path = Path(path)
+    def __init__(self, path, keep_until=None, keep_bytes=None, tensorboard=None):
+        self.path, self.tensorboard = Path(path), tensorboard
         if keep_bytes is not None and self.path.exists():
             if self.path.stat().st_size > keep_bytes:
                 os.truncate(self.path, keep_bytes)
@@ -329,6 +332,8 @@ class MetricsLog:
     def write(self, **record):
         self.file.write(json.dumps(record) + "\n")
         self.file.flush()
+        if self.tensorboard is not None:
+            self.tensorboard.write(record)
 
     def length(self):
         """The log's length in bytes, once what was written is on disk (a checkpoint that
@@ -341,6 +346,43 @@ class MetricsLog:
 
     def close(self):
         self.file.close()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+
+
+class TensorBoardLog:
+    """metrics.jsonl's records mirrored as TensorBoard scalars (split/loss, split/accuracy,
+    train/grad_norm, train/lr) in the run folder, so that runs, seeds and a sweep's trials open
+    side by side (`tensorboard --logdir runs`); for the Euler cells, at each logging interval,
+    histograms of the recurrent matrix's eigenvalues (real parts and moduli: an n x n eigvals,
+    cheap beside an interval of steps). tensorboardX writes the event files (the tensorboard
+    extra); metrics.jsonl stays the record."""
+
+    SCALARS = ("loss", "accuracy", "grad_norm", "lr")
+
+    def __init__(self, out, model):
+        try:
+            from tensorboardX import SummaryWriter
+        except ImportError:
+            raise TrainError("--tensorboard needs the tensorboard extra: pip install -e "
+                             "'.[tensorboard]'") from None
+        self.writer, self.model = SummaryWriter(logdir=str(out)), model
+
+    def write(self, record):
+        it, split = record["iteration"], record["split"]
+        for key in self.SCALARS:
+            if record.get(key) is not None and math.isfinite(record[key]):
+                self.writer.add_scalar(f"{split}/{key}", record[key], it)
+        if split == "train" and hasattr(self.model.cell, "matrix"):
+            W = to_host(self.model.params["W"]).astype(np.float64)
+            A = self.model.cell.matrix(W, self.model.hyper.get("gamma", 0.0))
+            eigenvalues = np.linalg.eigvals(A)
+            self.writer.add_histogram("recurrent_eigenvalues/real", eigenvalues.real, it)
+            self.writer.add_histogram("recurrent_eigenvalues/modulus", np.abs(eigenvalues), it)
+        self.writer.flush()
+
+    def close(self):
+        self.writer.close()
 
 
 class SecondSignal(KeyboardInterrupt):
@@ -685,8 +727,10 @@ class Run:
         # on cuda, every epoch and evaluation of the run fills the same few batch buffers
         # (page-locked ones among them, slow to allocate, and freed only by a wait for the GPU)
         self.staging = Staging() if model.device == "cuda" else None
+        tensorboard = TensorBoardLog(out, model) if config["tensorboard"] else None
         self.log = MetricsLog(out / METRICS, keep_until=prog["iteration"] if resume else None,
-                              keep_bytes=prog.get("metrics_bytes") if resume else None)
+                              keep_bytes=prog.get("metrics_bytes") if resume else None,
+                              tensorboard=tensorboard)
         self.bar = TrainingBar(total, prog["iteration"], enabled=self._progress, echo=echo)
         self.run_loss = self.run_acc = float("nan")
         self._t_start, self._elapsed0 = time.perf_counter(), prog["elapsed"]

@@ -348,8 +348,9 @@ def make_run(root, name, model="antisym", task="mnist", iterations=(0, 10, 20), 
 
 
 def test_learning_curves_draw_what_the_run_logged(tmp_path, monkeypatch):
-    """The accuracy panel holds the evaluation split only, the loss panel both splits, with the
-    logged values (a plot of the wrong split still made a PNG)."""
+    """Both panels hold the training line and the evaluation split, with the logged values (a
+    plot of the wrong split still made a PNG; the training accuracy was not drawn, so the first
+    run's accuracy panel was a single dot)."""
     pytest.importorskip("matplotlib")
     from nprnn import plotting
     made = []
@@ -358,13 +359,12 @@ def test_learning_curves_draw_what_the_run_logged(tmp_path, monkeypatch):
     runs = A.read_runs([make_run(tmp_path, "a")])
     plotting.plot_learning_curves(runs, tmp_path / "c.png")
     ax_loss, ax_acc = made[0].axes
-    label = runs[0]["label"]
 
     def lines(ax):
         return {ln.get_label(): list(ln.get_ydata()) for ln in ax.get_lines()}
-    assert lines(ax_acc) == {f"{label}, test": [0.1, 0.1 + 10 / 30, 0.1 + 20 / 30]}
-    assert lines(ax_loss) == {f"{label}, train": [2.3, 2.3 / 11, 2.3 / 21],
-                              f"{label}, test": [2.4, 2.4 / 11, 2.4 / 21]}
+    assert lines(ax_acc) == {"train": [0.1, 0.1, 0.1], "test": [0.1, 0.1 + 10 / 30, 0.1 + 20 / 30]}
+    assert lines(ax_loss) == {"train": [2.3, 2.3 / 11, 2.3 / 21],
+                              "test": [2.4, 2.4 / 11, 2.4 / 21]}
 
 
 def test_read_runs(tmp_path):
@@ -439,13 +439,73 @@ def test_learning_curves_tell_the_splits_and_many_runs_apart(tmp_path, monkeypat
     valid = json.dumps(dict(iteration=20, split="valid", loss=0.2, accuracy=0.6))
     runs = A.read_runs([make_run(tmp_path, "a", extra=valid + "\n")])
     plotting.plot_learning_curves(runs, tmp_path / "c.png")
-    marker = {ln.get_label().rsplit(", ", 1)[1]: ln.get_marker()
+    marker = {ln.get_label().rsplit(", ", 1)[-1]: ln.get_marker()
               for ln in made[0].axes[1].get_lines()}
     assert marker["valid"] != marker["test"]
     runs = A.read_runs([make_run(tmp_path, f"r{k}") for k in range(12)])
     plotting.plot_learning_curves(runs, tmp_path / "c12.png")
     colors = {ln.get_label().split(", ")[0]: ln.get_color() for ln in made[1].axes[1].get_lines()}
     assert len(colors) == 12 and len({tuple(np.atleast_1d(c)) for c in colors.values()}) == 12
+
+
+def test_figures_label_their_axes_explain_their_marks_and_are_print_sized(tmp_path,
+                                                                          monkeypatch):
+    """What a reviewer asks of a figure, checked on the figure objects: every panel's axes
+    labelled, mathtext for the paper's symbols, a legend for every mark (the stars and the fade
+    of the simulations, each model and split), no legend over the gate curves, and print size
+    (the PNGs at 150 dpi, over 1,500 pixels wide)."""
+    pytest.importorskip("matplotlib")
+    from nprnn import plotting
+    made = []
+    figure = plotting._figure
+    monkeypatch.setattr(plotting, "_figure", lambda **kw: made.append(figure(**kw)) or made[-1])
+
+    def png_width(path):
+        return int.from_bytes(path.read_bytes()[16:20], "big")
+
+    panels, caption = A.simulation_figure(5, steps=5)
+    plotting.plot_simulation(panels, tmp_path / "f5.png", 4, caption)
+    fig = made[-1]
+    axes = [ax for ax in fig.axes if ax.get_visible()]
+    assert all(ax.get_xlabel() == "$h_1$" for ax in axes)            # one row: all at the bottom
+    assert axes[0].get_ylabel() == "$h_2$" and "$" in axes[0].get_title()
+    assert "$h_{t-1}$" in fig.get_suptitle() and "h_(t-1)" not in fig.get_suptitle()
+    (legend,) = fig.legends
+    texts = [t.get_text() for t in legend.get_texts()]
+    assert any("initial state" in t for t in texts) and any("opaque" in t for t in texts)
+    assert any("vector field" in t for t in texts)
+    assert png_width(tmp_path / "f5.png") >= 1500
+
+    rows = [dict(label=label, model=model, T=T, mean=mean, std=0.01)
+            for label, model, f in (("antisym gamma=0.01", "antisym", 0.99),
+                                    ("lstm", "lstm", 1e-3))
+            for T, mean in ((10, f), (20, f ** 2))]
+    plotting.plot_jacobian(rows, tmp_path / "f2.png", "dh_T/dh_0")
+    fig = made[-1]
+    assert len(fig.axes) == 3                      # the mean near 1 has a panel of its own
+    for ax in fig.axes:
+        assert ax.get_xlabel() and ax.get_ylabel() and ax.get_legend() is not None
+    assert "$\\gamma$" in fig.axes[0].get_legend().get_texts()[0].get_text()
+    assert png_width(tmp_path / "f2.png") >= 1500
+
+    runs = A.read_runs([make_run(tmp_path, "a")])
+    plotting.plot_learning_curves(runs, tmp_path / "c.png")
+    fig = made[-1]
+    for ax in fig.axes:
+        assert ax.get_xlabel() == "iteration" and ax.get_ylabel()
+        assert [t.get_text() for t in ax.get_legend().get_texts()] == ["train", "test"]
+    low, high = fig.axes[1].get_ylim()
+    assert 0 < high <= 1 and high - low < 1        # the accuracy axis spans the data
+    assert png_width(tmp_path / "c.png") >= 1500
+
+    gates = [dict(label="antisym-gated", task="mnist-noise", T=4, image_steps=2, sequences=3,
+                  steps={"z": dict(mean=[0.5] * 4, std=[0.1] * 4)})]
+    plotting.plot_gates(gates, tmp_path / "g.png")
+    (ax,) = made[-1].axes
+    assert ax.get_xlabel() and ax.get_ylabel() == "gate value"
+    legend = ax.get_legend()
+    assert legend.get_bbox_to_anchor().x0 > ax.get_window_extent().x1 - 1   # beside the panel
+    assert any("noise begins" in t.get_text() for t in legend.get_texts())
 
 
 def test_matplotlib_is_not_imported_by_the_library():

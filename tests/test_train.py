@@ -931,3 +931,45 @@ def test_a_run_folder_must_be_named_and_an_adagrad_run_records_no_momentum(tmp_p
     assert config["optimizer"] == "adagrad" and "momentum" not in config
     train(dict(CONFIG, iterations=2), tmp_path / "c", task=toy_task(), **quiet())
     assert json.loads((tmp_path / "c" / "config.json").read_text())["momentum"] == 0.9
+
+
+def tensorboard_events(folder):
+    """(tag, step, value) of every summary in the run folder's TensorBoard event files, read
+    with tensorboardX's own protobuf classes (TFRecord framing: length, its CRC, data, CRC)."""
+    import struct
+
+    from tensorboardX.proto import event_pb2
+    found = []
+    for path in sorted(folder.glob("events.out.tfevents.*")):
+        data = path.read_bytes()
+        at = 0
+        while at < len(data):
+            (length,) = struct.unpack("<Q", data[at:at + 8])
+            event = event_pb2.Event.FromString(data[at + 12:at + 12 + length])
+            at += 12 + length + 4
+            for v in event.summary.value:
+                found.append((v.tag, event.step,
+                              v.simple_value if v.HasField("simple_value") else v.histo))
+    return found
+
+
+def test_tensorboard_mirrors_the_metrics_log(tmp_path):
+    """--tensorboard: the run folder also holds TensorBoard event files with metrics.jsonl's
+    losses, accuracies, gradient norms and lr at the same iterations, and histograms of the
+    recurrent matrix's eigenvalues at each logging interval; off by default."""
+    pytest.importorskip("tensorboardX", reason="tensorboardX (the tensorboard extra) is not "
+                                                "installed")
+    train(dict(CONFIG, iterations=8, tensorboard=True), tmp_path, task=toy_task(), **quiet())
+    events = tensorboard_events(tmp_path)
+    scalars = {(tag, step): value for tag, step, value in events if isinstance(value, float)}
+    for r in records(tmp_path, drop=()):
+        for key in ("loss", "accuracy", "grad_norm", "lr"):
+            if r.get(key) is not None:
+                assert scalars[(f"{r['split']}/{key}", r["iteration"])] == pytest.approx(
+                    r[key], rel=1e-6), (r, key)
+    histograms = {(tag, step) for tag, step, value in events if not isinstance(value, float)}
+    assert histograms == {(f"recurrent_eigenvalues/{what}", it) for what in ("real", "modulus")
+                          for it in (4, 8)}
+    assert json.loads((tmp_path / "config.json").read_text())["tensorboard"] is True
+    train(dict(CONFIG, iterations=4), tmp_path / "plain", task=toy_task(), **quiet())
+    assert not list((tmp_path / "plain").glob("events.out.tfevents.*"))
