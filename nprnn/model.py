@@ -174,9 +174,9 @@ class Model:
         """h_T (B, n) for x (B, T, m)."""
         xt = self._check_x(x)
         be = self.backend_for(xt)
-        h_T, _ = self.cell.forward(self.cell_params(), be.upload(xt, self.dtype, self._uploads,
-                                                                 "x"),
-                                   None, self._workspace, backend=be, **self.hyper)
+        x_on = be.upload(xt, self.dtype, self._uploads, "x")      # a host x copied to the GPU
+        h_T, _ = self.cell.forward(self.cell_params(), x_on, None, self._workspace, backend=be,
+                                   **self.hyper)
         return be.to_host(h_T)
 
     def forward(self, x):
