@@ -18,13 +18,11 @@ import nprnn
 from nprnn import analysis, autotune, datasets, plotting, sources
 from nprnn import bench as B_
 from nprnn import train as training
-from nprnn.cells import INIT_SCHEMES
 from nprnn.checkpoint import FILENAME, CheckpointError, load_checkpoint
 from nprnn.datasets import DEFAULT_PERMUTATION_SEED, MAX_SEED, TASKS
 from nprnn.device import DeviceUnavailable, resolve_device
 from nprnn.files import why_no_folder
 from nprnn.model import count_params
-from nprnn.optim import OPTIMIZERS
 from nprnn.progress import CountBar
 from nprnn.sources import DataError
 from nprnn.train import CONFIG
@@ -647,75 +645,40 @@ def plot_runs(runs, out, name):
 # train, eval: the experiments of section 5 (settings of Appendix C); see nprnn/train.py
 # ----------------------------------------------------------------------------------------------
 
+def _run_options(command):
+    """`train`'s options for a run's settings, made from nprnn.train.OPTIONS, where each is
+    declared once: its default, its type and range (click refuses what the run would), its
+    help."""
+    for name, option in reversed(training.OPTIONS.items()):
+        flag = "--T" if name == "T" else "--" + name.replace("_", "-")
+        kw = dict(default=option.default, help=option.help,
+                  show_default=option.default is not None)
+        if option.kind == "int":
+            kw["type"] = click.IntRange(min=option.minimum, max=option.maximum)
+        elif option.kind == "float":
+            kw["type"] = FiniteFloat(min=option.minimum, max=option.maximum,
+                                     min_open=option.above, max_open=option.below)
+        elif option.kind == "choice":
+            kw["type"] = click.Choice(list(option.choices))
+        elif option.kind == "folder":
+            kw["type"] = FOLDER
+        elif option.kind == "flag":
+            flag = f"{flag}/--no-{flag[2:]}"
+        command = click.option(flag, name, **kw)(command)
+    return command
+
+
 @cli.command()
-@click.option("--model", default="antisym", show_default=True,
-              type=click.Choice(list(nprnn.CELLS)), help="The recurrent cell (see `params`).")
-@click.option("--task", default="mnist", show_default=True,
-              help="mnist, pmnist, cifar10, cifar10-noise, padded-mnist, mnist-noise, "
-                   "fashion-mnist, mnist-sample (see nprnn/datasets.py).")
-@click.option("--device", default="cpu", show_default=True,
-              type=click.Choice(["cpu", "cuda", "auto"]), help="Where the kernels run.")
-@click.option("--hidden", default=128, show_default=True, type=click.IntRange(min=1),
-              help="Hidden units n.")
-@click.option("--eps", default=None, type=FiniteFloat(min=0, min_open=True),
-              help="Step size eps of the Euler cells (Appendix C grid: 0.01, 0.1, 1) "
-                   "[default: 0.01].")
-@click.option("--gamma", default=None, type=FiniteFloat(min=0),
-              help="Diffusion gamma (grid: 0.001, 0.01, 0.1, 1) [default: 0.01].")
-@click.option("--sigma-w", default=1.0, show_default=True, type=FiniteFloat(min=0),
-              help="Recurrent init W ~ N(0, sigma_w^2 / n) (grid: 0, 1, 2, 4, 8, 16); "
-                   "--init paper only.")
-@click.option("--init", default="paper", show_default=True,
-              type=click.Choice(INIT_SCHEMES),
-              help="Initialisation: Appendix C, or critical (LSTMs only).")
-@click.option("--optimizer", default="sgd", show_default=True,
-              type=click.Choice(list(OPTIMIZERS)), help="SGD with momentum, or Adagrad.")
-@click.option("--lr", default=0.1, show_default=True, type=FiniteFloat(min=0, min_open=True),
-              help="Learning rate (grid: 0.1, 0.2, 0.3, 0.4, 0.5, 0.75, 1).")
-@click.option("--momentum", default=0.9, show_default=True,
-              type=FiniteFloat(min=0, max=1, max_open=True),
-              help="SGD momentum (adagrad has none: leave it out; the paper gives no value).")
-@click.option("--batch-size", default=128, show_default=True, type=click.IntRange(min=1),
-              help="Examples per step.")
-@click.option("--iterations", default=50_000, show_default=True, type=click.IntRange(min=0),
-              help="Training steps in all (a resumed run counts those already done).")
-@click.option("--clip", default=0.0, show_default=True, type=FiniteFloat(min=0),
-              help="Clip the gradient to this global norm; 0 turns clipping off.")
-@click.option("--seed", default=0, show_default=True, type=SEED,
-              help="Seed of the initialisation, the data order and the training noise.")
-@click.option("--perm-seed", default=0, show_default=True, type=SEED,
-              help="pmnist's pixel permutation (a seed other than 0 gets its own cache, "
-                   "pmnist-seed<k>.h5); other tasks take none. Not --seed: runs with different "
-                   "seeds are compared on the same task.")
-@click.option("--eval-every", default=1000, show_default=True, type=click.IntRange(min=1),
-              help="Evaluate on the test split (or valid, with --valid-size) this often.")
-@click.option("--log-every", default=100, show_default=True, type=click.IntRange(min=1),
-              help="Write a training line (mean loss, accuracy) to metrics.jsonl this often.")
-@click.option("--checkpoint-every", default=500, show_default=True, type=click.IntRange(min=1),
-              help="Write runs/NAME/checkpoint.h5 this often (also at the end and on Ctrl-C).")
-@click.option("--eval-batch-size", default=256, show_default=True, type=click.IntRange(min=1),
-              help="Examples per forward pass when evaluating.")
-@click.option("--dtype", default="float32", show_default=True,
-              type=click.Choice(["float32", "float64"]), help="Precision of the kernels.")
+@_run_options
 @click.option("--out", default=None, type=FOLDER,
               help="Run folder [default: runs/MODEL-TASK].")
 @click.option("--resume", is_flag=True,
-              help="Continue the run in --out from its checkpoint; only --iterations, the "
-                   "reporting intervals, --data-dir, --device, --lr and --clip may change.")
-@click.option("--data-dir", default=None, type=FOLDER,
-              help="Where the task's raw files and cache are (nprnn.datasets' default if left "
-                   "out).")
-@click.option("--valid-size", default=0, show_default=True, type=click.IntRange(min=0),
-              help="Hold out this many training examples and evaluate on them during training.")
-@click.option("--T", "T", default=None, type=click.IntRange(min=1),
-              help="Sequence length of the noise-padded tasks.")
+              help="Continue the run in --out from its checkpoint; only "
+                   + ", ".join("--" + k.replace("_", "-") for k in training.CHANGEABLE_ON_RESUME)
+                   + " may change.")
 @click.option("--progress/--no-progress", default=True, show_default=True,
               help="Show the progress bar (on a terminal; one line per log interval otherwise). "
                    "Evaluations and a stop are reported either way.")
-@click.option("--tensorboard/--no-tensorboard", default=False, show_default=True,
-              help="Also write TensorBoard event files into the run folder (the tensorboard "
-                   "extra): losses, accuracies, gradient norm, lr, the recurrent matrix's "
-                   "eigenvalues. `tensorboard --logdir runs` shows runs side by side.")
 @click.option("--allow-lost-log", is_flag=True,
               help="With --resume: go on though metrics.jsonl is missing or shorter than the "
                    "checkpoint recorded (its curves so far are lost).")

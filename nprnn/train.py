@@ -50,35 +50,101 @@ import signal
 import socket
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from . import autotune, datasets
+from .cells import CELLS, INIT_SCHEMES
 from .checkpoint import (FILENAME, CheckpointError, load_checkpoint, load_params_into,
                          read_config_json, save_checkpoint)
 from .datasets import MAX_SEED, resolve_data_dir
-from .device import cpu_model, resolve_device
+from .device import DEVICES, cpu_model, resolve_device
 from .files import written_atomically
 from .kernels.gpu_common import to_host
 from .memory import Staging
-from .model import make_model
+from .model import DTYPES, make_model
 from .optim import OPTIMIZERS, StepRecorder, make_optimizer
 from .progress import TrainingBar
 
-# Everything a run is made of. None for eps / gamma / T means "the model's / task's default";
-# the resolved values are written to config.json.
-DEFAULTS = dict(
-    model="antisym", task="mnist", hidden=128, eps=None, gamma=None, sigma_w=1.0, init="paper",
-    optimizer="sgd", lr=0.1, momentum=0.9, batch_size=128, iterations=50_000, clip=0.0, seed=0,
-    perm_seed=0, eval_every=1000, log_every=100, checkpoint_every=500, eval_batch_size=256,
-    dtype="float32", device="cpu", data_dir=None, valid_size=0, T=None, tensorboard=False,
-)
 
-# What `--resume` may change: how long to run, how often to report, where the data is, and the two
-# knobs one turns after a divergence. Anything else would make the resumed run a different run.
-CHANGEABLE_ON_RESUME = ("iterations", "eval_every", "log_every", "checkpoint_every",
-                        "eval_batch_size", "data_dir", "device", "lr", "clip", "tensorboard")
+@dataclass(frozen=True)
+class Option:
+    """One setting of a run, declared once: its default, the values it takes (`kind` "int",
+    "float", "choice", "text", "folder" or "flag"; the bounds of a number, `above` meaning the
+    lower bound itself is excluded, `below` the upper; the choices), whether --resume may change
+    it, and its help. `resolve_config` checks numbers by it, and cli.py's `train` makes its
+    command-line options from it."""
+    default: object
+    help: str
+    kind: str = "int"
+    minimum: float = None
+    maximum: float = None
+    above: bool = False
+    below: bool = False
+    choices: tuple = ()
+    on_resume: bool = False
+    note: str = ""                       # said after the allowed range in an error
+
+
+# Everything a run is made of, in the order `train --help` lists it. None for eps / gamma / T
+# means "the model's / task's default"; the resolved values are written to config.json. What
+# --resume may change: how long to run, how often to report, where the data is and runs, and
+# the two knobs one turns after a divergence; anything else would make it a different run.
+OPTIONS = dict(
+    model=Option("antisym", "The recurrent cell (see `params`).", "choice",
+                 choices=tuple(CELLS)),
+    task=Option("mnist", "mnist, pmnist, cifar10, cifar10-noise, padded-mnist, mnist-noise, "
+                         "fashion-mnist, mnist-sample (see nprnn/datasets.py).", "text"),
+    device=Option("cpu", "Where the kernels run.", "choice", choices=DEVICES, on_resume=True),
+    hidden=Option(128, "Hidden units n.", minimum=1),
+    eps=Option(None, "Step size eps of the Euler cells (Appendix C grid: 0.01, 0.1, 1) "
+                     "[default: 0.01].", "float", minimum=0, above=True),
+    gamma=Option(None, "Diffusion gamma (grid: 0.001, 0.01, 0.1, 1) [default: 0.01].", "float",
+                 minimum=0),
+    sigma_w=Option(1.0, "Recurrent init W ~ N(0, sigma_w^2 / n) (grid: 0, 1, 2, 4, 8, 16); "
+                        "--init paper only.", "float", minimum=0),
+    init=Option("paper", "Initialisation: Appendix C, or critical (LSTMs only).", "choice",
+                choices=INIT_SCHEMES),
+    optimizer=Option("sgd", "SGD with momentum, or Adagrad.", "choice",
+                     choices=tuple(OPTIMIZERS)),
+    lr=Option(0.1, "Learning rate (grid: 0.1, 0.2, 0.3, 0.4, 0.5, 0.75, 1).", "float",
+              minimum=0, above=True, on_resume=True),
+    momentum=Option(0.9, "SGD momentum (adagrad has none: leave it out; the paper gives no "
+                         "value).", "float", minimum=0, maximum=1, below=True),
+    batch_size=Option(128, "Examples per step.", minimum=1),
+    iterations=Option(50_000, "Training steps in all (a resumed run counts those already "
+                              "done).", minimum=0, on_resume=True),
+    clip=Option(0.0, "Clip the gradient to this global norm; 0 turns clipping off.", "float",
+                minimum=0, on_resume=True, note=" (0 turns clipping off)"),
+    seed=Option(0, "Seed of the initialisation, the data order and the training noise.",
+                minimum=0, maximum=MAX_SEED),
+    perm_seed=Option(0, "pmnist's pixel permutation (a seed other than 0 gets its own cache, "
+                        "pmnist-seed<k>.h5); other tasks take none. Not --seed: runs with "
+                        "different seeds are compared on the same task.",
+                     minimum=0, maximum=MAX_SEED),
+    eval_every=Option(1000, "Evaluate on the test split (or valid, with --valid-size) this "
+                            "often.", minimum=1, on_resume=True),
+    log_every=Option(100, "Write a training line (mean loss, accuracy) to metrics.jsonl this "
+                          "often.", minimum=1, on_resume=True),
+    checkpoint_every=Option(500, "Write runs/NAME/checkpoint.h5 this often (also at the end "
+                                 "and on Ctrl-C).", minimum=1, on_resume=True),
+    eval_batch_size=Option(256, "Examples per forward pass when evaluating.", minimum=1,
+                           on_resume=True),
+    dtype=Option("float32", "Precision of the kernels.", "choice", choices=DTYPES),
+    data_dir=Option(None, "Where the task's raw files and cache are (nprnn.datasets' default "
+                          "if left out).", "folder", on_resume=True),
+    valid_size=Option(0, "Hold out this many training examples and evaluate on them during "
+                         "training.", minimum=0),
+    T=Option(None, "Sequence length of the noise-padded tasks.", minimum=1),
+    tensorboard=Option(False, "Also write TensorBoard event files into the run folder (the "
+                              "tensorboard extra): losses, accuracies, gradient norm, lr, the "
+                              "recurrent matrix's eigenvalues. `tensorboard --logdir runs` "
+                              "shows runs side by side.", "flag", on_resume=True),
+)
+DEFAULTS = {name: option.default for name, option in OPTIONS.items()}
+CHANGEABLE_ON_RESUME = tuple(name for name, option in OPTIONS.items() if option.on_resume)
 
 METRICS = "metrics.jsonl"
 CONFIG = "config.json"
@@ -106,6 +172,27 @@ def _int_option(config, key, minimum, maximum=None):
     config[key] = int(v)
 
 
+def _float_option(config, key, option):
+    """config[key] as a float in the option's range; TrainError naming the range if not."""
+    v = config[key]
+    try:
+        v = float(v)
+    except (TypeError, ValueError):
+        v = float("nan")
+    low, high = option.minimum, option.maximum
+    ok = math.isfinite(v) and (low is None or (v > low if option.above else v >= low)) and (
+        high is None or (v < high if option.below else v <= high))
+    if not ok:
+        if high is None:
+            allowed = f"{'>' if option.above else '>='} {low:g}"
+        else:
+            allowed = (f"in {'(' if option.above else '['}{low:g}, {high:g}"
+                       f"{')' if option.below else ']'}")
+        raise TrainError(f"{key} must be a finite number {allowed}{option.note}, got "
+                         f"{config[key]!r}")
+    config[key] = v
+
+
 def resolve_config(**options):
     """DEFAULTS updated with `options`, checked. Unknown keys and out-of-range values raise
     TrainError naming the value and what is allowed. (The model and task check their own
@@ -114,29 +201,20 @@ def resolve_config(**options):
     if unknown:
         raise TrainError(f"unknown option(s) {sorted(unknown)}; known: {sorted(DEFAULTS)}")
     config = dict(DEFAULTS, **options)
-    for key, minimum in (("hidden", 1), ("batch_size", 1), ("iterations", 0),
-                         ("eval_every", 1), ("log_every", 1), ("checkpoint_every", 1),
-                         ("eval_batch_size", 1), ("valid_size", 0)):
-        _int_option(config, key, minimum)
-    for key in ("seed", "perm_seed"):            # 63-bit: int64 keys of the noise streams
-        _int_option(config, key, 0, MAX_SEED)
-    if config["optimizer"] not in OPTIMIZERS:
+    for key, option in OPTIONS.items():
+        if config[key] is None:                  # eps, gamma, T: the model's or task's own
+            continue
+        if option.kind == "int":
+            _int_option(config, key, option.minimum, option.maximum)
+        elif option.kind == "float":
+            _float_option(config, key, option)
+        elif option.kind == "flag":
+            if not isinstance(config[key], (bool, np.bool_)):
+                raise TrainError(f"{key} must be True or False, got {config[key]!r}")
+            config[key] = bool(config[key])
+    if config["optimizer"] not in OPTIMIZERS:   # the other choices: the model and task say
         raise TrainError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got "
                          f"{config['optimizer']!r}")
-    if not isinstance(config["tensorboard"], (bool, np.bool_)):
-        raise TrainError(f"tensorboard must be True or False, got {config['tensorboard']!r}")
-    config["tensorboard"] = bool(config["tensorboard"])
-    for key in ("lr", "clip", "momentum", "sigma_w"):
-        config[key] = float(config[key])
-    if not math.isfinite(config["lr"]) or config["lr"] <= 0:
-        raise TrainError(f"lr must be a finite number > 0, got {config['lr']!r}")
-    if not math.isfinite(config["clip"]) or config["clip"] < 0:
-        raise TrainError(f"clip must be a finite number >= 0 (0 turns clipping off), got "
-                         f"{config['clip']!r}")
-    if not 0.0 <= config["momentum"] < 1.0:
-        raise TrainError(f"momentum must be in [0, 1), got {config['momentum']!r}")
-    if config["T"] is not None:
-        _int_option(config, "T", 1)
     if config["data_dir"] is not None:               # config.json stores it as a string
         if not isinstance(config["data_dir"], (str, os.PathLike)):
             raise TrainError(f"data_dir must be a path (str or os.PathLike) or None, got "
