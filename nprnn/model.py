@@ -11,11 +11,10 @@ logits and h_T cross as NumPy values, as on the CPU; x may be a NumPy array or a
 """
 import numpy as np
 
-from . import autotune, backends
+from . import autotune, backends, inputs
 from .backends import CPU, CUDA, time_major
 from .cells import CELLS, DEFAULT_EPS, DEFAULT_GAMMA, gaussian
 from .device import DEVICES, resolve_device
-from .kernels import layout as K_layout
 from .kernels.gpu_common import is_device_array, memory_of, to_host
 from .kernels import readout as K_readout
 from .memory import DeviceWorkspace, Staging, Workspace, to_device
@@ -96,64 +95,20 @@ class Model:
 
     def _check_x(self, x):
         """x as the kernels read it (time-major, the model's dtype), after checking it and the
-        parameters: every call into the kernels passes through here."""
+        parameters (nprnn/inputs.py): every call into the kernels passes through here."""
         self._check_params()
-        if is_device_array(x):
-            return self._check_device_x(x)
-        if not isinstance(x, np.ndarray):
-            raise TypeError(f"x must be a numpy array of shape (B, T, {self.input_size}), "
-                            f"got {type(x).__name__}")
-        self._check_x_shape_and_dtype(x)
-        given = x
-        if x.dtype not in (np.float32, np.float64):            # float16, longdouble
-            with np.errstate(over="ignore"):                   # said below, with the value
-                x = x.astype(self.dtype)
-        # time-major and contiguous, what the kernels read, in a buffer kept from call to call
-        B, T, m = x.shape
-        xt = self._inputs.get("x", (T, B, m), self.dtype)
-        if K_layout.time_major_cpu(xt, x):
-            if not np.isfinite(given).all():
-                bad = tuple(int(i) for i in np.argwhere(~np.isfinite(given))[0])
-                raise ValueError(f"x contains NaN or Inf, first at index (b, t, j) = {bad}")
-            t, b, j = (int(i) for i in np.argwhere(~np.isfinite(xt))[0])
-            v = given[b, t, j]         # shown as a float, unless even float64 cannot hold it (a
-            with np.errstate(over="ignore"):                                  # longdouble 1e400)
-                shown = f"{float(v)}" if np.isfinite(float(v)) else str(v)
-            raise ValueError(f"x holds values beyond the range of the model's {self.dtype}, first "
-                             f"x[{b}, {t}, {j}] = {shown}")
-        return xt
-
-    def _check_x_shape_and_dtype(self, x):
-        """x (B, T, m) of floats, on either device."""
-        shape = tuple(x.shape)
-        if len(shape) != 3 or shape[2] != self.input_size or shape[0] == 0 or shape[1] == 0:
-            raise ValueError(f"x must have shape (B, T, m) with B, T >= 1 and "
-                             f"m = input_size = {self.input_size}; got shape {shape}")
-        if not np.issubdtype(x.dtype, np.floating):
-            raise TypeError(f"x must hold floating-point values (float32 or float64), got "
-                            f"dtype {x.dtype}; scale integer pixels first, e.g. "
-                            f"x.astype('float32') / 255")
-
-    def _check_device_x(self, x):
-        """A device array x (B, T, m), as `Task.batches(device="cuda")` yields, -> time-major
-        (T, B, m) on the device. Not scanned for NaN or Inf (that would mean a copy to the host);
-        the training loop still stops on a non-finite loss."""
+        if not is_device_array(x):
+            return inputs.time_major_host(x, self.input_size, self.dtype, self._inputs)
         if self.device != "cuda":
             raise TypeError("x is a GPU array but this model is on the cpu: make the model with "
                             "device='cuda', or pass x.copy_to_host()")
-        self._check_x_shape_and_dtype(x)
+        # not scanned for NaN or Inf (that would mean a copy to the host); the training loop
+        # still stops on a non-finite loss
+        inputs.check_batch(x, self.input_size)
         return time_major(x, self.dtype, self._workspace)
 
     def _check_y(self, y, B):
-        y = np.asarray(y)
-        if y.shape != (B,) or not np.issubdtype(y.dtype, np.integer):
-            raise ValueError(f"y must be integer labels of shape ({B},), got dtype {y.dtype} "
-                             f"and shape {y.shape}")
-        if y.min() < 0 or y.max() >= self.num_classes:
-            bad = int(y[(y < 0) | (y >= self.num_classes)][0])
-            raise ValueError(f"label {bad} out of range: labels must be in "
-                             f"[0, {self.num_classes - 1}] (num_classes = {self.num_classes})")
-        return np.ascontiguousarray(y, dtype=np.int64)
+        return inputs.labels(y, B, self.num_classes)
 
     # -- forward / backward ----------------------------------------------------------------------
     def kernels_for(self, B, T):

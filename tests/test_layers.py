@@ -21,7 +21,8 @@ LAYERS = [
     ["nprnn.autotune"],                         # times the GPU kernel options
     ["nprnn.cells", "nprnn.noise", "nprnn.sources"],
     ["nprnn.backends"],                         # where kernels run: memory, twins, launch
-    ["nprnn.device", "nprnn.reference", "nprnn.memory", "nprnn.files", "nprnn.progress"],
+    ["nprnn.device", "nprnn.reference", "nprnn.memory", "nprnn.files", "nprnn.progress",
+     "nprnn.inputs"],
     ["nprnn.kernels.antisym", "nprnn.kernels.rnn", "nprnn.kernels.lstm", "nprnn.kernels.gru",
      "nprnn.kernels.readout", "nprnn.kernels.optim", "nprnn.kernels.noise",
      "nprnn.kernels.layout"],

@@ -41,8 +41,10 @@ FLOAT64_ON_PURPOSE = {
     "shifted_matrix_cpu": "as antisym_matrix_cpu",
 }
 # arrays that are float64 whatever the model's dtype: the clipping factor, the running totals of
-# a training step (kernels/optim.py) and the float64 accumulator of sum_squares_cpu
-FLOAT64_ARRAYS = {"scale", "stats", "total", "out"}
+# a training step (kernels/optim.py) and the float64 accumulator of sum_squares_cpu (another
+# kernel's `out` is its result, in the model's dtype: time_major_cpu's float64 version for a
+# float64 model fed float32 batches is a float64 kernel)
+FLOAT64_ARRAYS = {"scale", "stats", "total", ("sum_squares_cpu", "out")}
 # float64 arithmetic in LLVM IR: scalar or vector fadd/fsub/fmul/fdiv on double
 DOUBLE_ARITHMETIC = re.compile(r"= (fadd|fsub|fmul|fdiv|frem)(?: [a-z]+)* (?:<\d+ x )?double\b")
 
@@ -81,7 +83,8 @@ def _float32_signatures():
             args = list(inspect.signature(disp.py_func).parameters)
             for sig in disp.signatures:
                 dtypes = {a.dtype for arg, a in zip(args, sig)
-                          if isinstance(a, numba.types.Array) and arg not in FLOAT64_ARRAYS}
+                          if isinstance(a, numba.types.Array) and arg not in FLOAT64_ARRAYS
+                          and (name, arg) not in FLOAT64_ARRAYS}
                 # the float32 version: float32 arrays and no float64 ones but the float64 totals
                 # (time_major_cpu also has a version that converts float64 input)
                 if numba.float32 in dtypes and numba.float64 not in dtypes:

@@ -1,0 +1,62 @@
+"""What a model takes, checked once before any kernel runs: a batch x (B, T, m) of floats and its
+labels y (B,). The kernels have no bounds checks, so what reaches them must fit; each refusal
+names the bad value and what is allowed.
+"""
+import numpy as np
+
+from .kernels import layout as K_layout
+
+
+def check_batch(x, m):
+    """x (B, T, m) of floats with B, T >= 1, on either device."""
+    shape = tuple(x.shape)
+    if len(shape) != 3 or shape[2] != m or shape[0] == 0 or shape[1] == 0:
+        raise ValueError(f"x must have shape (B, T, m) with B, T >= 1 and m = input_size = {m}; "
+                         f"got shape {shape}")
+    if not np.issubdtype(x.dtype, np.floating):
+        raise TypeError(f"x must hold floating-point values (float32 or float64), got dtype "
+                        f"{x.dtype}; scale integer pixels first, e.g. x.astype('float32') / 255")
+
+
+def time_major_host(x, m, dtype, workspace):
+    """A host batch x (B, T, m) as the kernels read it: time-major (T, B, m), contiguous, in
+    `dtype`, in the workspace's buffer "x"; ValueError where x holds NaN, Inf or values beyond
+    `dtype` (found as the copy is made)."""
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"x must be a numpy array of shape (B, T, {m}), got {type(x).__name__}")
+    check_batch(x, m)
+    given = x
+    if x.dtype not in (np.float32, np.float64):            # float16, longdouble
+        with np.errstate(over="ignore"):                   # said below, with the value
+            x = x.astype(dtype)
+    B, T, _ = x.shape
+    xt = workspace.get("x", (T, B, m), dtype)
+    if K_layout.time_major_cpu(xt, x):                     # True: a value is not finite
+        raise _not_finite(given, xt, dtype)
+    return xt
+
+
+def _not_finite(given, xt, dtype):
+    """The error for a batch with a value that is not finite as given, or not in `dtype`."""
+    if not np.isfinite(given).all():
+        bad = tuple(int(i) for i in np.argwhere(~np.isfinite(given))[0])
+        return ValueError(f"x contains NaN or Inf, first at index (b, t, j) = {bad}")
+    t, b, j = (int(i) for i in np.argwhere(~np.isfinite(xt))[0])
+    v = given[b, t, j]          # shown as a float, unless even float64 cannot hold it (a
+    with np.errstate(over="ignore"):                                   # longdouble 1e400)
+        shown = f"{float(v)}" if np.isfinite(float(v)) else str(v)
+    return ValueError(f"x holds values beyond the range of the model's {np.dtype(dtype)}, "
+                      f"first x[{b}, {t}, {j}] = {shown}")
+
+
+def labels(y, B, K):
+    """Integer labels y (B,) in [0, K) as a contiguous int64 array."""
+    y = np.asarray(y)
+    if y.shape != (B,) or not np.issubdtype(y.dtype, np.integer):
+        raise ValueError(f"y must be integer labels of shape ({B},), got dtype {y.dtype} and "
+                         f"shape {y.shape}")
+    if y.min() < 0 or y.max() >= K:
+        bad = int(y[(y < 0) | (y >= K)][0])
+        raise ValueError(f"label {bad} out of range: labels must be in [0, {K - 1}] "
+                         f"(num_classes = {K})")
+    return np.ascontiguousarray(y, dtype=np.int64)
