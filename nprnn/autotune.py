@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .backends import CUDA, options, resolve, time_major
+from .backends import CUDA, options, time_major
 from .files import written_atomically
 from .kernels.gpu_common import cuda, device_copy, simulator_enabled
 from .memory import DeviceWorkspace
@@ -137,25 +137,20 @@ class Tuner:
     def _choose(self, model, B, T, version):
         cell, n, dtype, launch = model.cell, model.hidden_size, model.dtype, model.launch
         if version != "auto":
-            return Choice(*(resolve(cell, version, n, dtype, backward, launch)
-                            for backward in (False, True)), "asked for")
+            asked = CUDA.for_cell(cell, n, dtype, version, launch)
+            return Choice(asked.forward, asked.backward, "asked for")
         fits = [options(cell, n, dtype, backward, launch) for backward in (False, True)]
         if self.measure is None:
             return Choice(fits[0][0], fits[1][0], "untimed")
         key = self._key(model, B)
         choices = self._load()
-        entry = choices.get(key)
-        if entry is not None:
-            picked = [next((k for k in opts if k.token == entry[pass_]), None)
-                      for opts, pass_ in zip(fits, ("forward", "backward"))]
+        if key in choices:
+            picked = _picked(fits, choices[key])
             if None not in picked:
                 return Choice(*picked, "cached")
-        entry = self._time(model, fits, B, T)
-        choices[key] = entry
+        choices[key] = self._time(model, fits, B, T)
         self._save()
-        picked = [next(k for k in opts if k.token == entry[pass_])
-                  for opts, pass_ in zip(fits, ("forward", "backward"))]
-        return Choice(*picked, "timed")
+        return Choice(*_picked(fits, choices[key]), "timed")
 
     def _key(self, model, B):
         if self.gpu is None:
@@ -222,6 +217,13 @@ class Fixed:
 
     def choose(self, model, B, T, version="auto"):
         return self.choice
+
+
+def _picked(fits, entry):
+    """The Kernels of each pass that a cache entry names (None where no option fits the name:
+    a file of other kernels, or damaged)."""
+    return [next((k for k in opts if k.token == entry.get(pass_)), None)
+            for opts, pass_ in zip(fits, ("forward", "backward"))]
 
 
 def _fastest(options, ms):
