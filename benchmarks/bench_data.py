@@ -232,7 +232,8 @@ def main():
               + (f"{100 * r['write_s'] / r['step_s']:>10.1f}%" if args.device == "cpu"
                  else f"{'-':>11}") + f" {100 * r['in_loop']:>7.1f}%",
               flush=True)
-    ours, theirs, on_gpu = bench_noise(args.batch_size, args.T or 1000, device=args.device)
+    ours, theirs, on_gpu = bench_noise(args.batch_size, args.T or 1000, repeats=args.steps,
+                                      device=args.device)
     if args.synthetic:
         print("* random images of the task's shape through its layout and noise: all of a batch "
               "but reading the images from the cache")

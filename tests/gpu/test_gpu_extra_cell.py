@@ -10,8 +10,11 @@ import test_gpu_model
 
 pytestmark = gt.requires_cuda
 
-VERSIONS = [(extra_cell.NAME, version) for version in ("step", "persistent", "shared")]
-GPU_CHECKS = extra_cell.registry_checks(test_gpu_model, "name, version", test_gpu_model.VERSIONS)
+# each registry check of test_gpu_model, in each kernel version it runs the registered cells in
+CHECKS = [(check, version)
+          for values in (test_gpu_model.VERSIONS, test_gpu_model.H0_VERSIONS)
+          for check in extra_cell.registry_checks(test_gpu_model, "name, version", values)
+          for version in dict.fromkeys(version for _, version in values)]
 
 
 @pytest.fixture(autouse=True)
@@ -21,11 +24,11 @@ def registered(monkeypatch):
 
 
 def test_the_registry_checks_were_found():
-    assert {check.__name__ for check in GPU_CHECKS} >= {
+    assert {check.__name__ for check, _ in CHECKS} >= {
         "test_model_on_cuda_matches_cpu", "test_a_given_h0_and_its_gradient_dh0_match_the_cpu"}
 
 
-@pytest.mark.parametrize("name, version", VERSIONS)
-@pytest.mark.parametrize("check", GPU_CHECKS, ids=lambda check: check.__name__)
-def test_a_cell_from_one_spec_gets_every_gpu_twin_check(check, name, version):
-    check(name, version)
+@pytest.mark.parametrize("check, version", CHECKS,
+                         ids=[f"{check.__name__}-{version}" for check, version in CHECKS])
+def test_a_cell_from_one_spec_gets_every_gpu_twin_check(check, version):
+    check(extra_cell.NAME, version)
