@@ -982,5 +982,139 @@ def data_info(task, data_dir, perm_seed, T, as_json):
                f"{c['state']}")
 
 
+
+# ----------------------------------------------------------------------------------------------
+# sweep: hyperparameter searches on Dask workers, recorded as an Optuna study (nprnn/sweep.py)
+# ----------------------------------------------------------------------------------------------
+
+def _sweep_module():
+    """nprnn.sweep, which needs the sweep extra (optuna, dask.distributed): imported by the
+    sweep commands alone, so that the rest of the CLI runs without them."""
+    try:
+        from nprnn import sweep
+    except ImportError as e:
+        raise click.ClickException(f"the sweep commands need the sweep extra ({e}): "
+                                   f"pip install -e '.[sweep]'") from None
+    return sweep
+
+
+@cli.group()
+def sweep():
+    """Search hyperparameters: trials are ordinary runs under sweeps/NAME/trials/, chosen on a
+    validation split (see docs/sweeps.md)."""
+
+
+SWEEP_DEFINITION = ("space", "params", "sampler", "trials", "prune", "sampler_seed")
+
+
+@sweep.command("run")
+@click.option("--out", required=True, type=FOLDER,
+              help="The sweep folder, e.g. sweeps/NAME (run again on it to continue).")
+@click.option("--space", default=None, help="A named space: appendix-c (Chang et al.'s grid: "
+              "sigma_w, eps, gamma, lr, optimizer).")
+@click.option("--param", "params", multiple=True, metavar="NAME=V1,V2,...|NAME=LOW:HIGH[:log]",
+              help="Search an option over these values, or a range of a number option "
+                   "(repeatable; adds to or replaces the --space axis of that name).")
+@click.option("--sampler", type=click.Choice(["grid", "random", "tpe"]), default=None,
+              help="How points are chosen [default: grid, or tpe where a range is given].")
+@click.option("--trials", type=click.IntRange(min=1), default=None,
+              help="Trials in all [default: the whole grid; random and tpe need it].")
+@click.option("--prune/--no-prune", default=False, show_default=True,
+              help="Stop trials early by successive halving on the validation accuracy.")
+@click.option("--sampler-seed", type=SEED, default=0, show_default=True,
+              help="Seed of the grid's order and of the random and tpe samplers.")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Workers of the local cluster [default: one per GPU with --device cuda, "
+                   "else one per two cores].")
+@click.option("--scheduler", default=None, metavar="ADDRESS",
+              help="Use this Dask cluster (e.g. tcp://HOST:8786) instead of a local one.")
+@click.option("--storage", default=None, metavar="URL",
+              help="An Optuna storage URL (e.g. postgresql://...) [default: study.journal in "
+                   "the sweep folder].")
+@_run_options
+def sweep_run(out, space, params, sampler, trials, prune, sampler_seed, workers, scheduler,
+              storage, **options):
+    """Run (or continue) the sweep in --out on a Dask cluster: each trial trains a run with the
+    options given here held fixed (--valid-size defaults to 5000) and the searched ones set, and
+    is recorded in an Optuna study. Ctrl-C asks the trials to checkpoint and stop; running
+    `sweep run --out` again continues."""
+    sw = _sweep_module()
+    ctx = click.get_current_context()
+    source = ctx.get_parameter_source
+    given = {k: options[k] for k in options
+             if source(k) == click.core.ParameterSource.COMMANDLINE}
+    defined = given or any(source(k) == click.core.ParameterSource.COMMANDLINE
+                           for k in SWEEP_DEFINITION)
+    stop = _SweepStop()
+    try:
+        if defined or not (Path(out) / sw.SWEEP).exists():
+            fixed = training.resolve_config(**dict({"valid_size": sw.VALID_SIZE}, **given))
+            the_space = sw.make_space(space, [sw.parse_param(p) for p in params])
+            both = sorted(set(the_space) & set(given))
+            if both:
+                raise sw.SweepError(f"{', '.join('--' + b.replace('_', '-') for b in both)} "
+                                    f"is both searched and held fixed: give it one way")
+            if sampler is None:
+                sampler = "tpe" if any(p.is_range for p in the_space.values()) else "grid"
+            args = dict(fixed=fixed, space=the_space, sampler=sampler, trials=trials,
+                        prune=prune, seed=sampler_seed, storage=storage)
+        else:
+            args = {}
+        bar = CountBar("trials")
+        with stop:
+            result = sw.run(out, workers=workers, scheduler=scheduler, echo=bar.message,
+                            stop=stop.requested, progress=bar, **args)
+        bar.close()
+    except (sw.SweepError, training.TrainError, ValueError, OSError) as e:
+        raise click.ClickException(str(e)) from None
+    if result["stopped"]:
+        click.echo(f"stopped with {result['done']} of {result['total']} trials recorded; "
+                   f"continue with: python cli.py sweep run --out {out}")
+        ctx.exit(130)
+    click.echo(f"all {result['total']} trials recorded; the table: python cli.py sweep report "
+               f"{out}")
+
+
+class _SweepStop:
+    """While active, the first SIGINT or SIGTERM asks the sweep to stop (its trials checkpoint);
+    a second one aborts at once."""
+
+    def __init__(self):
+        self.signal, self.previous = None, {}
+
+    def __enter__(self):
+        for s in (signal.SIGINT, signal.SIGTERM):
+            self.previous[s] = signal.signal(s, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.signal is not None:
+            raise KeyboardInterrupt
+        self.signal = signal.Signals(signum).name
+
+    def requested(self):
+        return self.signal is not None
+
+    def __exit__(self, *exc):
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+        return False
+
+
+@sweep.command("report")
+@click.argument("folder", type=click.Path(file_okay=False))
+@click.option("--png", default=None, type=click.Path(dir_okay=False),
+              help="Where to draw accuracy against each hyperparameter [default: "
+                   "FOLDER/sweep.png].")
+def sweep_report(folder, png):
+    """Print a table of the sweep's trials (settings, state, iterations, best validation
+    accuracy, test accuracy of the best checkpoint) and the chosen trial; draw a PNG."""
+    sw = _sweep_module()
+    try:
+        sw.report(folder, png, echo=click.echo)
+    except (sw.SweepError, OSError) as e:
+        raise click.ClickException(str(e)) from None
+
+
 if __name__ == "__main__":
     cli()

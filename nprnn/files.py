@@ -15,7 +15,8 @@ def temporary_name(dest, kind):
                           f"{secrets.token_hex(4)}")
 
 
-def _pid_alive(pid):
+def pid_alive(pid):
+    """Whether process `pid` of this host is alive."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -37,7 +38,7 @@ def remove_stale_temporaries(directory, kind):
         try:
             rest = tmp.name.rsplit(f".{kind}-", 1)[1]
             tmp_host, pid, _ = rest.rsplit("-", 2)
-            if tmp_host == host and not _pid_alive(int(pid)):
+            if tmp_host == host and not pid_alive(int(pid)):
                 tmp.unlink()
                 removed.append(tmp)
         except (ValueError, IndexError, OSError):

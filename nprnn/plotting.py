@@ -287,3 +287,62 @@ def plot_gates(runs, path):
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     axes[-1].set_xlabel(r"step $t$", fontsize=11)
     _save(fig, path, dpi=150)
+
+
+SWEEP_LABELS = {"sigma_w": r"$\sigma_w$", "eps": r"$\epsilon$", "gamma": r"$\gamma$",
+                "lr": "learning rate"}
+SWEEP_STYLES = {"complete": dict(marker="o", color="C0", label="complete"),
+                "pruned": dict(marker="o", facecolors="none", edgecolors="C1",
+                               label="pruned (value when stopped)"),
+                "running": dict(marker="^", facecolors="none", edgecolors="C2",
+                                label="running (best so far)")}
+
+
+def plot_sweep(rows, names, path, title=""):
+    """A sweep's best validation accuracy against each searched hyperparameter, a panel each:
+    one marker per trial (complete, pruned, running; the chosen trial starred). Numbers that
+    span a decade or more are on a log axis (0 then sits at the left edge); choices and other
+    values are evenly spaced, jittered a little so that trials at one value stay apart."""
+    fig = _figure(figsize=(3.6 * len(names) + 0.6, 3.8), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(1, len(names), sharey=True, squeeze=False)[0])
+    scored = [r for r in rows if r["valid"] is not None]
+    jitter = np.random.default_rng(0).uniform(-0.12, 0.12, len(scored))
+    for ax, name in zip(axes, names):
+        values = sorted({r["params"][name] for r in scored if name in r["params"]},
+                        key=lambda v: (isinstance(v, str), v))
+        numeric = values and all(isinstance(v, (int, float)) for v in values)
+        positive = [v for v in values if numeric and v > 0]
+        log = bool(positive) and max(positive) / min(positive) >= 10
+        if not numeric:
+            where = {v: k for k, v in enumerate(values)}
+        for state, style in SWEEP_STYLES.items():
+            pts = [(r, j) for r, j in zip(scored, jitter) if r["state"] == state]
+            if not pts:
+                continue
+            if numeric:
+                x = [r["params"][name] if r["params"][name] > 0 or not log
+                     else min(positive) / 3 for r, _ in pts]
+            else:
+                x = [where[r["params"][name]] + j for r, j in pts]
+            ax.scatter(x, [r["valid"] for r, _ in pts], s=28, linewidths=1.2, zorder=2,
+                       **style)
+        chosen = [r for r in scored if r.get("chosen")]
+        for r in chosen:
+            v = r["params"][name]
+            x = (v if not log or v > 0 else min(positive) / 3) if numeric else where[v]
+            ax.scatter([x], [r["valid"]], marker="*", s=180, color="tab:red", zorder=3,
+                       label=f"chosen: trial {r['number']}")
+        if log:
+            ax.set_xscale("log")
+        if not numeric:
+            ax.set_xticks(range(len(values)), [str(v) for v in values])
+            ax.set_xlim(-0.5, len(values) - 0.5)
+        ax.set_xlabel(SWEEP_LABELS.get(name, name.replace("_", " ")), fontsize=11)
+        ax.grid(alpha=0.3)
+        ax.tick_params(labelsize=9)
+    axes[0].set_ylabel("best validation accuracy", fontsize=11)
+    handles, labels = axes[0].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="outside lower center", ncols=len(handles), fontsize=8)
+    fig.suptitle(title or "sweep", fontsize=12)
+    _save(fig, path, dpi=150)

@@ -106,6 +106,10 @@ class CountBar:
                             bar_format="{desc}: {n:,}/{total:,}")
         self.bar.update(done - self.bar.n)
 
+    def message(self, text):
+        """A line on stdout, above the bar where one is drawn."""
+        tqdm.write(text, file=sys.stdout)
+
     def close(self):
         if self.bar is not None:
             self.bar.close()

@@ -138,6 +138,9 @@ OPTIONS = dict(
     valid_size=Option(0, "Hold out this many training examples and evaluate on them during "
                          "training.", minimum=0),
     T=Option(None, "Sequence length of the noise-padded tasks.", minimum=1),
+    keep_best=Option(False, "Also keep best.h5, the checkpoint of the best validation accuracy "
+                            "so far (needs --valid-size; `eval` takes it).", "flag",
+                     on_resume=True),
     tensorboard=Option(False, "Also write TensorBoard event files into the run folder (the "
                               "tensorboard extra): losses, accuracies, gradient norm, lr, the "
                               "recurrent matrix's eigenvalues. `tensorboard --logdir runs` "
@@ -148,6 +151,7 @@ CHANGEABLE_ON_RESUME = tuple(name for name, option in OPTIONS.items() if option.
 
 METRICS = "metrics.jsonl"
 CONFIG = "config.json"
+BEST = "best.h5"
 LOCK = ".lock"
 
 
@@ -157,6 +161,10 @@ class TrainError(Exception):
 
 class TrainingDiverged(TrainError):
     """The loss or the gradient became NaN or Inf."""
+
+
+class RunInUse(TrainError):
+    """Another process is training in the run folder (it holds the folder's lock)."""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -236,6 +244,9 @@ def check_options_used(config):
         raise TrainError(f"momentum = {config['momentum']!r} has no effect with optimizer "
                          f"{config['optimizer']!r} (momentum is SGD's): leave momentum at "
                          f"{DEFAULTS['momentum']}")
+    if config["keep_best"] and config["valid_size"] == 0:
+        raise TrainError("keep_best keeps the checkpoint of the best validation accuracy: give "
+                         "valid_size > 0 (the test split is never used to choose)")
     if config["task"] != "pmnist" and config["perm_seed"] != DEFAULTS["perm_seed"]:
         raise TrainError(f"perm_seed = {config['perm_seed']!r} has no effect on task "
                          f"{config['task']!r} (it seeds pmnist's pixel permutation): leave "
@@ -485,8 +496,9 @@ class StopSignals:
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-    def __init__(self, echo):
+    def __init__(self, echo, asked=None):
         self.echo = echo
+        self.asked = asked                 # a callable: why to stop (a few words), or None
         self.requested = None
         self.announced = False
         self.previous = {}
@@ -502,7 +514,12 @@ class StopSignals:
         self.requested = signal.Signals(signum).name
 
     def stopping(self):
-        """The name of the signal that asked to stop, or None."""
+        """The name of the signal that asked to stop (or what `asked` said), or None."""
+        if self.requested is None and self.asked is not None:
+            self.requested = self.asked()
+            if self.requested is not None:
+                self.announced = True
+                self.echo(f"stop asked ({self.requested}): writing a checkpoint")
         if self.requested is not None and not self.announced:
             self.announced = True
             self.echo(f"{self.requested} received: finishing this step, then writing a "
@@ -568,7 +585,8 @@ def format_config(config, model):
 
 
 def train(config=None, out="runs/run", resume=False, given=None, task=None, echo=print,
-          progress=True, callback=None, allow_lost_log=False):
+          progress=True, callback=None, allow_lost_log=False, should_stop=None,
+          on_evaluation=None):
     """Train (or, with resume=True, continue) the run in folder `out`. Returns a summary dict:
     iteration, completed (bool), stopped (signal name or None), final (the final test metrics or
     None), elapsed (wall seconds of training so far), out.
@@ -579,6 +597,9 @@ def train(config=None, out="runs/run", resume=False, given=None, task=None, echo
     echo:     prints the messages (the configuration, evaluations, the end)
     progress: show the progress bar on stderr
     callback: called as callback(iteration, loss) after every step (tests use it to interrupt)
+    should_stop: asked after every step; what it returns other than None (a few words) stops
+              the run as a signal does: a checkpoint, then `stopped` is those words
+    on_evaluation: called as on_evaluation(iteration, split, metrics) after each evaluation
     allow_lost_log: resume even where metrics.jsonl is missing or shorter than the checkpoint
               recorded (its curves up to the checkpoint are then lost)
     """
@@ -588,7 +609,8 @@ def train(config=None, out="runs/run", resume=False, given=None, task=None, echo
     with RunLock(out):
         try:
             run = Run(config, out, resume, given, task, echo, progress, allow_lost_log, created)
-            return _train(run, callback)
+            run.on_evaluation = on_evaluation
+            return _train(run, callback, should_stop)
         except Exception as e:
             trained = run is not None and run.it > 0
             if not trained and not isinstance(e, TrainingDiverged):
@@ -596,11 +618,11 @@ def train(config=None, out="runs/run", resume=False, given=None, task=None, echo
             raise
 
 
-def _train(run, callback):
+def _train(run, callback, should_stop=None):
     """The loop of `train`, over an opened Run; returns train's summary."""
     echo, out = run.echo, run.out
     try:
-        with StopSignals(run.bar.message) as stop:
+        with StopSignals(run.bar.message, should_stop) as stop:
             run.begin(stop)
             while run.it < run.total and stop.stopping() is None:
                 for x, y in run.batches():            # the rest of this epoch, in its order
@@ -665,7 +687,7 @@ class RunLock:
             self.file.seek(0)
             holder = self.file.read().strip() or "another process"
             self.file.close()
-            raise TrainError(f"{self.out} is in use: {holder} is training there. Wait for it "
+            raise RunInUse(f"{self.out} is in use: {holder} is training there. Wait for it "
                              f"to end, or choose another --out") from None
         self.file.seek(0)
         self.file.truncate()
@@ -811,6 +833,7 @@ class Run:
                               tensorboard=tensorboard)
         self.bar = TrainingBar(total, prog["iteration"], enabled=self._progress, echo=echo)
         self.run_loss = self.run_acc = float("nan")
+        self.on_evaluation = None            # train's hook, called after each evaluation
         self._t_start, self._elapsed0 = time.perf_counter(), prog["elapsed"]
 
     def _check_log(self, prog):
@@ -950,6 +973,14 @@ class Run:
                        count=res["count"], time=round(self.elapsed(), 3))
         self.bar.message(f"iteration {it}: {split} loss {res['loss']:.4f}  accuracy "
                          f"{res['accuracy']:.4f}")
+        best = self.prog.get("best")
+        if (self.config["keep_best"] and split == "valid"
+                and (best is None or res["accuracy"] > best["accuracy"])):
+            self.prog["best"] = dict(iteration=it, accuracy=res["accuracy"])
+            save_checkpoint(self.out / BEST, self.model.params, self.optimizer.state_dict(),
+                            self.config, dict(self.prog, elapsed=self.elapsed()))
+        if self.on_evaluation is not None:
+            self.on_evaluation(it, split, res)
         return True
 
 

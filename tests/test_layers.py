@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS = [
     ["cli"],
     ["nprnn"],                                  # the public API (__init__.py)
+    ["nprnn.sweep"],                            # searches of hyperparameters (Optuna, Dask)
     ["nprnn.plotting"],                         # figures of what analysis computes
     ["nprnn.analysis"],                         # dynamics, Jacobians, gates of trained runs
     ["nprnn.train", "nprnn.bench"],             # the training loop; the benchmark

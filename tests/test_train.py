@@ -453,6 +453,45 @@ def test_a_crash_while_saving_after_the_final_evaluation_does_not_log_it_twice(t
     assert records(tmp_path / "split") == records(whole)
 
 
+def test_keep_best_keeps_the_checkpoint_of_the_best_validation_accuracy(tmp_path):
+    """best.h5 holds the parameters of the best validation evaluation (the first of equals),
+    and `evaluate_checkpoint` scores it; keep_best without a validation split is refused."""
+    seen = []
+    config = dict(CONFIG, valid_size=16, iterations=40, eval_every=5, keep_best=True)
+    train(config, tmp_path / "r", task=toy_task(valid_size=16),
+          **quiet(on_evaluation=lambda it, split, m: seen.append((it, split, m["accuracy"]))))
+    valid = [(it, acc) for it, split, acc in seen if split == "valid"]
+    assert [it for it, _ in valid] == list(range(5, 45, 5)) and seen[-1][:2] == (40, "test")
+    assert [(r["iteration"], r["accuracy"]) for r in records(tmp_path / "r")
+            if r["split"] == "valid"] == valid
+    best_it, best_acc = max(valid, key=lambda r: (r[1], -r[0]))
+    best = load_checkpoint(tmp_path / "r" / "best.h5")
+    assert best["progress"]["iteration"] == best_it
+    assert best["progress"]["best"] == dict(iteration=best_it, accuracy=best_acc)
+    again = evaluate_checkpoint(tmp_path / "r" / "best.h5", "valid",
+                                task=toy_task(valid_size=16))
+    assert again["accuracy"] == best_acc and again["iteration"] == best_it
+    with pytest.raises(TrainError, match="keep_best keeps the checkpoint of the best validation "
+                                         "accuracy: give valid_size > 0"):
+        train(dict(CONFIG, keep_best=True), tmp_path / "no", task=toy_task(), **quiet())
+
+
+def test_should_stop_stops_the_run_as_a_signal_does(tmp_path):
+    """What should_stop returns stops the run after that step, with a checkpoint, as SIGINT
+    does; `stopped` says it, and --resume goes on."""
+    out = tmp_path / "r"
+    result = train(dict(CONFIG), out, task=toy_task(), **quiet(
+        should_stop=lambda: "the sweep's pruner" if len(records_so_far(out)) >= 3 else None))
+    assert result["stopped"] == "the sweep's pruner" and not result["completed"]
+    assert load_checkpoint(out)["progress"]["iteration"] == result["iteration"] == 10
+    assert train(out=out, resume=True, task=toy_task(), **quiet())["completed"]
+
+
+def records_so_far(out):
+    path = out / "metrics.jsonl"
+    return path.read_text().splitlines() if path.exists() else []
+
+
 def test_a_metrics_log_that_is_not_a_regular_file_does_not_stop_the_run(tmp_path):
     """metrics.jsonl linked to /dev/null (which fsync refuses): the run trains and saves."""
     tmp_path.joinpath("metrics.jsonl").symlink_to(os.devnull)

@@ -1,0 +1,848 @@
+"""Hyperparameter sweeps: an Optuna study whose trials are ordinary runs, trained by Dask workers.
+
+    python cli.py sweep run --out sweeps/NAME --model antisym-gated --task mnist \\
+        --space appendix-c --iterations 5000 --prune
+    python cli.py sweep report sweeps/NAME
+
+A sweep folder holds
+
+    sweep.json       what the study is: the options held fixed (model, task, iterations, ...),
+                     the space searched, sampler, pruning, the Optuna storage and study name
+    study.journal    the study (Optuna's journal file), unless --storage names another storage
+    trials/NNNN/     trial NNNN's run folder (config.json, metrics.jsonl, checkpoint.h5, best.h5,
+                     train.log): `eval`, `plot` and `train --resume` work on it
+
+Every trial is chosen on the validation split (valid_size > 0 is required): its value is its
+best validation accuracy, best.h5 keeps that checkpoint, and the test accuracy of best.h5 is
+measured once the trial is complete, for the report alone.
+
+Who does what. The driver (`run`, one per `sweep run` process) claims trials and hands them to
+Dask workers; `run_trial` trains one on a worker and records its result in the study. Grid
+points are all enqueued when the study is created, in an order shuffled by the sampler seed (a
+sweep stopped early has covered the space evenly), and claimed one at a time by an atomic step
+of the storage (WAITING -> RUNNING), so drivers on several machines sharing the storage never
+run a point twice. Random and TPE trials come from `study.ask`, up to --trials in all.
+
+Nothing lost. A trial writes checkpoints as any run does. A worker killed mid-trial: Dask runs
+the trial again on another worker, which resumes it from its checkpoint (its result is recorded
+once: the trial keeps its number). A driver stopped by Ctrl-C asks its trials to checkpoint and
+stop, and releases them; one killed outright leaves them RUNNING with its host and process id,
+and one that stopped answering (another machine) has not renewed their heartbeat for
+STALE_SECONDS: the next `sweep run` on the study takes such trials over and resumes them. Two
+processes never train one trial folder at once: a run folder's lock (nprnn.train.RunLock)
+refuses the second, whose driver tries that trial again later.
+"""
+import itertools
+import json
+import logging
+import math
+import os
+import signal
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import optuna
+from distributed import (Client, Event, Nanny, Scheduler, SpecCluster, TimeoutError,
+                         WorkerPlugin)
+from optuna.storages import JournalStorage
+from optuna.storages.journal import JournalFileBackend
+from optuna.trial import TrialState
+
+from . import datasets, plotting
+from .checkpoint import FILENAME, load_checkpoint
+from .device import resolve_device
+from .files import pid_alive, written_atomically
+from .model import make_model
+from .train import (BEST, METRICS, OPTIONS, RunInUse, TrainError, TrainingDiverged,
+                    check_options_used, evaluate_checkpoint, resolve_config, train)
+
+# Appendix C of Chang et al. (2019): the grid searched for the Euler cells
+SPACES = {
+    "appendix-c": dict(sigma_w=[0.0, 1.0, 2.0, 4.0, 8.0, 16.0], eps=[0.01, 0.1, 1.0],
+                       gamma=[0.001, 0.01, 0.1, 1.0],
+                       lr=[0.1, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0], optimizer=["sgd", "adagrad"]),
+}
+# the options a space may search (the others are held fixed: they say what the run is, not how)
+SEARCHABLE = ("lr", "optimizer", "momentum", "sigma_w", "eps", "gamma", "init", "clip",
+              "batch_size", "hidden", "seed")
+SAMPLERS = ("grid", "random", "tpe")
+SWEEP = "sweep.json"
+JOURNAL = "study.journal"
+TRIALS = "trials"
+VALID_SIZE = 5000                  # held out of the training set when a sweep does not say
+STALE_SECONDS = 600                # a trial whose driver has not renewed it this long is free
+HEARTBEAT_SECONDS = 60
+CONNECT_SECONDS = 10               # to reach a --scheduler
+RETRY_SECONDS = 30                 # a trial whose folder another process holds: try again then
+FORMAT = 1
+
+
+class SweepError(Exception):
+    """A sweep that cannot start or continue as asked; the message names the bad value."""
+
+
+# ----------------------------------------------------------------------------------------------
+# The space
+# ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Param:
+    """One searched option: a list of values (a grid axis), or a range [low, high] sampled
+    uniformly (log=True: uniformly in log)."""
+    name: str
+    values: tuple = None
+    low: float = None
+    high: float = None
+    log: bool = False
+
+    @property
+    def is_range(self):
+        return self.values is None
+
+    def distribution(self):
+        if self.is_range:
+            return optuna.distributions.FloatDistribution(self.low, self.high, log=self.log)
+        return optuna.distributions.CategoricalDistribution(self.values)
+
+    def suggest(self, trial):
+        """This option's value in an Optuna trial."""
+        if self.is_range:
+            return trial.suggest_float(self.name, self.low, self.high, log=self.log)
+        return trial.suggest_categorical(self.name, list(self.values))
+
+    def to_json(self):
+        if self.is_range:
+            return dict(low=self.low, high=self.high, log=self.log)
+        return dict(values=list(self.values))
+
+    @classmethod
+    def from_json(cls, name, d):
+        if "values" in d:
+            return cls(name, values=tuple(d["values"]))
+        return cls(name, low=d["low"], high=d["high"], log=d["log"])
+
+
+def _value(name, text):
+    """One value of option `name` from the command line, as the option's kind reads it."""
+    kind = OPTIONS[name].kind
+    try:
+        if kind == "int":
+            return int(text)
+        if kind == "float":
+            return float(text)
+    except ValueError:
+        what = "an integer" if kind == "int" else "a number"
+        raise SweepError(f"--param {name}: {text!r} is not {what}") from None
+    return text
+
+
+def parse_param(text):
+    """A --param value: NAME=v1,v2,... (a grid axis) or NAME=LOW:HIGH[:log] (a range of a
+    float option)."""
+    name, sep, rest = text.partition("=")
+    name = name.strip().replace("-", "_")
+    if not sep:
+        raise SweepError(f"--param {text!r}: write NAME=v1,v2,... or NAME=LOW:HIGH[:log]")
+    if name not in SEARCHABLE:
+        raise SweepError(f"--param {text!r}: {name!r} cannot be searched; searchable: "
+                         f"{', '.join(SEARCHABLE)}")
+    rest = rest.strip()
+    if ":" in rest:
+        parts = rest.split(":")
+        if OPTIONS[name].kind != "float" or len(parts) not in (2, 3) or (
+                len(parts) == 3 and parts[2] != "log"):
+            raise SweepError(f"--param {text!r}: a range is LOW:HIGH or LOW:HIGH:log, and only "
+                             f"for the number options "
+                             f"{', '.join(n for n in SEARCHABLE if OPTIONS[n].kind == 'float')}")
+        low, high = _value(name, parts[0]), _value(name, parts[1])
+        log = len(parts) == 3
+        if not (math.isfinite(low) and math.isfinite(high) and low < high):
+            raise SweepError(f"--param {text!r}: the range is empty (LOW must be below HIGH)")
+        if log and low <= 0:
+            raise SweepError(f"--param {text!r}: a log range needs LOW > 0")
+        return Param(name, low=low, high=high, log=log)
+    values = [v.strip() for v in rest.split(",") if v.strip()]
+    if not values:
+        raise SweepError(f"--param {text!r}: no values")
+    values = tuple(dict.fromkeys(_value(name, v) for v in values))     # in order, once each
+    return Param(name, values=values)
+
+
+def make_space(space=None, params=()):
+    """{name: Param}: a named space (SPACES), with --param values added or replacing its axes."""
+    out = {}
+    if space is not None:
+        if space not in SPACES:
+            raise SweepError(f"unknown space {space!r}; known: {', '.join(SPACES)}")
+        out = {k: Param(k, values=tuple(v)) for k, v in SPACES[space].items()}
+    for p in params:
+        out[p.name] = p
+    if not out:
+        raise SweepError("nothing to search: give --space or at least one --param")
+    return out
+
+
+def grid_points(space, seed):
+    """Every point of an all-list space, in the order the sweep runs them: shuffled by `seed`,
+    so that a sweep stopped early has seen the whole space evenly."""
+    names = sorted(space)
+    points = [dict(zip(names, combo))
+              for combo in itertools.product(*(space[n].values for n in names))]
+    order = np.random.default_rng(seed).permutation(len(points))
+    return [points[i] for i in order]
+
+
+def check_space(fixed, space, task=None):
+    """Refuse, before any trial, a space whose values a run would refuse: every value of every
+    axis (the others at their first value; a range at both ends) goes through resolve_config,
+    check_options_used and make_model, as a trial's run would."""
+    if "momentum" in space and any(
+            v == "adagrad" for v in (space["optimizer"].values if "optimizer" in space
+                                     else [fixed["optimizer"]])):
+        raise SweepError("momentum is SGD's alone: a space that runs adagrad cannot search it")
+    if fixed["valid_size"] <= 0:
+        raise SweepError("a sweep chooses on the validation split: --valid-size must be > 0")
+    if task is None:
+        spec = datasets.task_spec(fixed["task"])
+        m, classes = spec.shape(fixed["T"])[1], spec.num_classes
+    else:
+        m, classes = task.m, task.num_classes
+    first = {n: (p.low if p.is_range else p.values[0]) for n, p in space.items()}
+    for name, p in space.items():
+        for value in ((p.low, p.high) if p.is_range else p.values):
+            point = dict(first, **{name: value})
+            try:
+                config = resolve_config(**dict(fixed, **point))
+                check_options_used(config)
+                make_model(config["model"], input_size=m, hidden_size=config["hidden"],
+                           num_classes=classes, eps=config["eps"], gamma=config["gamma"],
+                           sigma_w=config["sigma_w"], init=config["init"], seed=config["seed"],
+                           dtype=config["dtype"], device="cpu")
+            except (TrainError, ValueError, TypeError) as e:
+                raise SweepError(f"{name} = {value!r} would be refused by every trial that "
+                                 f"runs it: {e}") from None
+
+
+# ----------------------------------------------------------------------------------------------
+# The sweep folder and the study
+# ----------------------------------------------------------------------------------------------
+
+def definition(fixed, space, sampler, trials, prune, seed):
+    """What a study is (what sweep.json records apart from where it is stored)."""
+    return dict(fixed=fixed, space={n: p.to_json() for n, p in sorted(space.items())},
+                sampler=sampler, trials=trials, prune=prune, sampler_seed=seed)
+
+
+def read_sweep(folder):
+    path = Path(folder) / SWEEP
+    try:
+        spec = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise SweepError(f"{folder} is not a sweep folder: it has no {SWEEP}") from None
+    except (OSError, ValueError) as e:
+        raise SweepError(f"{path} cannot be read: {e}") from None
+    if spec.get("format") != FORMAT:
+        raise SweepError(f"{path} has format {spec.get('format')!r}; this nprnn reads {FORMAT}")
+    return spec
+
+
+def _write_new(path, obj):
+    """Write JSON to `path` only if no file is there (atomically; False if one was)."""
+    with written_atomically(path.with_name(path.name + ".new")) as tmp:
+        Path(tmp).write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+    try:
+        os.link(path.with_name(path.name + ".new"), path)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        os.unlink(path.with_name(path.name + ".new"))
+
+
+def _shown(value):
+    """A sweep.json value as the command line gives it: an axis as v1,v2 or LOW:HIGH[:log]."""
+    if isinstance(value, dict) and "values" in value:
+        return ",".join(map(str, value["values"]))
+    if isinstance(value, dict) and "low" in value:
+        return f"{value['low']}:{value['high']}" + (":log" if value["log"] else "")
+    return "(none)" if value is None else repr(value)
+
+
+def _differences(saved, given):
+    """"name: X there, Y given" for each setting of two study definitions that differs (the
+    fixed options and the space's axes one by one)."""
+    out = []
+    for key in sorted(set(saved) | set(given)):
+        a, b = saved.get(key), given.get(key)
+        if key in ("fixed", "space"):
+            a, b = a or {}, b or {}
+            out += [f"{sub}: {_shown(a.get(sub))} there, {_shown(b.get(sub))} given"
+                    for sub in sorted(set(a) | set(b)) if a.get(sub) != b.get(sub)]
+        elif a != b:
+            out.append(f"{key}: {_shown(a)} there, {_shown(b)} given")
+    return out
+
+
+def open_storage(folder, url):
+    """The study's storage: the journal file in the sweep folder, or an Optuna storage URL."""
+    try:
+        if url is None:
+            return JournalStorage(JournalFileBackend(str(Path(folder) / JOURNAL)))
+        return optuna.storages.get_storage(url)
+    except Exception as e:           # sqlalchemy, redis, OS errors: say which storage
+        where = Path(folder) / JOURNAL if url is None else url
+        raise SweepError(f"cannot open the study storage {where}: "
+                         f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+
+
+def make_pruner(spec):
+    """Successive halving on the validation accuracy, with rungs at eval_every, 3 x, 9 x ...
+    iterations: at each rung a trial goes on only if it is in the best third of the trials
+    that reached it (of the first two, only the better)."""
+    if not spec["prune"]:
+        return optuna.pruners.NopPruner()
+    return optuna.pruners.SuccessiveHalvingPruner(
+        min_resource=spec["fixed"]["eval_every"], reduction_factor=3)
+
+
+def make_sampler(spec):
+    if spec["sampler"] == "tpe":
+        return optuna.samplers.TPESampler(seed=spec["sampler_seed"])
+    return optuna.samplers.RandomSampler(seed=spec["sampler_seed"])  # grid: trials are enqueued
+
+
+def load_study(spec, storage):
+    return optuna.load_study(study_name=spec["study"], storage=storage,
+                             sampler=make_sampler(spec), pruner=make_pruner(spec))
+
+
+def open_sweep(folder, fixed=None, space=None, sampler=None, trials=None, prune=False, seed=0,
+               storage=None, task=None):
+    """(spec, storage, study) of the sweep in `folder`: created from the given definition if the
+    folder has none, else the recorded one, which a given definition must match (or
+    SweepError names what differs)."""
+    folder = Path(folder)
+    path = folder / SWEEP
+    optuna.logging.set_verbosity(optuna.logging.WARNING)    # our lines say what happens
+    if fixed is not None:
+        if sampler not in SAMPLERS:
+            raise SweepError(f"unknown sampler {sampler!r}; one of {', '.join(SAMPLERS)}")
+        is_grid = all(not p.is_range for p in space.values())
+        if sampler == "grid" and not is_grid:
+            ranged = [n for n, p in space.items() if p.is_range]
+            raise SweepError(f"the grid sampler needs lists of values; {', '.join(ranged)} "
+                             f"is a range: use --sampler random or tpe")
+        if sampler == "grid":
+            size = math.prod(len(p.values) for p in space.values())
+            trials = size if trials is None else min(trials, size)
+        elif trials is None:
+            raise SweepError(f"--sampler {sampler} needs --trials (how many points to try)")
+        if trials < 1:
+            raise SweepError(f"--trials must be at least 1, got {trials}")
+        check_space(fixed, space, task)
+        given = definition(fixed, space, sampler, trials, prune, seed)
+    if path.exists():
+        spec = read_sweep(folder)
+        if fixed is not None:
+            diff = _differences({k: spec[k] for k in given}, given)
+            if storage is not None and storage != spec["storage"]:
+                diff.append(f"storage: {spec['storage']!r} there, {storage!r} given")
+            if diff:
+                raise SweepError(f"{folder} holds another study ({'; '.join(diff)}): continue "
+                                 f"it with `sweep run --out {folder}` alone, or choose another "
+                                 f"--out")
+        store = open_storage(folder, spec["storage"])
+        try:
+            return spec, store, load_study(spec, store)
+        except KeyError:
+            raise SweepError(f"the storage of {folder} holds no study {spec['study']!r}: "
+                             f"{spec['storage'] or folder / JOURNAL} is not this sweep's") from None
+    if fixed is None:
+        raise SweepError(f"{folder} is not a sweep folder: it has no {SWEEP}. Start one with "
+                         f"--model, --task and --space or --param")
+    if folder.exists() and not folder.is_dir():
+        raise SweepError(f"{folder} is a file, not a folder")
+    folder.mkdir(parents=True, exist_ok=True)
+    spec = dict(given, format=FORMAT, storage=storage,
+                study=f"{folder.resolve().name}-{uuid.uuid4().hex[:8]}")
+    store = open_storage(folder, storage)
+    study = optuna.create_study(study_name=spec["study"], storage=store, direction="maximize",
+                                sampler=make_sampler(spec), pruner=make_pruner(spec))
+    if spec["sampler"] == "grid":
+        for point in grid_points(space, seed)[:spec["trials"]]:
+            study.enqueue_trial(point)
+    if not _write_new(path, spec):     # another driver made it first: use that one
+        return open_sweep(folder, fixed, space, sampler, trials, prune, seed, storage, task)
+    return spec, store, study
+
+
+# ----------------------------------------------------------------------------------------------
+# A trial, on a worker
+# ----------------------------------------------------------------------------------------------
+
+def trial_folder(folder, number):
+    return Path(folder) / TRIALS / f"{number:04d}"
+
+
+def _valid_records(metrics):
+    """(iteration, accuracy) of every validation line of a metrics.jsonl, in order."""
+    out = []
+    try:
+        with open(metrics) as f:
+            for line in f:
+                try:
+                    r = json.loads(line)
+                except ValueError:
+                    continue               # a line cut by a kill: train cuts it on resume
+                if r.get("split") == "valid":
+                    out.append((r["iteration"], r["accuracy"]))
+    except FileNotFoundError:
+        pass
+    return out
+
+
+def run_trial(folder, number, driver, task=None):
+    """Train trial `number` of the sweep in `folder` (a fresh run, or its checkpoint resumed),
+    report each validation accuracy to the study, and record the result there. Called on a
+    Dask worker. Returns dict(number, state, value, iteration, test_accuracy, message)."""
+    folder = Path(folder)
+    spec = read_sweep(folder)
+    store = open_storage(folder, spec["storage"])
+    study = load_study(spec, store)
+    study_id = store.get_study_id_from_name(spec["study"])
+    trial_id = store.get_trial_id_from_study_id_trial_number(study_id, number)
+    frozen = store.get_trial(trial_id)
+    result = dict(number=number, params=frozen.params, state=frozen.state.name.lower(),
+                  value=frozen.value,
+                  iteration=None, test_accuracy=frozen.user_attrs.get("test_accuracy"),
+                  message="")
+    if frozen.state != TrialState.RUNNING:       # recorded already (a rerun after a kill)
+        return result
+    trial = optuna.Trial(study, trial_id)
+    # the point: an enqueued grid point's values, or those study.ask drew (suggesting again
+    # returns them)
+    params = {name: Param.from_json(name, d).suggest(trial) for name, d in spec["space"].items()}
+    result["params"] = params
+    out = trial_folder(folder, number)
+    resume = (out / FILENAME).is_file()
+    config = dict(spec["fixed"], **params, keep_best=True)
+    stop_event = Event(f"nprnn-stop-{driver}")
+    pruned, last_look = [], [0.0]
+
+    def report(iteration, accuracy):
+        if iteration not in trial.storage.get_trial(trial_id).intermediate_values:
+            trial.report(accuracy, iteration)
+        if not pruned and trial.should_prune():
+            pruned.append(iteration)
+
+    def on_evaluation(iteration, split, metrics):
+        if split == "valid":
+            report(iteration, metrics["accuracy"])
+
+    def should_stop():
+        if pruned:
+            return "the sweep's pruner"
+        now = time.monotonic()
+        if now - last_look[0] >= 0.5:            # a round trip to the scheduler
+            last_look[0] = now
+            if stop_event.is_set():
+                return "the sweep's stop"
+        return None
+
+    if resume:         # what the checkpoint holds was reported before, unless a kill lost it
+        saved_at = load_checkpoint(out / FILENAME)["progress"]["iteration"]
+        for iteration, accuracy in _valid_records(out / METRICS):
+            if iteration <= saved_at:
+                report(iteration, accuracy)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "train.log", "a") as log:
+        def echo(message):
+            log.write(f"{message}\n")
+            log.flush()
+        try:
+            summary = train(None if resume else config, out, resume=resume, given={},
+                            task=task, echo=echo, progress=False, should_stop=should_stop,
+                            on_evaluation=on_evaluation)
+        except TrainingDiverged as e:
+            study.tell(number, state=TrialState.FAIL, skip_if_finished=True)
+            store.set_trial_user_attr(trial_id, "error", str(e))
+            return dict(result, state="fail", message=str(e))
+        except RunInUse as e:
+            return dict(result, state="busy", message=str(e))
+    valid = _valid_records(out / METRICS)
+    best = max((a for _, a in valid), default=None)
+    result.update(iteration=summary["iteration"], value=best)
+    store.set_trial_user_attr(trial_id, "iteration", summary["iteration"])
+    if pruned:
+        study.tell(number, state=TrialState.PRUNED, skip_if_finished=True)
+        return dict(result, state="pruned")
+    if not summary["completed"]:                 # stopped by the driver: resumed later
+        return dict(result, state="stopped")
+    test = _test_of_best(out, valid, summary, task, config["device"])
+    result["test_accuracy"] = test
+    store.set_trial_user_attr(trial_id, "test_accuracy", test)
+    study.tell(number, best, skip_if_finished=True)
+    return dict(result, state="complete")
+
+
+def _test_of_best(out, valid, summary, task, device):
+    """The test accuracy of best.h5: train's final test evaluation where the best validation
+    accuracy was the last one (the same parameters), else an evaluation of best.h5."""
+    best_it = max(valid, key=lambda r: r[1])[0]
+    if summary["final"] is not None and best_it == summary["iteration"]:
+        return summary["final"]["accuracy"]
+    return evaluate_checkpoint(out / BEST, "test", task=task, device=device)["accuracy"]
+
+
+# ----------------------------------------------------------------------------------------------
+# The driver
+# ----------------------------------------------------------------------------------------------
+
+def local_cluster(device, workers=None):
+    """A Dask cluster on this machine: one worker per GPU for cuda (each seeing its own), or
+    `workers` on the CPU (default: one per two cores) sharing the cores, each with
+    NUMBA_NUM_THREADS (and the BLAS threads) its share."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if device == "cuda":
+        from numba import cuda
+        gpus = len(cuda.gpus)
+        workers = workers or gpus
+        envs = [dict(CUDA_VISIBLE_DEVICES=str(i % gpus)) for i in range(workers)]
+    else:
+        workers = workers or max(1, cores // 2)
+        threads = str(max(1, cores // workers))
+        envs = [dict(NUMBA_NUM_THREADS=threads, OMP_NUM_THREADS=threads,
+                     OPENBLAS_NUM_THREADS=threads, MKL_NUM_THREADS=threads)] * workers
+    specs = {f"trainer-{i}": dict(cls=Nanny, options=dict(
+        nthreads=1, env=env, memory_limit=0, dashboard=False, silence_logs=logging.ERROR))
+             for i, env in enumerate(envs)}
+    scheduler = dict(cls=Scheduler, options=dict(dashboard=False,
+                                                           dashboard_address=":0"))
+    return SpecCluster(workers=specs, scheduler=scheduler, silence_logs=logging.ERROR)
+
+
+class LeaveInterruptsToTheDriver(WorkerPlugin):
+    """Ctrl-C in a terminal reaches a local cluster's workers too (they share the driver's
+    process group): they ignore it, and the driver asks their trials to checkpoint and stop.
+    (A plugin, so that a worker the nanny restarts after a kill gets it too.)"""
+
+    def setup(self, worker):
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _free(trial, now):
+    """Whether a RUNNING trial has no live driver: released (driver ""), its driver's process
+    gone (this host), or not renewed for STALE_SECONDS. (A trial just claimed has no driver yet:
+    its claimer writes it next.)"""
+    owner = trial.user_attrs.get("driver")
+    if owner == "":
+        return True
+    if owner is not None:
+        host, _, rest = owner.partition(":")
+        pid = rest.partition(":")[0]
+        if host == socket.gethostname() and pid.isdigit() and not pid_alive(int(pid)):
+            return True
+    since = trial.user_attrs.get("heartbeat", trial.datetime_start.timestamp()
+                                 if trial.datetime_start else now)
+    return now - since > STALE_SECONDS
+
+
+class Driver:
+    """Claims the study's trials and keeps the workers busy with them (see the module)."""
+
+    def __init__(self, folder, spec, store, study, client, task, echo):
+        self.folder, self.spec, self.store, self.study = folder, spec, store, study
+        self.client, self.task, self.echo = client, task, echo
+        self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.study_id = store.get_study_id_from_name(spec["study"])
+        self.stop_event = Event(f"nprnn-stop-{self.id}", client=client)
+        self.running = {}                  # future -> trial number
+        self.later = []                    # (time, number): busy elsewhere, tried again then
+        self.adopted = []
+        self.beat = 0.0
+        self.distributions = {n: Param.from_json(n, d).distribution()
+                              for n, d in spec["space"].items()}
+
+    def _set(self, number, key, value):
+        """A user attribute of a trial, unless it has finished meanwhile (its worker told)."""
+        tid = self.store.get_trial_id_from_study_id_trial_number(self.study_id, number)
+        try:
+            self.store.set_trial_user_attr(tid, key, value)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            pass
+
+    def _own(self, number):
+        self._set(number, "driver", self.id)
+        self._set(number, "heartbeat", time.time())
+
+    def _claim(self):
+        """The number of the next trial this driver runs, or None when there is none."""
+        now = time.time()
+        for i, (when, number) in enumerate(self.later):
+            if when <= now:
+                del self.later[i]
+                return number
+        if self.adopted:
+            return self.adopted.pop(0)
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+            tid = self.store.get_trial_id_from_study_id_trial_number(self.study_id, t.number)
+            if self.store.set_trial_state_values(tid, TrialState.RUNNING):
+                self._own(t.number)
+                return t.number
+        if self.spec["sampler"] != "grid":
+            counted = self.study.get_trials(deepcopy=False, states=(
+                TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING))
+            if len(counted) < self.spec["trials"]:
+                number = self.study.ask(self.distributions).number
+                self._own(number)
+                return number
+        return None
+
+    def take_over(self):
+        """Claim the RUNNING trials that no live driver holds; returns their numbers."""
+        now = time.time()
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            if _free(t, now):
+                self._own(t.number)
+                self.adopted.append(t.number)
+        return list(self.adopted)
+
+    def submit(self, number):
+        future = self.client.submit(run_trial, str(self.folder), number, self.id, self.task,
+                                    key=f"trial-{self.spec['study']}-{number}", pure=False)
+        self.running[future] = number
+
+    def heartbeat(self):
+        if time.time() - self.beat < HEARTBEAT_SECONDS:
+            return
+        self.beat = time.time()
+        for number in list(self.running.values()) + [n for _, n in self.later]:
+            self._set(number, "heartbeat", self.beat)
+
+    def release(self, numbers):
+        """Leave these trials, where unfinished, to the next `sweep run` (driver "")."""
+        for number in numbers:
+            self._set(number, "driver", "")
+
+    def loop(self, slots, stop, on_result):
+        """Run trials until none is left (or `stop()` is true); on_result(result) for each."""
+        while not stop():
+            while len(self.running) < slots:
+                number = self._claim()
+                if number is None:
+                    break
+                self.submit(number)
+            if not self.running and not self.later:
+                return True
+            if not self.running:
+                time.sleep(1.0)
+                continue
+            done = self._wait(1.0, any)
+            self.heartbeat()
+            for future in done:
+                number = self.running.pop(future)
+                on_result(self._result(future, number))
+        return False
+
+    def _wait(self, seconds, until):
+        """The futures in flight that are done, once `until` (any, all) of them are, or after
+        `seconds`. (Polled: distributed.wait would take the process's default client, which
+        another driver in this process may have closed.)"""
+        end = time.monotonic() + seconds
+        while True:
+            done = [f for f in self.running if f.done()]
+            if (not self.running or until(f.done() for f in self.running)
+                    or time.monotonic() >= end):
+                return done
+            time.sleep(0.05)
+
+    def _result(self, future, number):
+        try:
+            result = future.result()
+        except Exception as e:       # the trial raised, or its workers kept dying (KilledWorker)
+            message = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            self._set(number, "error", message)
+            self.study.tell(number, state=TrialState.FAIL, skip_if_finished=True)
+            return dict(number=number, state="fail", message=message)
+        if result["state"] == "busy":
+            self.later.append((time.time() + RETRY_SECONDS, number))
+        return result
+
+    def stop(self, wait_seconds):
+        """Ask the trials in flight to checkpoint and stop, wait for them up to wait_seconds,
+        and release every trial this driver holds."""
+        self.stop_event.set()
+        self._wait(wait_seconds, all)
+        self.release(list(self.running.values()) + [n for _, n in self.later] + self.adopted)
+
+
+def _point(params):
+    return " ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+                    for k, v in sorted(params.items()))
+
+
+def describe(result):
+    """A trial's line as the driver prints it."""
+    value = result.get("value")
+    point = f" ({_point(result['params'])})" if result.get("params") else ""
+    parts = [f"trial {result['number']}{point}: {result['state']}"]
+    if result.get("iteration") is not None:
+        parts.append(f"iteration {result['iteration']}")
+    if value is not None:
+        parts.append(f"best valid {value:.4f}")
+    if result.get("message"):
+        parts.append(result["message"])
+    return ", ".join(parts)
+
+
+def run(folder, fixed=None, space=None, sampler=None, trials=None, prune=False, seed=0,
+        storage=None, workers=None, scheduler=None, task=None, echo=print, stop=None,
+        progress=None):
+    """Run the sweep in `folder` (created from the definition given, or continued), until every
+    trial is recorded or `stop()` says to stop. `task`: an in-memory task shipped to the
+    workers instead of the named one (tests). `progress(done, total)` after each trial.
+    Returns dict(done, total, complete (bool), stopped (bool))."""
+    folder = Path(folder)
+    stop = stop or (lambda: False)
+    spec, store, study = open_sweep(folder, fixed, space, sampler, trials, prune, seed, storage,
+                                    task)
+    device = resolve_device(spec["fixed"]["device"])
+    if scheduler is not None:
+        try:
+            client = Client(scheduler, timeout=CONNECT_SECONDS, set_as_default=False)
+        except (OSError, TimeoutError) as e:
+            raise SweepError(f"cannot reach the Dask scheduler at {scheduler}: {e}") from None
+        cluster = None
+    else:
+        cluster = local_cluster(device, workers)
+        client = Client(cluster, set_as_default=False)
+        client.register_plugin(LeaveInterruptsToTheDriver(), name="nprnn-interrupts")
+    try:
+        slots = sum(client.nthreads().values()) or 1
+        echo(f"sweep {spec['study']} in {folder}: {spec['trials']} trials, {spec['sampler']} "
+             f"sampler{', pruned by successive halving' if spec['prune'] else ''}; "
+             f"{len(client.nthreads())} workers ({client.scheduler.address})")
+        driver = Driver(folder, spec, store, study, client, task, echo)
+        taken = driver.take_over()
+        if taken:
+            echo(f"taking over trials {', '.join(map(str, taken))}, left unfinished: they "
+                 f"resume from their checkpoints")
+
+        def counted():
+            return len(study.get_trials(deepcopy=False, states=(
+                TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)))
+
+        def on_result(result):
+            echo(describe(result))
+            if progress is not None:
+                progress(counted(), spec["trials"])
+
+        try:
+            finished = driver.loop(slots, stop, on_result)
+        except KeyboardInterrupt:
+            finished = False
+        if not finished:
+            echo("stopping: the trials in flight write a checkpoint and stop ...")
+            driver.stop(wait_seconds=120)
+        done = counted()
+        return dict(done=done, total=spec["trials"], complete=finished, stopped=not finished)
+    finally:
+        client.close()
+        if cluster is not None:
+            cluster.close()
+
+
+# ----------------------------------------------------------------------------------------------
+# The report
+# ----------------------------------------------------------------------------------------------
+
+def _reached(out):
+    """The last iteration a trial's metrics.jsonl records, or None."""
+    last = None
+    try:
+        with open(out / METRICS) as f:
+            for line in f:
+                try:
+                    last = json.loads(line).get("iteration", last)
+                except ValueError:
+                    continue
+    except FileNotFoundError:
+        pass
+    return last
+
+
+def trial_rows(folder):
+    """(spec, rows, waiting): a row per trial that has started, best validation accuracy first,
+    the chosen one (the best complete trial) marked; and how many trials wait. A row: number,
+    params, state, iteration, valid (best validation accuracy so far), test (of best.h5, for
+    complete trials), chosen, error."""
+    spec, _, study = open_sweep(folder)
+    rows, waiting = [], 0
+    for t in study.get_trials(deepcopy=False):
+        if t.state == TrialState.WAITING:
+            waiting += 1
+            continue
+        reported = list(t.intermediate_values.values())
+        valid = t.value if t.state == TrialState.COMPLETE else max(reported, default=None)
+        rows.append(dict(number=t.number, params=dict(t.params), state=t.state.name.lower(),
+                         iteration=_reached(trial_folder(folder, t.number)), valid=valid,
+                         test=t.user_attrs.get("test_accuracy"), chosen=False,
+                         error=t.user_attrs.get("error")))
+    complete = [r for r in rows if r["state"] == "complete" and r["valid"] is not None]
+    if complete:
+        max(complete, key=lambda r: (r["valid"], -r["number"]))["chosen"] = True
+    rows.sort(key=lambda r: (r["valid"] is None, -(r["valid"] or 0), r["number"]))
+    return spec, rows, waiting
+
+
+def _cell(v):
+    if v is None:
+        return "-"
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def report(folder, png=None, echo=print):
+    """Print the sweep's table (a row per trial) and the chosen trial; draw accuracy against
+    each hyperparameter into `png` (default: sweep.png in the folder). Returns the rows."""
+    folder = Path(folder)
+    spec, rows, waiting = trial_rows(folder)
+    names = sorted(spec["space"])
+    fixed = spec["fixed"]
+    echo(f"sweep {spec['study']}: {fixed['model']} on {fixed['task']}, {fixed['iterations']} "
+         f"iterations, chosen on {fixed['valid_size']} validation examples; {len(rows)} trials "
+         f"started, {waiting} waiting, of {spec['trials']}")
+    header = ["trial", *names, "state", "iteration", "best valid", "test"]
+    table = [[("*" if r["chosen"] else "") + str(r["number"]),
+              *(_cell(r["params"].get(n)) for n in names), r["state"], _cell(r["iteration"]),
+              "-" if r["valid"] is None else f"{r['valid']:.4f}",
+              "-" if r["test"] is None else f"{r['test']:.4f}"] for r in rows]
+    widths = [max(len(h), *(len(row[k]) for row in table)) if table else len(h)
+              for k, h in enumerate(header)]
+    echo("  ".join(h.rjust(w) for h, w in zip(header, widths)))
+    for row in table:
+        echo("  ".join(c.rjust(w) for c, w in zip(row, widths)))
+    chosen = next((r for r in rows if r["chosen"]), None)
+    if chosen is None:
+        echo("no trial is complete yet: nothing chosen")
+    else:
+        echo(f"chosen on validation: trial {chosen['number']} ({_point(chosen['params'])}), "
+             f"validation accuracy {chosen['valid']:.4f}; its test accuracy (best.h5) "
+             + ("-" if chosen["test"] is None else f"{chosen['test']:.4f}")
+             + f"; run folder {trial_folder(folder, chosen['number'])}")
+    failed = [r for r in rows if r["state"] == "fail"]
+    for r in failed:
+        echo(f"trial {r['number']} failed: {r['error'] or 'no message'}")
+    png = Path(png) if png is not None else folder / "sweep.png"
+    try:
+        plotting.plot_sweep(rows, names, png, title=f"{fixed['model']} on {fixed['task']}: "
+                            f"{len(rows)} trials of {spec['trials']}")
+        echo(f"wrote {png}")
+    except plotting.PlotUnavailable as e:
+        echo(str(e))
+    return rows

@@ -1,0 +1,357 @@
+"""`sweep`: a grid or sampled search as an Optuna study, trials trained on Dask workers
+(nprnn/sweep.py, cli.py's sweep commands). Local clusters of two workers on a toy task whose
+label is the sign of the first input (a vanilla RNN learns it in a few dozen steps at lr 0.1,
+not at all at lr 1e-6), and one end-to-end run of the CLI on fake MNIST."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("optuna", reason="the sweep extra is not installed (pip install -e "
+                                     "'.[sweep]')")
+pytest.importorskip("distributed", reason="the sweep extra is not installed (pip install -e "
+                                          "'.[sweep]')")
+
+from optuna.trial import TrialState                                   # noqa: E402
+
+import fake_data as fd                                                # noqa: E402
+from nprnn import sources, sweep                                      # noqa: E402
+from nprnn.checkpoint import load_checkpoint                          # noqa: E402
+from nprnn.datasets import ArrayTask, get_task                        # noqa: E402
+from nprnn.train import resolve_config                                # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+GOOD, BAD = 0.1, 1e-6                        # learning rates that learn the toy task, and not
+
+
+def toy_task(T=4, n=400):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((n, T, 2))
+    y = (x[:, 0, 0] > 0).astype(int)
+    return ArrayTask("toy", x[:300], y[:300], x[300:], y[300:], num_classes=2, valid_size=100)
+
+
+def toy_config(**kw):
+    return resolve_config(**dict(dict(model="rnn", task="toy", hidden=8, batch_size=20,
+                                      iterations=30, eval_every=10, log_every=10,
+                                      checkpoint_every=10, valid_size=100), **kw))
+
+
+def grid(*params):
+    return sweep.make_space(params=[sweep.parse_param(p) for p in params])
+
+
+def recorded(folder):
+    """{trial number: (state, params)} of the study in `folder`."""
+    spec, _, study = sweep.open_sweep(folder)
+    return {t.number: (t.state, t.params) for t in study.get_trials()}
+
+
+def lines(folder, number):
+    return (sweep.trial_folder(folder, number) / "train.log").read_text()
+
+
+# ----------------------------------------------------------------------------------------------
+# the space and bad input, before any trial
+# ----------------------------------------------------------------------------------------------
+
+def test_params_are_lists_or_ranges_of_the_options_kind():
+    assert sweep.parse_param("lr=0.1,0.2, 0.1") == sweep.Param("lr", values=(0.1, 0.2))
+    assert sweep.parse_param("optimizer=sgd,adagrad").values == ("sgd", "adagrad")
+    assert sweep.parse_param("hidden=8,16").values == (8, 16)
+    assert sweep.parse_param("sigma-w=0:16") == sweep.Param("sigma_w", low=0.0, high=16.0)
+    assert sweep.parse_param("lr=0.01:1:log").log
+    space = sweep.make_space("appendix-c", [sweep.parse_param("lr=0.5")])
+    assert space["lr"].values == (0.5,) and space["gamma"].values == (0.001, 0.01, 0.1, 1.0)
+    points = sweep.grid_points(sweep.make_space("appendix-c"), seed=0)
+    assert len(points) == 1008 and len({tuple(sorted(p.items())) for p in points}) == 1008
+    assert points != sweep.grid_points(sweep.make_space("appendix-c"), seed=1)
+
+
+@pytest.mark.parametrize("text, match", [
+    ("lr", "write NAME=v1,v2"),
+    ("iterations=10,20", "'iterations' cannot be searched; searchable: lr"),
+    ("lr=", "no values"),
+    ("lr=0.1,fast", "'fast' is not a number"),
+    ("hidden=8.5", "'8.5' is not an integer"),
+    ("lr=1:0.1", "the range is empty"),
+    ("lr=0:1:log", "a log range needs LOW > 0"),
+    ("optimizer=a:b", "a range is LOW:HIGH or LOW:HIGH:log, and only for the number options"),
+])
+def test_a_bad_param_is_named(text, match):
+    with pytest.raises(sweep.SweepError, match=match):
+        sweep.parse_param(text)
+
+
+@pytest.mark.parametrize("fixed, space, sampler, trials, match", [
+    (dict(model="lstm"), "eps=0.1,1", "grid", None,
+     "eps = 0.1 would be refused by every trial that runs it: model 'lstm' has no "
+     "hyperparameter 'eps'"),
+    ({}, "lr=0.1,-1", "grid", None, "lr = -1.0 would be refused .* lr must be a finite number > 0"),
+    ({}, "lr=0.1:1", "grid", None, "the grid sampler needs lists of values; lr is a range"),
+    ({}, "lr=0.1:1", "tpe", None, "--sampler tpe needs --trials"),
+    (dict(valid_size=0), "lr=0.1", "grid", None, "--valid-size must be > 0"),
+    ({}, "momentum=0.5,0.9", "grid", None, None),
+])
+def test_a_space_that_runs_would_refuse_is_refused_before_any_trial(tmp_path, fixed, space,
+                                                                    sampler, trials, match):
+    params = [sweep.parse_param(space)]
+    if match is None:                    # momentum with adagrad in the space: refused
+        params.append(sweep.parse_param("optimizer=sgd,adagrad"))
+        match = "momentum is SGD's alone"
+    with pytest.raises(sweep.SweepError, match=match):
+        sweep.open_sweep(tmp_path / "s", toy_config(**fixed), sweep.make_space(params=params),
+                         sampler, trials, task=toy_task())
+    assert not (tmp_path / "s").exists()
+
+
+def test_a_folder_holding_another_study_or_none_is_refused(tmp_path):
+    folder, task = tmp_path / "s", toy_task()
+    sweep.open_sweep(folder, toy_config(), grid("lr=0.1,0.2"), "grid", task=task)
+    with pytest.raises(sweep.SweepError, match=r"holds another study \(lr: 0.1,0.2 there, "
+                                               r"0.1,0.3 given\): continue it with `sweep run "
+                                               r"--out .*` alone"):
+        sweep.open_sweep(folder, toy_config(), grid("lr=0.1,0.3"), "grid", task=task)
+    spec, _, study = sweep.open_sweep(folder, toy_config(), grid("lr=0.1,0.2"), "grid",
+                                      task=task)              # the same definition: continued
+    assert len(study.get_trials(states=(TrialState.WAITING,))) == 2
+    with pytest.raises(sweep.SweepError, match="is not a sweep folder: it has no sweep.json"):
+        sweep.open_sweep(tmp_path)
+
+
+def test_a_storage_or_scheduler_that_cannot_be_reached_is_named(tmp_path, monkeypatch):
+    monkeypatch.setattr(sweep, "CONNECT_SECONDS", 1)
+    with pytest.raises(sweep.SweepError, match="cannot open the study storage "
+                                               "sqlite:////no/such/folder/x.db"):
+        sweep.open_sweep(tmp_path / "s", toy_config(), grid("lr=0.1"), "grid",
+                         storage="sqlite:////no/such/folder/x.db", task=toy_task())
+    with pytest.raises(sweep.SweepError, match="cannot reach the Dask scheduler at "
+                                               "tcp://127.0.0.1:9"):
+        sweep.run(tmp_path / "t", toy_config(), grid("lr=0.1"), "grid",
+                  scheduler="tcp://127.0.0.1:9", task=toy_task())
+
+
+# ----------------------------------------------------------------------------------------------
+# sweeps on local clusters
+# ----------------------------------------------------------------------------------------------
+
+def test_a_grid_on_two_workers_records_every_point_once_and_reports_it(tmp_path, capsys):
+    folder = tmp_path / "s"
+    said = []
+    result = sweep.run(folder, toy_config(), grid(f"lr={GOOD},{BAD}", "hidden=4,8"), "grid",
+                       workers=2, task=toy_task(), echo=said.append)
+    assert result == dict(done=4, total=4, complete=True, stopped=False)
+    trials = recorded(folder)
+    assert len(trials) == 4 and all(state == TrialState.COMPLETE for state, _ in trials.values())
+    assert {tuple(sorted(p.items())) for _, p in trials.values()} == {
+        (("hidden", h), ("lr", lr)) for h in (4, 8) for lr in (GOOD, BAD)}
+    assert sum("complete, iteration 30, best valid" in line for line in said) == 4
+    for number, (_, params) in trials.items():         # each an ordinary run folder
+        run = sweep.trial_folder(folder, number)
+        config = json.loads((run / "config.json").read_text())
+        assert config["lr"] == params["lr"] and config["hidden"] == params["hidden"]
+        assert load_checkpoint(run / "best.h5")["progress"]["iteration"] in (10, 20, 30)
+
+    said.clear()
+    rows = sweep.report(folder, echo=said.append)
+    table = said[1:]
+    assert table[0].split() == ["trial", "hidden", "lr", "state", "iteration", "best", "valid",
+                                "test"]
+    assert len(rows) == 4 and sum(r["chosen"] for r in rows) == 1
+    chosen = next(r for r in rows if r["chosen"])
+    assert chosen["params"]["lr"] == GOOD and chosen["valid"] > 0.8
+    assert chosen["test"] is not None and table[1].lstrip().startswith("*")
+    assert any(s.startswith(f"chosen on validation: trial {chosen['number']}") for s in said)
+    png = folder / "sweep.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_pruning_stops_a_trial_that_trails_at_the_first_evaluation(tmp_path):
+    """Successive halving, one worker: the good learning rate runs first (the grid's order for
+    sampler seed 0 is checked), so the bad one is below it at the first rung and is stopped
+    there, with its checkpoint; the study records it as pruned."""
+    space = grid(f"lr={GOOD},{BAD}")
+    order = [p["lr"] for p in sweep.grid_points(space, seed=0)]
+    assert order == [GOOD, BAD]
+    folder = tmp_path / "s"
+    said = []
+    sweep.run(folder, toy_config(iterations=40), space, "grid", prune=True, workers=1,
+              task=toy_task(), echo=said.append)
+    trials = recorded(folder)
+    assert [(s, p["lr"]) for s, p in trials.values()] == [(TrialState.COMPLETE, GOOD),
+                                                           (TrialState.PRUNED, BAD)]
+    assert "stopped by the sweep's pruner at iteration 10" in lines(folder, 1)
+    assert any(line.startswith(f"trial 1 (lr={BAD:g}): pruned, iteration 10") for line in said)
+
+
+def _wait_for(condition, timeout=120, what="the condition"):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if condition():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _saved_iteration(run):
+    try:
+        return load_checkpoint(run / "checkpoint.h5")["progress"]["iteration"]
+    except Exception:
+        return 0
+
+
+def test_a_worker_killed_mid_trial_is_resumed_and_recorded_once(tmp_path):
+    """kill -9 of the worker training a trial: Dask runs the trial again on a worker (the
+    nanny's new one, or the other), which resumes it from its checkpoint."""
+    from distributed import Client
+    folder, task = tmp_path / "s", toy_task(T=30)
+    cluster = sweep.local_cluster("cpu", workers=2)
+    client = Client(cluster)
+    try:
+        result = {}
+        driver = threading.Thread(target=lambda: result.update(sweep.run(
+            folder, toy_config(iterations=3000, hidden=32, checkpoint_every=50, eval_every=1000),
+            grid(f"lr={GOOD},0.05"), "grid", scheduler=cluster.scheduler_address, task=task,
+            echo=lambda s: None)))
+        driver.start()
+        run = sweep.trial_folder(folder, 0)
+        _wait_for(lambda: _saved_iteration(run) >= 100, what="trial 0's checkpoint")
+        processing = client.processing()
+        worker = next(w for w, keys in processing.items() if any(k.endswith("-0") for k in keys))
+        pid = client.run(os.getpid, workers=[worker])[worker]
+        os.kill(pid, signal.SIGKILL)
+        driver.join(timeout=240)
+        assert not driver.is_alive() and result["complete"]
+    finally:
+        client.close()
+        cluster.close()
+    trials = recorded(folder)
+    assert len(trials) == 2 and all(s == TrialState.COMPLETE for s, _ in trials.values())
+    log = lines(folder, 0)
+    assert "resuming rnn on toy" in log and "final test accuracy after 3000 iterations" in log
+
+
+def test_a_stopped_sweep_continues_where_it_stopped(tmp_path):
+    """A driver asked to stop once trial 0 has a checkpoint: the trials in flight checkpoint
+    and stop, and are released; `run` again (with the folder alone: the study as recorded)
+    takes them over, resumes them, runs the rest, and every point is recorded once."""
+    folder, task = tmp_path / "s", toy_task(T=30)
+    config = toy_config(iterations=5000, hidden=32, checkpoint_every=50, eval_every=1000)
+    first = sweep.run(folder, config, grid(f"lr={GOOD},0.05,0.02"), "grid", workers=2,
+                      task=task, echo=lambda s: None,
+                      stop=lambda: _saved_iteration(sweep.trial_folder(folder, 0)) >= 50)
+    assert first["stopped"] and not first["complete"]
+    running = [n for n, (s, _) in recorded(folder).items() if s == TrialState.RUNNING]
+    assert 0 in running
+    said = []
+    second = sweep.run(folder, workers=2, task=task, echo=said.append)
+    assert second == dict(done=3, total=3, complete=True, stopped=False)
+    trials = recorded(folder)
+    assert len(trials) == 3 and all(s == TrialState.COMPLETE for s, _ in trials.values())
+    assert said[1] == (f"taking over trials {', '.join(map(str, running))}, left unfinished: "
+                       f"they resume from their checkpoints")
+    for n in running:
+        assert "stopped by the sweep's stop" in lines(folder, n)
+        assert "resuming rnn on toy" in lines(folder, n)
+
+
+def test_two_drivers_on_one_study_split_the_points(tmp_path):
+    """Two drivers on one sweep folder (as on two machines sharing it), one cluster: each point
+    runs once."""
+    from distributed import Client
+    folder, task = tmp_path / "s", toy_task()
+    sweep.open_sweep(folder, toy_config(), grid("lr=0.1,0.2,0.3,0.05", "hidden=4,8"), "grid",
+                     task=task)
+    cluster = sweep.local_cluster("cpu", workers=2)
+    client = Client(cluster)
+    ran = [[], []]
+    try:
+        drivers = [threading.Thread(target=sweep.run, args=(folder,), kwargs=dict(
+            scheduler=cluster.scheduler_address, task=task, echo=ran[k].append))
+            for k in range(2)]
+        for d in drivers:
+            d.start()
+        for d in drivers:
+            d.join(timeout=240)
+    finally:
+        client.close()
+        cluster.close()
+    trials = recorded(folder)
+    assert len(trials) == 8 and all(s == TrialState.COMPLETE for s, _ in trials.values())
+    numbers = [line.split()[1] for said in ran for line in said if "complete" in line]
+    assert sorted(numbers, key=int) == [str(n) for n in range(8)]      # each run by one
+
+
+# ----------------------------------------------------------------------------------------------
+# the command line
+# ----------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def fake_mnist_dir(tmp_path, monkeypatch):
+    """A data folder whose mnist-noise cache was built from fake MNIST (300 + 60 digits): the
+    CLI's processes find the cache and need no raw files."""
+    arrays = fd.fake_mnist_arrays(n_train=300, n_test=60)
+    fd.write_fake_mnist(tmp_path / "data" / "mnist", arrays)
+    monkeypatch.setitem(sources.SOURCES, "mnist",
+                        fd.fake_idx_source(tmp_path / "data", arrays=arrays))
+    with get_task("mnist-noise", data_dir=tmp_path / "data", T=28, progress=False):
+        pass
+    return tmp_path / "data"
+
+
+def _cli(*args, **kw):
+    return subprocess.run([sys.executable, "cli.py", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, **kw)
+
+
+SWEEP_ARGS = ("--model", "rnn", "--task", "mnist-noise", "--T", "28", "--hidden", "16",
+              "--batch-size", "20", "--valid-size", "50", "--workers", "2")
+
+
+def test_the_cli_runs_is_interrupted_continues_and_reports(tmp_path, fake_mnist_dir):
+    """`sweep run` stopped by Ctrl-C (SIGINT to its process group, as a terminal sends it: the
+    workers leave it to the driver) exits 130 with its trials checkpointed; run again with
+    --out alone it continues; `sweep report` prints the table and draws the PNG."""
+    out = tmp_path / "sweeps" / "toy"
+    proc = subprocess.Popen([sys.executable, "cli.py", "sweep", "run", "--out", str(out),
+                             "--data-dir", str(fake_mnist_dir), *SWEEP_ARGS,
+                             "--iterations", "1500", "--eval-every", "500",
+                             "--checkpoint-every", "50", "--param", "lr=0.1,0.05"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        _wait_for(lambda: _saved_iteration(out / "trials" / "0000") >= 50 or proc.poll()
+                  is not None, what="a checkpoint of trial 0")
+        os.killpg(proc.pid, signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, stdout + stderr
+    assert "stopping: the trials in flight write a checkpoint and stop" in stdout
+    assert f"continue with: python cli.py sweep run --out {out}" in stdout
+    assert "Traceback" not in stderr, stderr
+
+    r = _cli("sweep", "run", "--out", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "taking over trials 0" in r.stdout and "all 2 trials recorded" in r.stdout
+    assert "resuming rnn on mnist-noise" in (out / "trials" / "0000" / "train.log").read_text()
+
+    r = _cli("sweep", "report", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "rnn on mnist-noise, 1500 iterations, chosen on 50 validation examples" in r.stdout
+    assert sum(line.split()[2:3] == ["complete"] for line in r.stdout.splitlines()) == 2
+    assert "chosen on validation: trial" in r.stdout and (out / "sweep.png").is_file()
+
+    r = _cli("sweep", "run", "--out", str(out), *SWEEP_ARGS, "--param", "lr=0.3")
+    assert r.returncode == 1 and "holds another study" in r.stderr
+    assert r.stderr.count("\n") == 1                                  # one line
+    r = _cli("sweep", "run", "--out", str(tmp_path / "x"), "--lr", "0.1", "--param", "lr=0.2")
+    assert r.returncode == 1 and "--lr is both searched and held fixed" in r.stderr
