@@ -55,7 +55,7 @@ from optuna.trial import TrialState
 
 from . import datasets, plotting
 from .checkpoint import FILENAME, load_checkpoint
-from .device import resolve_device
+from .device import DeviceUnavailable, resolve_device
 from .files import pid_alive, written_atomically
 from .model import make_model
 from .train import (BEST, METRICS, OPTIONS, RunInUse, TrainError, TrainingDiverged,
@@ -701,6 +701,13 @@ def describe(result):
     return ", ".join(parts)
 
 
+def _device(fixed):
+    try:
+        return resolve_device(fixed["device"])
+    except DeviceUnavailable as e:
+        raise SweepError(str(e)) from None
+
+
 def run(folder, fixed=None, space=None, sampler=None, trials=None, prune=False, seed=0,
         storage=None, workers=None, scheduler=None, task=None, echo=print, stop=None,
         progress=None):
@@ -710,9 +717,11 @@ def run(folder, fixed=None, space=None, sampler=None, trials=None, prune=False, 
     Returns dict(done, total, complete (bool), stopped (bool))."""
     folder = Path(folder)
     stop = stop or (lambda: False)
+    if fixed is not None:                # no GPU for --device cuda: said before any work
+        _device(fixed)
     spec, store, study = open_sweep(folder, fixed, space, sampler, trials, prune, seed, storage,
                                     task)
-    device = resolve_device(spec["fixed"]["device"])
+    device = _device(spec["fixed"])
     if scheduler is not None:
         try:
             client = Client(scheduler, timeout=CONNECT_SECONDS, set_as_default=False)

@@ -25,6 +25,7 @@ import fake_data as fd                                                # noqa: E4
 from nprnn import sources, sweep                                      # noqa: E402
 from nprnn.checkpoint import load_checkpoint                          # noqa: E402
 from nprnn.datasets import ArrayTask, get_task                        # noqa: E402
+from nprnn.device import cuda_available                               # noqa: E402
 from nprnn.train import resolve_config                                # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -136,6 +137,11 @@ def test_a_storage_or_scheduler_that_cannot_be_reached_is_named(tmp_path, monkey
                                                "tcp://127.0.0.1:9"):
         sweep.run(tmp_path / "t", toy_config(), grid("lr=0.1"), "grid",
                   scheduler="tcp://127.0.0.1:9", task=toy_task())
+    if not cuda_available()[0]:
+        with pytest.raises(sweep.SweepError, match="device 'cuda' was requested but no GPU"):
+            sweep.run(tmp_path / "u", toy_config(device="cuda"), grid("lr=0.1"), "grid",
+                      task=toy_task())
+        assert not (tmp_path / "u").exists()
 
 
 # ----------------------------------------------------------------------------------------------
