@@ -179,6 +179,24 @@ def test_a_grid_on_two_workers_records_every_point_once_and_reports_it(tmp_path,
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.parametrize("sampler", ["random", "tpe"])
+def test_sampled_points_of_a_range_run_as_many_trials_as_asked(tmp_path, sampler):
+    folder = tmp_path / "s"
+    result = sweep.run(folder, toy_config(iterations=10), grid("lr=0.01:0.5:log", "hidden=4,8"),
+                       sampler, trials=3, workers=1, task=toy_task(), echo=lambda s: None)
+    assert result == dict(done=3, total=3, complete=True, stopped=False)
+    trials = recorded(folder)
+    assert len(trials) == 3 and all(s == TrialState.COMPLETE for s, _ in trials.values())
+    lrs = [p["lr"] for _, p in trials.values()]
+    assert all(0.01 <= lr <= 0.5 for lr in lrs) and len(set(lrs)) == 3
+    assert all(p["hidden"] in (4, 8) for _, p in trials.values())
+    rows = sweep.report(folder, echo=lambda s: None)
+    assert sorted(r["params"]["lr"] for r in rows) == sorted(lrs)
+    assert (folder / "sweep.png").is_file()
+    again = sweep.run(folder, workers=1, task=toy_task(), echo=lambda s: None)
+    assert again["done"] == 3 and len(recorded(folder)) == 3      # nothing more to run
+
+
 def test_pruning_stops_a_trial_that_trails_at_the_first_evaluation(tmp_path):
     """Successive halving, one worker: the good learning rate runs first (the grid's order for
     sampler seed 0 is checked), so the bad one is below it at the first rung and is stopped
