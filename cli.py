@@ -1071,6 +1071,11 @@ def sweep_run(out, space, params, sampler, trials, prune, sampler_seed, workers,
         click.echo(f"stopped with {result['done']} of {result['total']} trials recorded; "
                    f"continue with: python cli.py sweep run --out {out}")
         ctx.exit(130)
+    if not result["complete"]:
+        click.echo(f"{result['done']} of {result['total']} trials recorded; the others are held "
+                   f"by another `sweep run` (taken over once it has not answered for 10 "
+                   f"minutes): run `python cli.py sweep run --out {out}` again later")
+        return
     click.echo(f"all {result['total']} trials recorded; the table: python cli.py sweep report "
                f"{out}")
 

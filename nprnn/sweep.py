@@ -42,11 +42,14 @@ import socket
 import threading
 import time
 import uuid
+from concurrent.futures import CancelledError
 from dataclasses import dataclass
 from pathlib import Path
 
+import numba
 import numpy as np
 import optuna
+from numba import cuda
 from distributed import (Client, Event, Nanny, Scheduler, SpecCluster, TimeoutError,
                          WorkerPlugin)
 from optuna.storages import JournalStorage
@@ -56,10 +59,11 @@ from optuna.trial import TrialState
 from . import datasets, plotting
 from .checkpoint import FILENAME, load_checkpoint
 from .device import DeviceUnavailable, resolve_device
-from .files import pid_alive, written_atomically
+from .files import pid_alive, temporary_name, written_atomically
 from .model import make_model
-from .train import (BEST, METRICS, OPTIONS, RunInUse, TrainError, TrainingDiverged,
-                    check_options_used, evaluate_checkpoint, resolve_config, train)
+from .train import (BEST, CONFIG, METRICS, OPTIONS, RunInUse, RunLock, TrainError,
+                    TrainingDiverged, check_options_used, evaluate_checkpoint, resolve_config,
+                    train)
 
 # Appendix C of Chang et al. (2019): the grid searched for the Euler cells
 SPACES = {
@@ -252,16 +256,18 @@ def read_sweep(folder):
 
 
 def _write_new(path, obj):
-    """Write JSON to `path` only if no file is there (atomically; False if one was)."""
-    with written_atomically(path.with_name(path.name + ".new")) as tmp:
+    """Write JSON to `path` only if no file is there (atomically; False if one was): written
+    under a name of this process's own, then linked, which fails where `path` exists."""
+    mine = temporary_name(path, "new")
+    with written_atomically(mine) as tmp:
         Path(tmp).write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
     try:
-        os.link(path.with_name(path.name + ".new"), path)
+        os.link(mine, path)
         return True
     except FileExistsError:
         return False
     finally:
-        os.unlink(path.with_name(path.name + ".new"))
+        os.unlink(mine)
 
 
 def _shown(value):
@@ -406,10 +412,26 @@ def _valid_records(metrics):
     return out
 
 
-def run_trial(folder, number, driver, task=None):
+def _clear_unstarted(out):
+    """What a trial killed before its first checkpoint (while its kernels compiled, say) left:
+    config.json and metrics.jsonl without checkpoint.h5, which `train` would refuse as another
+    run's. Removed under the folder's lock (RunInUse if a process trains there)."""
+    if not out.is_dir():
+        return
+    with RunLock(out):
+        if not (out / FILENAME).exists():
+            for name in (CONFIG, METRICS):
+                (out / name).unlink(missing_ok=True)
+
+
+def run_trial(folder, number, driver, task=None, threads=None):
     """Train trial `number` of the sweep in `folder` (a fresh run, or its checkpoint resumed),
     report each validation accuracy to the study, and record the result there. Called on a
-    Dask worker. Returns dict(number, state, value, iteration, test_accuracy, message)."""
+    Dask worker; `threads`: numba threads for it (a local cluster's share of the cores; numba
+    counts them per calling thread, and this is the worker's task thread). Returns
+    dict(number, params, state, value, iteration, test_accuracy, message)."""
+    if threads is not None:
+        numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
     folder = Path(folder)
     spec = read_sweep(folder)
     store = open_storage(folder, spec["storage"])
@@ -430,6 +452,11 @@ def run_trial(folder, number, driver, task=None):
     result["params"] = params
     out = trial_folder(folder, number)
     resume = (out / FILENAME).is_file()
+    if not resume:
+        try:
+            _clear_unstarted(out)
+        except RunInUse as e:
+            return dict(result, state="busy", message=str(e))
     config = dict(spec["fixed"], **params, keep_best=True)
     stop_event = Event(f"nprnn-stop-{driver}")
     pruned, last_look = [], [0.0]
@@ -469,8 +496,8 @@ def run_trial(folder, number, driver, task=None):
                             task=task, echo=echo, progress=False, should_stop=should_stop,
                             on_evaluation=on_evaluation)
         except TrainingDiverged as e:
+            store.set_trial_user_attr(trial_id, "error", str(e))    # while it can take one
             study.tell(number, state=TrialState.FAIL, skip_if_finished=True)
-            store.set_trial_user_attr(trial_id, "error", str(e))
             return dict(result, state="fail", message=str(e))
         except RunInUse as e:
             return dict(result, state="busy", message=str(e))
@@ -504,26 +531,26 @@ def _test_of_best(out, valid, summary, task, device):
 # ----------------------------------------------------------------------------------------------
 
 def local_cluster(device, workers=None):
-    """A Dask cluster on this machine: one worker per GPU for cuda (each seeing its own), or
-    `workers` on the CPU (default: one per two cores) sharing the cores, each with
-    NUMBA_NUM_THREADS (and the BLAS threads) its share."""
+    """(a Dask cluster on this machine, numba threads per trial): one worker per GPU for cuda
+    (each seeing its own; threads None), or `workers` on the CPU (default: one per two cores)
+    sharing the cores, each trial with its share (run_trial sets it; the environment says it
+    to what the trial starts)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    threads = None
     if device == "cuda":
-        from numba import cuda
         gpus = len(cuda.gpus)
         workers = workers or gpus
         envs = [dict(CUDA_VISIBLE_DEVICES=str(i % gpus)) for i in range(workers)]
     else:
         workers = workers or max(1, cores // 2)
-        threads = str(max(1, cores // workers))
-        envs = [dict(NUMBA_NUM_THREADS=threads, OMP_NUM_THREADS=threads,
-                     OPENBLAS_NUM_THREADS=threads, MKL_NUM_THREADS=threads)] * workers
+        threads = max(1, cores // workers)
+        envs = [dict(NUMBA_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads),
+                     OPENBLAS_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))] * workers
     specs = {f"trainer-{i}": dict(cls=Nanny, options=dict(
         nthreads=1, env=env, memory_limit=0, dashboard=False, silence_logs=logging.ERROR))
              for i, env in enumerate(envs)}
-    scheduler = dict(cls=Scheduler, options=dict(dashboard=False,
-                                                           dashboard_address=":0"))
-    return SpecCluster(workers=specs, scheduler=scheduler, silence_logs=logging.ERROR)
+    scheduler = dict(cls=Scheduler, options=dict(dashboard=False, dashboard_address=":0"))
+    return SpecCluster(workers=specs, scheduler=scheduler, silence_logs=logging.ERROR), threads
 
 
 class LeaveInterruptsToTheDriver(WorkerPlugin):
@@ -556,18 +583,22 @@ def _free(trial, now):
 class Driver:
     """Claims the study's trials and keeps the workers busy with them (see the module)."""
 
-    def __init__(self, folder, spec, store, study, client, task, echo):
+    def __init__(self, folder, spec, store, study, client, task, threads):
         self.folder, self.spec, self.store, self.study = folder, spec, store, study
-        self.client, self.task, self.echo = client, task, echo
+        self.client, self.task, self.threads = client, task, threads
         self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.study_id = store.get_study_id_from_name(spec["study"])
         self.stop_event = Event(f"nprnn-stop-{self.id}", client=client)
         self.running = {}                  # future -> trial number
         self.later = []                    # (time, number): busy elsewhere, tried again then
-        self.adopted = []
-        self.beat = 0.0
+        self.adopted = []                  # taken over, not yet submitted
+        self.beat = self.looked = 0.0
         self.distributions = {n: Param.from_json(n, d).distribution()
                               for n, d in spec["space"].items()}
+
+    def held(self):
+        """The numbers of the trials this driver holds, in flight or not."""
+        return list(self.running.values()) + [n for _, n in self.later] + self.adopted
 
     def _set(self, number, key, value):
         """A user attribute of a trial, unless it has finished meanwhile (its worker told)."""
@@ -592,7 +623,11 @@ class Driver:
             return self.adopted.pop(0)
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
             tid = self.store.get_trial_id_from_study_id_trial_number(self.study_id, t.number)
-            if self.store.set_trial_state_values(tid, TrialState.RUNNING):
+            try:
+                claimed = self.store.set_trial_state_values(tid, TrialState.RUNNING)
+            except optuna.exceptions.UpdateFinishedTrialError:
+                claimed = False                  # another driver claimed and finished it
+            if claimed:
                 self._own(t.number)
                 return t.number
         if self.spec["sampler"] != "grid":
@@ -606,33 +641,46 @@ class Driver:
 
     def take_over(self):
         """Claim the RUNNING trials that no live driver holds; returns their numbers."""
-        now = time.time()
+        now, taken = time.time(), []
+        held = set(self.held())
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            if _free(t, now):
+            if t.number not in held and _free(t, now):
                 self._own(t.number)
-                self.adopted.append(t.number)
-        return list(self.adopted)
+                taken.append(t.number)
+        self.adopted += taken
+        return taken
 
     def submit(self, number):
+        # a key of its own per submission: Dask hands back the old future for a key it still
+        # holds, whose result would be read again
+        key = f"trial-{self.spec['study']}-{number}-{uuid.uuid4().hex[:8]}"
         future = self.client.submit(run_trial, str(self.folder), number, self.id, self.task,
-                                    key=f"trial-{self.spec['study']}-{number}", pure=False)
+                                    self.threads, key=key, pure=False)
         self.running[future] = number
 
-    def heartbeat(self):
+    def tend(self):
+        """Every HEARTBEAT_SECONDS: renew the held trials' heartbeat, and take over trials that
+        have lost their driver since."""
         if time.time() - self.beat < HEARTBEAT_SECONDS:
-            return
+            return []
         self.beat = time.time()
-        for number in list(self.running.values()) + [n for _, n in self.later]:
+        for number in self.held():
             self._set(number, "heartbeat", self.beat)
+        return self.take_over()
 
     def release(self, numbers):
         """Leave these trials, where unfinished, to the next `sweep run` (driver "")."""
         for number in numbers:
             self._set(number, "driver", "")
 
-    def loop(self, slots, stop, on_result):
-        """Run trials until none is left (or `stop()` is true); on_result(result) for each."""
+    def loop(self, slots, stop, on_result, echo):
+        """Run trials until this driver finds none to run (or `stop()` is true); on_result(result)
+        for each that ends."""
         while not stop():
+            taken = self.tend()
+            if taken:
+                echo(f"taking over trials {', '.join(map(str, taken))}, left unfinished: they "
+                     f"resume from their checkpoints")
             while len(self.running) < slots:
                 number = self._claim()
                 if number is None:
@@ -643,11 +691,8 @@ class Driver:
             if not self.running:
                 time.sleep(1.0)
                 continue
-            done = self._wait(1.0, any)
-            self.heartbeat()
-            for future in done:
-                number = self.running.pop(future)
-                on_result(self._result(future, number))
+            for future in self._wait(1.0, any):
+                on_result(self._result(future, self.running.pop(future)))
         return False
 
     def _wait(self, seconds, until):
@@ -663,15 +708,19 @@ class Driver:
             time.sleep(0.05)
 
     def _result(self, future, number):
+        """A finished future's result; a trial that could not run now is tried again later."""
         try:
             result = future.result()
+        except CancelledError:       # its task was cancelled (a restarted scheduler): again
+            self.later.append((time.time() + RETRY_SECONDS, number))
+            return dict(number=number, state="cancelled", message="tried again later")
         except Exception as e:       # the trial raised, or its workers kept dying (KilledWorker)
             message = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             self._set(number, "error", message)
             self.study.tell(number, state=TrialState.FAIL, skip_if_finished=True)
             return dict(number=number, state="fail", message=message)
-        if result["state"] == "busy":
-            self.later.append((time.time() + RETRY_SECONDS, number))
+        if result["state"] in ("busy", "stopped"):   # held elsewhere; or stopped by another
+            self.later.append((time.time() + RETRY_SECONDS, number))   # driver's stop
         return result
 
     def stop(self, wait_seconds):
@@ -679,7 +728,7 @@ class Driver:
         and release every trial this driver holds."""
         self.stop_event.set()
         self._wait(wait_seconds, all)
-        self.release(list(self.running.values()) + [n for _, n in self.later] + self.adopted)
+        self.release(self.held())
 
 
 def _point(params):
@@ -722,6 +771,7 @@ def run(folder, fixed=None, space=None, sampler=None, trials=None, prune=False, 
     spec, store, study = open_sweep(folder, fixed, space, sampler, trials, prune, seed, storage,
                                     task)
     device = _device(spec["fixed"])
+    threads = None                       # another cluster's workers: as they were started
     if scheduler is not None:
         try:
             client = Client(scheduler, timeout=CONNECT_SECONDS, set_as_default=False)
@@ -729,7 +779,7 @@ def run(folder, fixed=None, space=None, sampler=None, trials=None, prune=False, 
             raise SweepError(f"cannot reach the Dask scheduler at {scheduler}: {e}") from None
         cluster = None
     else:
-        cluster = local_cluster(device, workers)
+        cluster, threads = local_cluster(device, workers)
         client = Client(cluster, set_as_default=False)
         client.register_plugin(LeaveInterruptsToTheDriver(), name="nprnn-interrupts")
     try:
@@ -737,11 +787,8 @@ def run(folder, fixed=None, space=None, sampler=None, trials=None, prune=False, 
         echo(f"sweep {spec['study']} in {folder}: {spec['trials']} trials, {spec['sampler']} "
              f"sampler{', pruned by successive halving' if spec['prune'] else ''}; "
              f"{len(client.nthreads())} workers ({client.scheduler.address})")
-        driver = Driver(folder, spec, store, study, client, task, echo)
-        taken = driver.take_over()
-        if taken:
-            echo(f"taking over trials {', '.join(map(str, taken))}, left unfinished: they "
-                 f"resume from their checkpoints")
+        driver = Driver(folder, spec, store, study, client, task,
+                        threads)
 
         def counted():
             return len(study.get_trials(deepcopy=False, states=(
@@ -753,14 +800,15 @@ def run(folder, fixed=None, space=None, sampler=None, trials=None, prune=False, 
                 progress(counted(), spec["trials"])
 
         try:
-            finished = driver.loop(slots, stop, on_result)
+            finished = driver.loop(slots, stop, on_result, echo)
         except KeyboardInterrupt:
             finished = False
         if not finished:
             echo("stopping: the trials in flight write a checkpoint and stop ...")
             driver.stop(wait_seconds=120)
         done = counted()
-        return dict(done=done, total=spec["trials"], complete=finished, stopped=not finished)
+        return dict(done=done, total=spec["trials"], complete=done >= spec["trials"],
+                    stopped=not finished)
     finally:
         client.close()
         if cluster is not None:

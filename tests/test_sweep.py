@@ -4,6 +4,7 @@ label is the sign of the first input (a vanilla RNN learns it in a few dozen ste
 not at all at lr 1e-6), and one end-to-end run of the CLI on fake MNIST."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -26,7 +27,7 @@ from nprnn import sources, sweep                                      # noqa: E4
 from nprnn.checkpoint import load_checkpoint                          # noqa: E402
 from nprnn.datasets import ArrayTask, get_task                        # noqa: E402
 from nprnn.device import cuda_available                               # noqa: E402
-from nprnn.train import resolve_config                                # noqa: E402
+from nprnn.train import RunLock, resolve_config                       # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 GOOD, BAD = 0.1, 1e-6                        # learning rates that learn the toy task, and not
@@ -215,6 +216,37 @@ def test_pruning_stops_a_trial_that_trails_at_the_first_evaluation(tmp_path):
     assert any(line.startswith(f"trial 1 (lr={BAD:g}): pruned, iteration 10") for line in said)
 
 
+def test_a_trial_folder_left_without_a_checkpoint_starts_afresh(tmp_path):
+    """A trial killed while its kernels compiled left config.json and metrics.jsonl but no
+    checkpoint: its rerun starts the run afresh (train would refuse the folder)."""
+    folder, task = tmp_path / "s", toy_task()
+    sweep.open_sweep(folder, toy_config(), grid(f"lr={GOOD}"), "grid", task=task)
+    run = sweep.trial_folder(folder, 0)
+    run.mkdir(parents=True)
+    (run / "config.json").write_text("{}")
+    (run / "metrics.jsonl").write_text('{"iteration": 0}\n')
+    assert sweep.run(folder, workers=1, task=task, echo=lambda s: None)["complete"]
+    assert [s for s, _ in recorded(folder).values()] == [TrialState.COMPLETE]
+    assert json.loads((run / "config.json").read_text())["lr"] == GOOD
+
+
+def test_a_trial_whose_folder_another_process_holds_is_tried_again(tmp_path, monkeypatch):
+    """The trial's run folder locked by another process (a driver elsewhere still training it):
+    the worker says busy, the driver tries it again later, and it is recorded once."""
+    monkeypatch.setattr(sweep, "RETRY_SECONDS", 1)
+    folder, task = tmp_path / "s", toy_task()
+    sweep.open_sweep(folder, toy_config(), grid(f"lr={GOOD}"), "grid", task=task)
+    lock = RunLock(sweep.trial_folder(folder, 0))
+    lock.__enter__()
+    threading.Timer(4.0, lock.__exit__, (None, None, None)).start()
+    said = []
+    assert sweep.run(folder, workers=1, task=task, echo=said.append)["complete"]
+    states = [line.split(": ")[1].split(",")[0] for line in said[1:]]
+    assert states[0] == "busy" and states[-1] == "complete" and set(states) == {"busy",
+                                                                               "complete"}
+    assert [s for s, _ in recorded(folder).values()] == [TrialState.COMPLETE]
+
+
 def _wait_for(condition, timeout=120, what="the condition"):
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -236,7 +268,7 @@ def test_a_worker_killed_mid_trial_is_resumed_and_recorded_once(tmp_path):
     nanny's new one, or the other), which resumes it from its checkpoint."""
     from distributed import Client
     folder, task = tmp_path / "s", toy_task(T=30)
-    cluster = sweep.local_cluster("cpu", workers=2)
+    cluster, _ = sweep.local_cluster("cpu", workers=2)
     client = Client(cluster)
     try:
         result = {}
@@ -248,10 +280,11 @@ def test_a_worker_killed_mid_trial_is_resumed_and_recorded_once(tmp_path):
         run = sweep.trial_folder(folder, 0)
         _wait_for(lambda: _saved_iteration(run) >= 100, what="trial 0's checkpoint")
         processing = client.processing()
-        worker = next(w for w, keys in processing.items() if any(k.endswith("-0") for k in keys))
+        worker = next(w for w, keys in processing.items()          # keys: trial-STUDY-0-ID
+                      if any(re.search(r"-0-[0-9a-f]{8}$", k) for k in keys))
         pid = client.run(os.getpid, workers=[worker])[worker]
         os.kill(pid, signal.SIGKILL)
-        driver.join(timeout=240)
+        driver.join(timeout=400)
         assert not driver.is_alive() and result["complete"]
     finally:
         client.close()
@@ -293,7 +326,7 @@ def test_two_drivers_on_one_study_split_the_points(tmp_path):
     folder, task = tmp_path / "s", toy_task()
     sweep.open_sweep(folder, toy_config(), grid("lr=0.1,0.2,0.3,0.05", "hidden=4,8"), "grid",
                      task=task)
-    cluster = sweep.local_cluster("cpu", workers=2)
+    cluster, _ = sweep.local_cluster("cpu", workers=2)
     client = Client(cluster)
     ran = [[], []]
     try:
@@ -303,7 +336,7 @@ def test_two_drivers_on_one_study_split_the_points(tmp_path):
         for d in drivers:
             d.start()
         for d in drivers:
-            d.join(timeout=240)
+            d.join(timeout=400)
     finally:
         client.close()
         cluster.close()
