@@ -309,7 +309,8 @@ def open_storage(folder, url):
 def make_pruner(spec):
     """Successive halving on the validation accuracy, with rungs at eval_every, 3 x, 9 x ...
     iterations: at each rung a trial goes on only if it is in the best third of the trials
-    that reached it (of the first two, only the better)."""
+    that have reached it so far; of the first two, only if it is the best of them (so the
+    first trial to reach a rung always goes on: a sweep's first trial runs to the end)."""
     if not spec["prune"]:
         return optuna.pruners.NopPruner()
     return optuna.pruners.SuccessiveHalvingPruner(
