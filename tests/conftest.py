@@ -13,9 +13,11 @@ def private_kernel_choices(tmp_path_factory):
     mp.undo()
 
 
-def pytest_terminal_summary(terminalreporter):
+def pytest_terminal_summary(terminalreporter, config):
     """The skipped tests, one line per reason with its count (pytest's -rs gives a line per
-    place, 191 on a machine without a GPU, most of them saying the same)."""
+    place, 191 on a machine without a GPU, most of them saying the same); and what ptxas said of
+    each kernel for sm_90 (tests/test_ptx.py), a table to read kernel changes by."""
+    _ptxas_table(terminalreporter, config)
     reasons = {}
     for report in terminalreporter.stats.get("skipped", []):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
@@ -25,3 +27,26 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("skipped, by reason")
         for reason, count in sorted(reasons.items(), key=lambda item: -item[1]):
             terminalreporter.line(f"{count:5d}  {reason}")
+
+
+PTXAS_REPORT = pytest.StashKey[list]()
+
+
+@pytest.fixture
+def ptxas_report(request):
+    """The list a test appends what ptxas said of a kernel to (tests/test_ptx.py)."""
+    return request.config.stash.setdefault(PTXAS_REPORT, [])
+
+
+def _ptxas_table(terminalreporter, config):
+    rows = config.stash.get(PTXAS_REPORT, [])
+    if not rows:
+        return
+    terminalreporter.section("kernels assembled for sm_90 by ptxas: registers per thread, at "
+                             "the largest block; local memory and spills (bytes)")
+    terminalreporter.line(f"{'kernel':<44} {'dtype':<8} {'regs':>5} {'threads':>8} "
+                          f"{'block regs':>11} {'local':>6} {'spills':>7}")
+    for r in sorted(rows, key=lambda r: (r["kernel"], r["dtype"])):
+        terminalreporter.line(f"{r['kernel']:<44} {r['dtype']:<8} {r['registers']:>5} "
+                              f"{r['threads']:>8} {r['block']:>11,} {r['local']:>6} "
+                              f"{r['spills']:>7}")
