@@ -298,49 +298,68 @@ SWEEP_STYLES = {"complete": dict(marker="o", color="C0", label="complete"),
                                 label="running (best so far)")}
 
 
-def plot_sweep(rows, names, path, title=""):
+def plot_sweep(rows, space, path, title=""):
     """A sweep's best validation accuracy against each searched hyperparameter, a panel each:
-    one marker per trial (complete, pruned, running; the chosen trial starred). Numbers that
-    span a decade or more are on a log axis (0 then sits at the left edge); choices and other
-    values are evenly spaced, jittered a little so that trials at one value stay apart."""
-    fig = _figure(figsize=(3.6 * len(names) + 0.6, 3.8), layout="constrained")
-    axes = np.atleast_1d(fig.subplots(1, len(names), sharey=True, squeeze=False)[0])
+    one marker per trial (complete, pruned, running; the chosen trial starred). `space`:
+    {name: its grid values, or (low, high, log) for a range}; each axis spans the whole space,
+    ticked at the grid's values. Numbers spanning a decade or more (or a log range) are on a
+    log axis, where 0 sits at the left edge; choices are evenly spaced, and trials at one value
+    jittered a little so that they stay apart."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    names = sorted(space)
+    ncols = min(3, len(names))
+    nrows = -(-len(names) // ncols)
+    fig = _figure(figsize=(4.2 * ncols, 3.4 * nrows + 0.6), layout="constrained")
+    axes = fig.subplots(nrows, ncols, sharey=True, squeeze=False).ravel()
+    for ax in axes[len(names):]:
+        ax.set_visible(False)
     scored = [r for r in rows if r["valid"] is not None]
     jitter = np.random.default_rng(0).uniform(-0.12, 0.12, len(scored))
     for ax, name in zip(axes, names):
-        values = sorted({r["params"][name] for r in scored if name in r["params"]},
-                        key=lambda v: (isinstance(v, str), v))
-        numeric = values and all(isinstance(v, (int, float)) for v in values)
+        axis = space[name]
+        ranged = isinstance(axis, tuple)
+        values = list(axis[:2]) if ranged else list(axis)
+        numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
         positive = [v for v in values if numeric and v > 0]
-        log = bool(positive) and max(positive) / min(positive) >= 10
-        if not numeric:
-            where = {v: k for k, v in enumerate(values)}
+        log = (axis[2] if ranged else
+               bool(positive) and max(positive) / min(positive) >= 10)
+        zero_at = min(positive) / 3 if log and positive else 0.0
+
+        def x_of(v, j):
+            if not numeric:
+                return values.index(v) + j
+            return v if (v > 0 or not log) else zero_at
         for state, style in SWEEP_STYLES.items():
             pts = [(r, j) for r, j in zip(scored, jitter) if r["state"] == state]
-            if not pts:
-                continue
-            if numeric:
-                x = [r["params"][name] if r["params"][name] > 0 or not log
-                     else min(positive) / 3 for r, _ in pts]
-            else:
-                x = [where[r["params"][name]] + j for r, j in pts]
-            ax.scatter(x, [r["valid"] for r, _ in pts], s=28, linewidths=1.2, zorder=2,
-                       **style)
-        chosen = [r for r in scored if r.get("chosen")]
-        for r in chosen:
-            v = r["params"][name]
-            x = (v if not log or v > 0 else min(positive) / 3) if numeric else where[v]
-            ax.scatter([x], [r["valid"]], marker="*", s=180, color="tab:red", zorder=3,
-                       label=f"chosen: trial {r['number']}")
+            if pts:
+                ax.scatter([x_of(r["params"][name], j) for r, j in pts],
+                           [r["valid"] for r, _ in pts], s=28, linewidths=1.2, zorder=2,
+                           **style)
+        for r, j in zip(scored, jitter):
+            if r.get("chosen"):
+                ax.scatter([x_of(r["params"][name], j)], [r["valid"]], marker="*", s=180,
+                           color="tab:red", zorder=3, label=f"chosen: trial {r['number']}")
         if log:
             ax.set_xscale("log")
         if not numeric:
             ax.set_xticks(range(len(values)), [str(v) for v in values])
             ax.set_xlim(-0.5, len(values) - 0.5)
+        elif not ranged:
+            ticks = [x_of(v, 0) for v in values]
+            ax.set_xticks(ticks, [f"{v:g}" for v in values])
+            ax.xaxis.set_minor_formatter(NullFormatter())
+            low, high = min(ticks), max(ticks)            # the grid, a little inside the frame
+            pad = (high / low) ** 0.06 if log else 0.06 * (high - low or 1)
+            ax.set_xlim(*((low / pad, high * pad) if log else (low - pad, high + pad)))
+        else:
+            ax.set_xlim(*values)
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         ax.set_xlabel(SWEEP_LABELS.get(name, name.replace("_", " ")), fontsize=11)
         ax.grid(alpha=0.3)
         ax.tick_params(labelsize=9)
-    axes[0].set_ylabel("best validation accuracy", fontsize=11)
+    for ax in axes[::ncols]:
+        ax.set_ylabel("best validation accuracy", fontsize=10)
     handles, labels = axes[0].get_legend_handles_labels()
     if handles:
         fig.legend(handles, labels, loc="outside lower center", ncols=len(handles), fontsize=8)

@@ -898,7 +898,9 @@ def report(folder, png=None, echo=print):
         echo(f"trial {r['number']} failed: {r['error'] or 'no message'}")
     png = Path(png) if png is not None else folder / "sweep.png"
     try:
-        plotting.plot_sweep(rows, names, png, title=f"{fixed['model']} on {fixed['task']}: "
+        axes = {n: (list(d["values"]) if "values" in d else (d["low"], d["high"], d["log"]))
+                for n, d in spec["space"].items()}
+        plotting.plot_sweep(rows, axes, png, title=f"{fixed['model']} on {fixed['task']}: "
                             f"{len(rows)} trials of {spec['trials']}")
         echo(f"wrote {png}")
     except plotting.PlotUnavailable as e:
