@@ -1045,7 +1045,7 @@ def sweep_run(out, space, params, sampler, trials, prune, sampler_seed, workers,
              if source(k) == click.core.ParameterSource.COMMANDLINE}
     defined = given or any(source(k) == click.core.ParameterSource.COMMANDLINE
                            for k in SWEEP_DEFINITION)
-    stop = _SweepStop()
+    stop = training.StopSignals(click.echo)      # a first signal stops, a second aborts
     try:
         if defined or not (Path(out) / sw.SWEEP).exists():
             fixed = training.resolve_config(**dict({"valid_size": sw.VALID_SIZE}, **given))
@@ -1063,7 +1063,8 @@ def sweep_run(out, space, params, sampler, trials, prune, sampler_seed, workers,
         bar = CountBar("trials")
         with stop:
             result = sw.run(out, workers=workers, scheduler=scheduler, echo=bar.message,
-                            stop=stop.requested, progress=bar, **args)
+                            stop=lambda: stop.stopping() is not None, progress=bar,
+                            **args)
         bar.close()
     except (sw.SweepError, training.TrainError, ValueError, OSError) as e:
         raise click.ClickException(str(e)) from None
@@ -1078,32 +1079,6 @@ def sweep_run(out, space, params, sampler, trials, prune, sampler_seed, workers,
         return
     click.echo(f"all {result['total']} trials recorded; the table: python cli.py sweep report "
                f"{out}")
-
-
-class _SweepStop:
-    """While active, the first SIGINT or SIGTERM asks the sweep to stop (its trials checkpoint);
-    a second one aborts at once."""
-
-    def __init__(self):
-        self.signal, self.previous = None, {}
-
-    def __enter__(self):
-        for s in (signal.SIGINT, signal.SIGTERM):
-            self.previous[s] = signal.signal(s, self._handle)
-        return self
-
-    def _handle(self, signum, frame):
-        if self.signal is not None:
-            raise KeyboardInterrupt
-        self.signal = signal.Signals(signum).name
-
-    def requested(self):
-        return self.signal is not None
-
-    def __exit__(self, *exc):
-        for s, handler in self.previous.items():
-            signal.signal(s, handler)
-        return False
 
 
 @sweep.command("report")

@@ -396,21 +396,27 @@ def trial_folder(folder, number):
     return Path(folder) / TRIALS / f"{number:04d}"
 
 
-def _valid_records(metrics):
-    """(iteration, accuracy) of every validation line of a metrics.jsonl, in order."""
-    out = []
+def _records(metrics):
+    """The records of a metrics.jsonl that parse, in order (a line cut by a kill is skipped:
+    train cuts it on resume); none if there is no file yet."""
     try:
         with open(metrics) as f:
-            for line in f:
-                try:
-                    r = json.loads(line)
-                except ValueError:
-                    continue               # a line cut by a kill: train cuts it on resume
-                if r.get("split") == "valid":
-                    out.append((r["iteration"], r["accuracy"]))
+            lines = f.readlines()
     except FileNotFoundError:
-        pass
+        return []
+    out = []
+    for line in lines:
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
     return out
+
+
+def _valid_records(metrics):
+    """(iteration, accuracy) of every validation line of a metrics.jsonl, in order."""
+    return [(r["iteration"], r["accuracy"]) for r in _records(metrics)
+            if r.get("split") == "valid"]
 
 
 def _clear_unstarted(out):
@@ -822,17 +828,8 @@ def run(folder, fixed=None, space=None, sampler=None, trials=None, prune=False, 
 
 def _reached(out):
     """The last iteration a trial's metrics.jsonl records, or None."""
-    last = None
-    try:
-        with open(out / METRICS) as f:
-            for line in f:
-                try:
-                    last = json.loads(line).get("iteration", last)
-                except ValueError:
-                    continue
-    except FileNotFoundError:
-        pass
-    return last
+    return next((r["iteration"] for r in reversed(_records(out / METRICS))
+                 if "iteration" in r), None)
 
 
 def trial_rows(folder):
