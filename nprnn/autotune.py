@@ -2,13 +2,14 @@
 and the benchmark's rows (`cli.py bench --device cuda`).
 
 Where several kernels can run a pass (the step and the persistent versions; for the Euler cells'
-persistent kernels the matrix read from global memory or kept in shared memory:
-`backends.options`), which is fastest depends on the GPU, n, the batch size and the dtype. So, as
-cuDNN's find and Triton's autotune do, a `Tuner` times every option of each pass once per
-(cell, n, B, dtype, GPU), on T = min(T, 64) steps of random data, keeps the fastest, and writes
-the choice to a small JSON file (`cache_path`: beside numba's cache when NUMBA_CACHE_DIR is set,
-else ~/.cache/nprnn), so that later runs on the same GPU start with it. The file also holds a
-digest of the kernel sources: when they change, every choice is timed again.
+persistent kernels the matrix read from global memory or kept in shared memory, and their split
+kernels with 2 to 16 lanes per unit: `backends.options`), which is fastest depends on the GPU,
+n, the batch size and the dtype. So, as cuDNN's find and Triton's autotune do, a `Tuner` times
+every option of each pass once per (cell, n, B, dtype, GPU), on T = min(T, 64) steps of random
+data, keeps the fastest, and writes the choice to a small JSON file (`cache_path`: beside
+numba's cache when NUMBA_CACHE_DIR is set, else ~/.cache/nprnn), so that later runs on the same
+GPU start with it. The file also holds a digest of the kernel sources: when they change, every
+choice is timed again.
 
     tuner = Tuner.for_this_gpu()
     choice = tuner.choose(model, B, T)     # Choice(forward=Kernels, backward=Kernels, how=...)
@@ -239,7 +240,7 @@ def _fastest(options, ms):
 # The benchmark's rows
 # ------------------------------------------------------------------------------------------
 
-def time_model(model, x, y, versions=("step", "persistent"), repeats=5, warmup=1):
+def time_model(model, x, y, versions=("step", "persistent", "split"), repeats=5, warmup=1):
     """Time every kernel option of `model` (on cuda) on the batch x (B, T, m), y (B,) (host
     arrays; bench.bench_inputs makes them): one row per option of `versions`, step first.
 
@@ -270,8 +271,9 @@ def time_model(model, x, y, versions=("step", "persistent"), repeats=5, warmup=1
                    if k not in opts]
         notes = []
         if misfits:
+            where = "registers" if k.version == "split" else "shared memory"
             notes.append(f"{k.version} {' and '.join(misfits)} "
-                         f"{'does' if len(misfits) == 1 else 'do'} not fit in shared memory at "
+                         f"{'does' if len(misfits) == 1 else 'do'} not fit in {where} at "
                          f"n={n}, {dtype.name}")
         be = CUDA(model.launch, k, k)
         if "forward" not in misfits:          # a forward that fits is timed even if BPTT is not

@@ -24,6 +24,9 @@ the fastest. Kernel versions (nprnn/kernels/antisym.py explains them):
                   from global memory, through the L1 and L2 caches, as the baselines read W_hh
                   (layout "global"), or keeps it in shared memory where it fits there too
                   (antisym: only its upper triangle, "skew"; the others all of it, "dense")
+    "split"       one launch per pass as "persistent", with `lanes` threads per hidden unit,
+                  each holding its share of the matrix in registers, their partial dot products
+                  added by warp shuffles (the Euler family, where the matrix fits registers)
     "auto"        the fastest that fits, as timed on this GPU (the default); untimed, the
                   first option: persistent with the matrix in global memory, else step
 """
@@ -36,7 +39,7 @@ from .kernels.gpu_common import device_array, fill
 from .kernels.layout import time_major_gpu
 from .memory import to_device
 
-VERSIONS = ("auto", "step", "persistent")
+VERSIONS = ("auto", "step", "persistent", "split")
 
 
 def check_state(name, a, B, n):
@@ -66,12 +69,16 @@ LAUNCH = Launch()       # what a model on cuda takes when it is made (the GPU te
 
 @dataclass(frozen=True)
 class Kernels:
-    """The kernels one pass runs: `version` "step" or "persistent" and, for an Euler cell's
-    persistent kernels, where they read the matrix: `layout` "global", "skew" or "dense"."""
+    """The kernels one pass runs: `version` "step", "persistent" or "split"; for an Euler cell's
+    persistent kernels, where they read the matrix: `layout` "global", "skew" or "dense"; for
+    the split ones, the threads per unit: `lanes`."""
     version: str
     layout: str = None
+    lanes: int = None
 
     def __str__(self):
+        if self.lanes is not None:
+            return f"{self.version}, {self.lanes} lanes per unit, matrix in registers"
         if self.layout is None:
             return self.version
         where = ("global memory" if self.layout == "global" else
@@ -80,22 +87,28 @@ class Kernels:
 
     @property
     def token(self):
-        """"step", "persistent" or "persistent/global": the key of the autotuner's cache file."""
+        """"step", "persistent", "persistent/global" or "split/8": the key of the autotuner's
+        cache file."""
+        if self.lanes is not None:
+            return f"{self.version}/{self.lanes}"
         return self.version if self.layout is None else f"{self.version}/{self.layout}"
 
 
 def options(cell, n, dtype, backward, launch=None):
     """The Kernels that can run a pass of `cell` at n units, the one to prefer until timed
     first: the persistent kernels in each layout the cell offers that fits a block's shared
-    memory (`cell.persistent_layouts`), then the step ones."""
+    memory (`cell.persistent_layouts`), the split ones with each number of lanes that fits
+    (`cell.split_lanes`), then the step ones."""
     layouts = cell.persistent_layouts(n, dtype, backward, (launch or LAUNCH).rows)
-    return [Kernels("persistent", layout) for layout in layouts] + [Kernels("step")]
+    return ([Kernels("persistent", layout) for layout in layouts]
+            + [Kernels("split", lanes=lanes) for lanes in cell.split_lanes(n, dtype)]
+            + [Kernels("step")])
 
 
 def resolve(cell, version, n, dtype, backward, launch=None):
     """The Kernels a pass runs for `version`: a Kernels (checked to fit), "step", "persistent"
-    (the preferred persistent option) or "auto" (the first option; the model's autotuner passes
-    Kernels it timed instead)."""
+    or "split" (the first such option) or "auto" (the first option; the model's autotuner
+    passes Kernels it timed instead)."""
     fits = options(cell, n, dtype, backward, launch)
     if isinstance(version, Kernels):
         if version not in fits:
@@ -108,9 +121,12 @@ def resolve(cell, version, n, dtype, backward, launch=None):
     if version == "auto":
         return fits[0]
     chosen = [k for k in fits if k.version == version]
-    if not chosen:                     # the persistent kernel's own check says what does not fit
-        return Kernels(version, cell.unfitting_layout)
-    return chosen[0]
+    if chosen:
+        return chosen[0]
+    if version == "split":
+        raise ValueError(f"{cell.name} has no split kernels that fit n={n} in "
+                         f"{np.dtype(dtype).name}; it can run: {', '.join(map(str, fits))}")
+    return Kernels(version, cell.unfitting_layout)   # the kernel's own check says what is wrong
 
 
 class CPUBackend:
@@ -209,6 +225,8 @@ class CUDA:
         k = self.backward if backward else self.forward
         if k.version == "step":
             run, opts = twins.gpu, dict(block=self.launch.step_block)
+        elif k.version == "split":
+            run, opts = twins.gpu_split, dict(lanes=k.lanes, rows=self.launch.rows)
         else:
             run, opts = twins.gpu_persistent, dict(threads=self.launch.threads,
                                                    rows=self.launch.rows)

@@ -9,6 +9,7 @@ knows:
     backward(p, cache, dh_T, ws, out, backend) -> (grads, dh_0), grads with the keys of p
     forward_kernels, backward_kernels   its kernels' twins (kernels.common.Twins)
     persistent_layouts(n, dtype, backward, rows)   which persistent GPU passes fit
+    split_lanes(n, dtype)   the lanes per unit with which split GPU passes fit (none: [])
     reference               its float64 oracle in nprnn/reference.py (forward, backward), same
                             contract but batch-major x (B, T, m)
     product_blocks          n-wide blocks of its recurrent and input products (bench's FLOPs)
@@ -110,6 +111,11 @@ class Cell:
         empty where not even the rows' state fits)."""
         raise NotImplementedError
 
+    def split_lanes(self, n, dtype):
+        """The lanes per unit with which this cell's split GPU kernels (version 3) run at n
+        units: none, unless the cell's family has them."""
+        return []
+
 
 def gradients(backend, out, p, B, n, dtype):
     """Arrays for the gradients of the parameters p and for dh_0 (B, n): buffers of the
@@ -170,6 +176,9 @@ class EulerCell(Cell):
 
     def persistent_layouts(self, n, dtype, backward, rows=1):
         return K_euler.persistent_layouts(n, dtype, self.antisymmetric, backward, rows)
+
+    def split_lanes(self, n, dtype):
+        return K_euler.split_lanes(n, dtype)
 
     def matrix(self, W, gamma, ws=None, backend=CPU):
         """The recurrent matrix A that the kernels use: W - W^T - gamma I (antisym,

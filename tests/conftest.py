@@ -43,10 +43,11 @@ def _ptxas_table(terminalreporter, config):
     if not rows:
         return
     terminalreporter.section("kernels assembled for sm_90 by ptxas: registers per thread, at "
-                             "the largest block; local memory and spills (bytes)")
-    terminalreporter.line(f"{'kernel':<44} {'dtype':<8} {'regs':>5} {'threads':>8} "
-                          f"{'block regs':>11} {'local':>6} {'spills':>7}")
+                             "the largest block; static shared memory, local memory and spills "
+                             "(bytes; dynamic shared memory is the launchers', docs/gpu.md)")
+    terminalreporter.line(f"{'kernel':<50} {'dtype':<8} {'regs':>5} {'threads':>8} "
+                          f"{'block regs':>11} {'shared':>7} {'local':>6} {'spills':>7}")
     for r in sorted(rows, key=lambda r: (r["kernel"], r["dtype"])):
-        terminalreporter.line(f"{r['kernel']:<44} {r['dtype']:<8} {r['registers']:>5} "
-                              f"{r['threads']:>8} {r['block']:>11,} {r['local']:>6} "
-                              f"{r['spills']:>7}")
+        terminalreporter.line(f"{r['kernel']:<50} {r['dtype']:<8} {r['registers']:>5} "
+                              f"{r['threads']:>8} {r['block']:>11,} {r['shared']:>7} "
+                              f"{r['local']:>6} {r['spills']:>7}")

@@ -295,7 +295,7 @@ def test_the_gpu_checks_run_in_the_order_asked_for_within_their_budget(tmp_path)
         "== batch timings, cuda", "== compute-sanitizer memcheck",
         "== compute-sanitizer racecheck"]
     limits = [int(cmd.split()[3]) for _, cmd in steps]
-    assert limits == [300, 150, 120, 90, 200, 120]
+    assert limits == [300, 240, 120, 90, 200, 120]
     assert steps[1][1].split()[4:] == ["python3", "cli.py", "bench", "--device", "cuda",
                                        "--model", "all"]
     train = steps[2][1].split()
@@ -385,9 +385,46 @@ def test_euler_cells_offer_the_matrix_in_shared_memory_up_to_the_readmes_sizes(n
         shared = Kernels("persistent", "skew" if cell.antisymmetric else "dense")
         for dtype, largest in LARGEST_SHARED_MATRIX_N[names].items():
             for backward, n in zip((False, True), largest):
-                assert options(cell, n, dtype, backward) == [
-                    Kernels("persistent", "global"), shared, Kernels("step")]
+                persistent = [k for k in options(cell, n, dtype, backward)
+                              if k.version != "split"]
+                assert persistent == [Kernels("persistent", "global"), shared, Kernels("step")]
                 assert shared not in options(cell, n + 1, dtype, backward), (name, dtype, n + 1)
+
+
+# the largest n at which each number of lanes per unit fits the split kernels' registers
+LARGEST_SPLIT_N = {"float32": {2: 192, 4: 160, 8: 128, 16: 64},
+                   "float64": {2: 128, 4: 128, 8: 112, 16: 64}}
+
+
+@pytest.mark.parametrize("name", EULER)
+def test_euler_cells_offer_split_kernels_up_to_the_readmes_sizes(name):
+    """Between the persistent and the step options, a split option for each number of lanes
+    whose share of the matrix fits the registers at n (docs/gpu.md's table) and is two values
+    or more; the baselines have none. At n = 128 in float32: 2, 4 and 8 lanes (256, 512 and
+    1,024 threads)."""
+    cell = nprnn.CELLS[name]
+    for dtype, largest in LARGEST_SPLIT_N.items():
+        for lanes, n in largest.items():
+            for backward in (False, True):
+                split = Kernels("split", lanes=lanes)
+                assert split in options(cell, n, dtype, backward), (dtype, lanes, n)
+                assert split not in options(cell, n + 1, dtype, backward), (dtype, lanes, n + 1)
+                # offered from two matrix values per lane on (2 lanes: from n = 1)
+                assert Kernels("split", lanes=2) in options(cell, 1, dtype, backward)
+                if lanes > 2:
+                    assert split in options(cell, lanes + 1, dtype, backward), (dtype, lanes)
+                    assert split not in options(cell, lanes, dtype, backward), (dtype, lanes)
+    assert [k.lanes for k in options(cell, 128, "float32", True) if k.version == "split"] == [
+        2, 4, 8]
+    assert resolve(cell, "split", 128, "float32", False) == Kernels("split", lanes=2)
+    assert str(Kernels("split", lanes=8)) == "split, 8 lanes per unit, matrix in registers"
+    assert Kernels("split", lanes=8).token == "split/8"
+    with pytest.raises(ValueError, match=f"{name} has no split kernels that fit n=300 in "
+                                         f"float32; it can run: persistent"):
+        resolve(cell, "split", 300, "float32", True)
+    for baseline in ("rnn", "lstm", "gru"):
+        assert not [k for k in options(nprnn.CELLS[baseline], 128, "float32", True)
+                    if k.version == "split"]
 
 
 def test_a_kernels_value_runs_only_where_it_fits():
@@ -398,7 +435,8 @@ def test_a_kernels_value_runs_only_where_it_fits():
     with pytest.raises(ValueError, match=r"ablation cannot run 'persistent, matrix in shared "
                                          r"memory \(skew\)' forward at n=8, float32; it can run: "
                                          r"persistent, matrix in global memory, persistent, "
-                                         r"matrix in shared memory \(dense\), step"):
+                                         r"matrix in shared memory \(dense\), split, 2 lanes "
+                                         r"per unit, matrix in registers, .*, step"):
         resolve(nprnn.CELLS["ablation"], skew, 8, "float32", backward=False)
 
 

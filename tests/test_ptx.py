@@ -57,12 +57,12 @@ MODULES = [f"nprnn.kernels.{m.name}" for m in pkgutil.iter_modules(
 # noise streams' starting states.
 ARG_KINDS = {
     **{k: "3" for k in ("hs", "cs", "th", "z", "x", "da", "dzp", "ds", "gates", "hn", "dgi",
-                        "dgh", "partial", "D", "head")},
-    **{k: "2" for k in ("A", "W", "dA", "dW", "V_h", "V_z", "W_out", "dW_out", "W_ih", "W_hh",
+                        "dgh", "partial", "D", "head", "u")},
+    **{k: "2" for k in ("A", "W", "dA", "dW", "V", "V_h", "V_z", "W_out", "dW_out", "W_ih", "W_hh",
                         "WT", "AT", "logits", "dlogits", "h", "dh", "dh0", "dh_T", "dh_prev", "dc",
                         "C")},
-    **{k: "1" for k in ("b_h", "b_z", "b_out", "db_out", "b_ih", "b_hh", "w_ci", "w_cf", "w_co",
-                        "dw_ci", "dw_cf", "dw_co", "losses", "a", "p", "v", "g", "G")},
+    **{k: "1" for k in ("b", "b_h", "b_z", "b_out", "db_out", "b_ih", "b_hh", "w_ci", "w_cf",
+                        "w_co", "dw_ci", "dw_cf", "dw_co", "losses", "a", "p", "v", "g", "G")},
     "eps": "f", "value": "f", "gamma": "f64", "lr": "f64", "momentum": "f64", "clip": "f64",
     "scale": "f64_1", "total": "f64_1", "stats": "f64_1",
     "delta": "f64", "t": "i", "t0": "i", "rows": "i", "layout": "i", "peephole": "b",
@@ -240,14 +240,21 @@ def test_kernel_fits_its_largest_block_on_sm90(ptx_target, tmp_path, ptxas_repor
                                                kernel, dtype):
     """Assembled for sm_90, the kernel's registers for its largest block (its launch bound, else
     1,024 threads) fit in an SM's 65,536, it spills nothing to local memory (no stack frame
-    either: no kernel has a local array), and it has no static shared memory (the launchers
-    budget SHARED_BYTES_MAX for the dynamic shared memory alone). What ptxas reported goes to the
-    session's summary (tests/conftest.py prints it as a table)."""
+    either: its only local arrays are the split kernels', which must stay in registers), and it
+    has no static shared memory (the launchers budget SHARED_BYTES_MAX for the dynamic shared
+    memory alone). What ptxas reported goes to the session's summary (tests/conftest.py prints
+    it as a table)."""
+    assemble(f"{module}.{name}", name, compile_to_ptx(name, dtype), dtype, tmp_path,
+             ptxas_report)
+
+
+def assemble(where, name, ptx, dtype, tmp_path, ptxas_report):
+    """ptxas on `ptx` for sm_90, its report checked as test_kernel_fits_its_largest_block_on_sm90
+    says and appended to ptxas_report under `name`."""
     ptxas = find_ptxas()
     if ptxas is None:
         pytest.skip("ptxas not found: pip install nvidia-cuda-nvcc-cu12 (numba-cuda[cu12] "
                     "brings it)")
-    ptx = compile_to_ptx(name, dtype)
     bound = re.search(r"\.maxntid\s+(\d+)\s*,\s*(\d+)\s*,\s*(\d+)", ptx)
     threads = (int(bound[1]) * int(bound[2]) * int(bound[3]) if bound
                else MAX_THREADS_PER_BLOCK)
@@ -262,14 +269,49 @@ def test_kernel_fits_its_largest_block_on_sm90(ptx_target, tmp_path, ptxas_repor
     stack = re.search(r"(\d+) bytes stack frame", report)
     local = int(stack[1]) if stack else 0
     ptxas_report.append(dict(kernel=name, dtype=dtype, registers=regs, threads=threads,
-                             block=block_registers(regs, threads), local=local,
+                             block=block_registers(regs, threads),
+                             shared=int(smem[1]) if smem else 0, local=local,
                              spills=sum(spills)))
-    where = f"{module}.{name} ({dtype}): {report.strip()}"
+    where = f"{where} ({dtype}): {report.strip()}"
     assert block_registers(regs, threads) <= REGISTERS_PER_BLOCK, (
         f"{regs} registers per thread do not fit a block of {threads} threads: give the kernel a "
         f"launch bound (gpu_common.persistent_kernel) and launch it within it. {where}")
     assert not any(spills) and local == 0, f"spills registers to local memory: {where}"
     assert smem is None or int(smem[1]) == 0, f"static shared memory: {where}"
+
+
+def split_cases():
+    """(lanes, dtype, n) of the split kernels whose registers are tightest: for each lanes and
+    dtype, the largest n that gpu_common.split_fits offers them at (the most matrix values per
+    lane, the most threads), and n = 128 with 2 and 4 lanes (8 is its largest already)."""
+    from nprnn.kernels.gpu_common import SPLIT_LANES, split_fits
+    cases = []
+    for dtype in ("float32", "float64"):
+        for lanes in SPLIT_LANES:
+            largest = max(n for n in range(1, 1025) if split_fits(n, lanes, dtype))
+            cases.append((lanes, dtype, largest))
+        cases += [(lanes, dtype, 128) for lanes in (2, 4) if split_fits(128, lanes, dtype)]
+    return list(dict.fromkeys(cases))
+
+
+@pytest.mark.parametrize("lanes, dtype, n", split_cases())
+def test_split_kernels_keep_the_matrix_in_registers_on_sm90(ptx_target, tmp_path, ptxas_report,
+                                                            lanes, dtype, n):
+    """The split kernels are compiled per (values per lane, lanes, rows), so the scan above does
+    not see them: each that backends.options offers at its tightest n assembles with no local
+    memory (the matrix's share and the rows' states stay in registers) and no float64 arithmetic
+    in float32, under its launch bound."""
+    from nprnn.kernels import antisym
+    from nprnn.kernels.gpu_common import split_capacity
+    kernels = antisym.euler_split_kernels(split_capacity(n, lanes), lanes, 1)
+    for kernel in kernels:
+        name = kernel.py_func.__name__
+        ptx, _ = cuda.compile_ptx(kernel.py_func, arg_types(name, kernel.py_func, dtype), cc=CC,
+                                  launch_bounds=kernel.targetoptions.get("launch_bounds"))
+        if dtype == "float32":
+            assert not F64_ARITHMETIC.findall(ptx), f"{name}: float64 arithmetic in float32"
+        assemble(f"{name} at n={n}, {lanes} lanes", f"{name}[n={n},lanes={lanes}]", ptx, dtype,
+                 tmp_path, ptxas_report)
 
 
 @pytest.mark.real_gpu

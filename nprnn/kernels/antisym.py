@@ -33,14 +33,19 @@ How the CPU work is split (the standard recipe, on threads that own batch rows):
      dA = sum_t da_t^T h_{t-1} = DA^T H with DA, H reshaped to (T*B, n), split by rows.
 `np.dot` inside `@njit` calls BLAS, so steps 1-3 run at BLAS speed with no Python in the loop.
 """
+import functools
+from typing import NamedTuple
+
 import numpy as np
 from numba import prange
 
 from .common import (Twins, dsigmoid_from_y, dtanh_from_y, flush_denormals, matmul_nt_rows,
                      matmul_tn_rows, njit, njit_inline, njit_parallel, num_slices,
                      restore_fp_mode, row_slice, sigmoid, sum_rows, tanh)
-from .gpu_common import (SHARED_BYTES_MAX, TILE, cdiv, column_sums_gpu, cuda, load_block_rows,
-                         matmul_tn_gpu, persistent_grid, persistent_kernel, scratch, step_grid,
+from .gpu_common import (MAX_THREADS_PER_BLOCK, SHARED_BYTES_MAX, SPLIT_LANES, TILE, WARP, cdiv,
+                         column_sums_gpu, cuda, input_projection_gpu, lane_sum, load_block_rows,
+                         matmul_tn_gpu, persistent_grid, persistent_kernel, round_up, scratch,
+                         split_capacity, split_fits, split_kernel, split_launch, step_grid,
                          transposed)
 
 
@@ -942,15 +947,333 @@ def euler_gated_backward_gpu_persistent(dA, dV_h, db_h, dV_z, db_z, dh0, da, dzp
     euler_input_grads_gpu(dV_z, db_z, dzp, x, tile=tile)
 
 
+# -- version 3: split, the matrix in registers ----------------------------------------------
+#
+# In version 2 one thread forms unit i's whole dot product u_i = sum_j D[j, i] v[j], n dependent
+# multiply-adds, each waiting for a load: a step is a chain of about n latencies (on an H100 at
+# n = 128, 14 us per step of forward and BPTT together, docs/gpu.md). Version 3 gives each unit
+# `lanes` threads (S, 2 to 16) of one warp:
+#
+#     thread tid serves unit i = tid // S as its lane l = tid % S; lane l holds in registers
+#     D[j, i] for j = l, l + S, ..., cap = ceil(n / S) values, loaded once per pass
+#     per step: lane l's partial sum over its j (two accumulators), the S partials added by
+#     log2(S) warp shuffles (`lane_sum`), and lane 0, the unit's leader, does the unit's step
+#
+# At n = 128 and S = 8: 1,024 threads, 16 matrix values and 16 multiply-adds per thread and step.
+# The rows' state vectors, which every lane reads, are the block's only shared memory: two copies
+# per row (read one, write the other; one barrier per step), each padded with zeros to cap * S
+# values so that no lane tests j < n inside the loop. The leader keeps its unit's own state
+# (h_{t-1}, or dL/dh_t) in a register, and loads what the next step needs from global memory one
+# step ahead: the input projections V x_t + b, formed for all steps before the pass
+# (`input_projection_gpu`, as the CPU twin's first product), or the forward's th_t and z_t.
+# cap, S and the rows per block are compile-time constants of each compiled kernel
+# (`euler_split_kernels`), so that loops over them unroll and their arrays live in registers;
+# `gpu_common.split_fits` says which S fit a block's registers at n. Not timed on a GPU yet.
+
+
+def split_lanes(n, dtype):
+    """The lanes per unit worth offering at n units: those that fit (`split_fits`) and leave
+    each lane two matrix values or more. A lane with one value does one multiply-add and then
+    a shuffle more than half as many lanes with two would, on twice the threads."""
+    return [lanes for lanes in SPLIT_LANES
+            if split_fits(n, lanes, dtype) and (split_capacity(n, lanes) >= 2
+                                                or lanes == SPLIT_LANES[0])]
+
+
+class SplitKernels(NamedTuple):
+    """One compiled set of version 3 kernels (`euler_split_kernels`)."""
+    forward: object
+    gated_forward: object
+    backward: object
+    gated_backward: object
+
+
+@functools.lru_cache(maxsize=None)
+def euler_split_kernels(cap, lanes, rows):
+    """The version 3 kernels for `lanes` lanes per unit, cap = ceil(n / lanes) matrix values per
+    lane and `rows` batch rows per block (each combination compiled once)."""
+    stride = cap * lanes                # a row's state vector in shared memory, zero-padded
+    launch_bound = min(MAX_THREADS_PER_BLOCK, round_up(stride * lanes, WARP))
+
+    @split_kernel(launch_bound)
+    def euler_forward_split_kernel(hs, th, AT, eps):
+        """All T steps of (12): a = A h_{t-1} + u_t ; th_t = tanh(a) ; h_t = h_{t-1} + eps th_t,
+        where th holds u_t = V_h x_t + b_h on entry (overwritten by th_t).
+        Written (=): hs[1:] (T+1, B, n), th (T, B, n). Read: hs[0], th, AT (n, n) = A^T."""
+        T, B, n = th.shape
+        tid = cuda.threadIdx.x
+        i, lane = tid // lanes, tid % lanes
+        leader = i < n and lane == 0
+        b0 = cuda.blockIdx.x * rows
+        zero = hs.dtype.type(0)
+        D = cuda.local.array(cap, hs.dtype)         # D[k] = A[i, lane + k lanes]
+        load_lane_values(D, AT, i, lane, cap, lanes)
+        h = cuda.local.array(rows, hs.dtype)        # the leader's h_{t-1}[b, i] of each row
+        u = cuda.local.array(rows, hs.dtype)        # and its u_t, loaded a step ahead
+        hbuf = cuda.shared.array(0, hs.dtype)
+        load_padded_rows(hbuf, hs[0], b0, rows, stride)
+        for r in range(rows):
+            if leader and b0 + r < B:
+                h[r] = hs[0, b0 + r, i]
+                u[r] = th[0, b0 + r, i]
+        for t in range(T):
+            cur, nxt = (t % 2) * rows * stride, ((t + 1) % 2) * rows * stride
+            for r in range(rows):
+                b = b0 + r
+                u_next = th[t + 1, b, i] if leader and b < B and t + 1 < T else zero
+                s = lane_sum(lane_dot(D, hbuf, cur + r * stride + lane, cap, lanes), lanes)
+                if leader and b < B:
+                    y, h_new = euler_unit(s + u[r], h[r], eps)      # s = (A h_{t-1})_i
+                    th[t, b, i] = y
+                    hs[t + 1, b, i] = h_new
+                    hbuf[nxt + r * stride + i] = h_new
+                    h[r], u[r] = h_new, u_next
+            cuda.syncthreads()
+
+    @split_kernel(launch_bound)
+    def euler_gated_forward_split_kernel(hs, th, z, AT, eps):
+        """All T steps of (13): with s = A h_{t-1}, z_t = sigmoid(s + w_t), th_t = tanh(s + u_t),
+        h_t = h_{t-1} + eps z_t th_t, where th holds u_t = V_h x_t + b_h and z holds
+        w_t = V_z x_t + b_z on entry. Written (=): hs[1:], th, z. Read: hs[0], th, z, AT."""
+        T, B, n = th.shape
+        tid = cuda.threadIdx.x
+        i, lane = tid // lanes, tid % lanes
+        leader = i < n and lane == 0
+        b0 = cuda.blockIdx.x * rows
+        zero = hs.dtype.type(0)
+        D = cuda.local.array(cap, hs.dtype)
+        load_lane_values(D, AT, i, lane, cap, lanes)
+        h = cuda.local.array(rows, hs.dtype)
+        u = cuda.local.array(rows, hs.dtype)
+        w = cuda.local.array(rows, hs.dtype)
+        hbuf = cuda.shared.array(0, hs.dtype)
+        load_padded_rows(hbuf, hs[0], b0, rows, stride)
+        for r in range(rows):
+            if leader and b0 + r < B:
+                h[r] = hs[0, b0 + r, i]
+                u[r] = th[0, b0 + r, i]
+                w[r] = z[0, b0 + r, i]
+        for t in range(T):
+            cur, nxt = (t % 2) * rows * stride, ((t + 1) % 2) * rows * stride
+            for r in range(rows):
+                b = b0 + r
+                ahead = leader and b < B and t + 1 < T
+                u_next = th[t + 1, b, i] if ahead else zero
+                w_next = z[t + 1, b, i] if ahead else zero
+                s = lane_sum(lane_dot(D, hbuf, cur + r * stride + lane, cap, lanes), lanes)
+                if leader and b < B:
+                    y, zt, h_new = euler_gated_unit(s + u[r], s + w[r], h[r], eps)
+                    z[t, b, i] = zt
+                    th[t, b, i] = y
+                    hs[t + 1, b, i] = h_new
+                    hbuf[nxt + r * stride + i] = h_new
+                    h[r], u[r], w[r] = h_new, u_next, w_next
+            cuda.syncthreads()
+
+    @split_kernel(launch_bound)
+    def euler_backward_split_kernel(dh0, da, dh_T, th, A, eps):
+        """BPTT through all T steps of (12).
+
+        forward was: h_t = h_{t-1} + eps * tanh(a_t),   a_t = A h_{t-1} + V_h x_t + b_h
+        so:          da_t = dh_t * eps * (1 - th_t**2) ;  dh_{t-1} = dh_t + A^T da_t
+
+        Written (=): dh0 (B, n), da (T, B, n). Read: dh_T (B, n), th (T, B, n), A (n, n).
+        The leader keeps dL/dh of its unit in a register; shared memory holds two copies of the
+        rows' da_t, which every lane reads."""
+        T, B, n = th.shape
+        tid = cuda.threadIdx.x
+        i, lane = tid // lanes, tid % lanes
+        leader = i < n and lane == 0
+        b0 = cuda.blockIdx.x * rows
+        D = cuda.local.array(cap, dh0.dtype)        # D[k] = A[lane + k lanes, i]
+        load_lane_values(D, A, i, lane, cap, lanes)
+        dh = cuda.local.array(rows, dh0.dtype)      # the leader's dL/dh_t[b, i] of each row
+        y = cuda.local.array(rows, dh0.dtype)       # and its th_t, loaded a step ahead
+        dbuf = cuda.shared.array(0, dh0.dtype)
+        zero_shared(dbuf, 2 * rows * stride)
+        for r in range(rows):
+            if leader and b0 + r < B:
+                dh[r] = dh_T[b0 + r, i]
+                y[r] = th[T - 1, b0 + r, i]
+        for t in range(T - 1, -1, -1):
+            cur = (t % 2) * rows * stride
+            for r in range(rows):
+                b = b0 + r
+                if leader and b < B:
+                    g = euler_unit_backward(dh[r], y[r], eps)
+                    da[t, b, i] = g
+                    dbuf[cur + r * stride + i] = g
+                    if t > 0:
+                        y[r] = th[t - 1, b, i]
+            cuda.syncthreads()                  # da_t of the block's rows complete
+            for r in range(rows):
+                s = lane_sum(lane_dot(D, dbuf, cur + r * stride + lane, cap, lanes), lanes)
+                if leader and b0 + r < B:
+                    dh[r] += s                                       # (A^T da_t)_i
+        for r in range(rows):
+            if leader and b0 + r < B:
+                dh0[b0 + r, i] = dh[r]
+
+    @split_kernel(launch_bound)
+    def euler_gated_backward_split_kernel(dh0, da, dzp, ds, dh_T, th, z, A, eps):
+        """BPTT through all T steps of (13).
+
+        forward was: h_t = h_{t-1} + eps * z_t * th_t,  th_t = tanh(a_t), z_t = sigmoid(zp_t),
+                     a_t = A h_{t-1} + ...,  zp_t = A h_{t-1} + ...
+        so:          da_t  = dh_t * eps * z_t * (1 - th_t**2)
+                     dzp_t = dh_t * eps * th_t * z_t * (1 - z_t)
+                     ds_t  = da_t + dzp_t ;   dh_{t-1} = dh_t + A^T ds_t
+
+        Written (=): dh0 (B, n), da, dzp, ds (T, B, n). Read: dh_T, th, z, A. As `backward`,
+        with ds_t in place of da_t."""
+        T, B, n = th.shape
+        tid = cuda.threadIdx.x
+        i, lane = tid // lanes, tid % lanes
+        leader = i < n and lane == 0
+        b0 = cuda.blockIdx.x * rows
+        D = cuda.local.array(cap, dh0.dtype)
+        load_lane_values(D, A, i, lane, cap, lanes)
+        dh = cuda.local.array(rows, dh0.dtype)
+        y = cuda.local.array(rows, dh0.dtype)
+        zt = cuda.local.array(rows, dh0.dtype)
+        dbuf = cuda.shared.array(0, dh0.dtype)
+        zero_shared(dbuf, 2 * rows * stride)
+        for r in range(rows):
+            if leader and b0 + r < B:
+                dh[r] = dh_T[b0 + r, i]
+                y[r] = th[T - 1, b0 + r, i]
+                zt[r] = z[T - 1, b0 + r, i]
+        for t in range(T - 1, -1, -1):
+            cur = (t % 2) * rows * stride
+            for r in range(rows):
+                b = b0 + r
+                if leader and b < B:
+                    da_i, dzp_i = euler_gated_unit_backward(dh[r], y[r], zt[r], eps)
+                    da[t, b, i] = da_i
+                    dzp[t, b, i] = dzp_i
+                    ds[t, b, i] = da_i + dzp_i
+                    dbuf[cur + r * stride + i] = da_i + dzp_i
+                    if t > 0:
+                        y[r] = th[t - 1, b, i]
+                        zt[r] = z[t - 1, b, i]
+            cuda.syncthreads()
+            for r in range(rows):
+                s = lane_sum(lane_dot(D, dbuf, cur + r * stride + lane, cap, lanes), lanes)
+                if leader and b0 + r < B:
+                    dh[r] += s                                       # (A^T ds_t)_i
+        for r in range(rows):
+            if leader and b0 + r < B:
+                dh0[b0 + r, i] = dh[r]
+
+    return SplitKernels(euler_forward_split_kernel, euler_gated_forward_split_kernel,
+                        euler_backward_split_kernel, euler_gated_backward_split_kernel)
+
+
+@cuda.jit(device=True)
+def load_lane_values(D, M, i, lane, cap, lanes):
+    """D[k] = M[lane + k lanes, i] for k < cap: lane `lane`'s share of column i of M (n, n),
+    zero past n and for a thread past the last unit (i >= n)."""
+    n = M.shape[0]
+    for k in range(cap):
+        j = lane + k * lanes
+        D[k] = M[j, i] if i < n and j < n else M.dtype.type(0)
+
+
+@cuda.jit(device=True)
+def lane_dot(D, v, start, cap, lanes):
+    """This lane's share of a dot product: sum_k D[k] v[start + k lanes], over two accumulators
+    so that consecutive multiply-adds do not wait for each other."""
+    acc0 = v.dtype.type(0)
+    acc1 = v.dtype.type(0)
+    for k in range(0, cap - 1, 2):
+        acc0 += D[k] * v[start + k * lanes]
+        acc1 += D[k + 1] * v[start + (k + 1) * lanes]
+    if cap % 2 == 1:
+        acc0 += D[cap - 1] * v[start + (cap - 1) * lanes]
+    return acc0 + acc1
+
+
+@cuda.jit(device=True)
+def zero_shared(buf, size):
+    """buf[:size] = 0, the block's threads sharing it; ends with a barrier."""
+    for e in range(cuda.threadIdx.x, size, cuda.blockDim.x):
+        buf[e] = 0
+    cuda.syncthreads()
+
+
+@cuda.jit(device=True)
+def load_padded_rows(buf, src, b0, rows, stride):
+    """The two state copies of a split kernel's block: buf (2 rows stride) zeroed, then
+    buf[r stride + j] = src[b0 + r, j] for its rows that exist. Ends with a barrier."""
+    zero_shared(buf, 2 * rows * stride)
+    B, n = src.shape
+    tid, nthreads = cuda.threadIdx.x, cuda.blockDim.x
+    for r in range(rows):
+        if b0 + r < B:
+            for j in range(tid, n, nthreads):
+                buf[r * stride + j] = src[b0 + r, j]
+    cuda.syncthreads()
+
+
+def _split(n, lanes, rows, dtype, B, values_per_row):
+    """(kernels, grid, threads, shared bytes) of a split pass; ValueError where it cannot run."""
+    grid, threads, shared = split_launch(B, n, lanes, rows, dtype, values_per_row)
+    return euler_split_kernels(split_capacity(n, lanes), lanes, rows), grid, threads, shared
+
+
+def euler_forward_gpu_split(hs, th, x, A, V_h, b_h, eps, *, lanes, rows=1):
+    """Version 3 twin of euler_forward_cpu: th = x V_h^T + b_h for every step, A^T into a
+    scratch buffer, then one launch of the split forward kernel. Written (=): hs[1:], th."""
+    T, B, _ = x.shape
+    k, grid, threads, shared = _split(A.shape[0], lanes, rows, hs.dtype, B, 2)
+    input_projection_gpu(th, x, V_h, b_h)
+    k.forward[grid, threads, 0, shared](hs, th, transposed(A), hs.dtype.type(eps))
+
+
+def euler_gated_forward_gpu_split(hs, th, z, x, A, V_h, b_h, V_z, b_z, eps, *, lanes, rows=1):
+    """Version 3 twin of euler_gated_forward_cpu. Written (=): hs[1:], th, z."""
+    T, B, _ = x.shape
+    k, grid, threads, shared = _split(A.shape[0], lanes, rows, hs.dtype, B, 2)
+    input_projection_gpu(th, x, V_h, b_h)
+    input_projection_gpu(z, x, V_z, b_z)
+    k.gated_forward[grid, threads, 0, shared](hs, th, z, transposed(A), hs.dtype.type(eps))
+
+
+def euler_backward_gpu_split(dA, dV_h, db_h, dh0, da, dh_T, hs, th, x, A, eps, *, lanes, rows=1,
+                             tile=TILE):
+    """Version 3 twin of euler_backward_cpu: one launch of the split BPTT kernel, then the
+    parameter-gradient products. Written (=): dA, dV_h, db_h, dh0, da."""
+    T, B, _ = x.shape
+    k, grid, threads, shared = _split(A.shape[0], lanes, rows, dh0.dtype, B, 2)
+    k.backward[grid, threads, 0, shared](dh0, da, dh_T, th, A, dh0.dtype.type(eps))
+    euler_param_grads_gpu(dA, dV_h, db_h, da, da, hs, x, tile=tile)
+
+
+def euler_gated_backward_gpu_split(dA, dV_h, db_h, dV_z, db_z, dh0, da, dzp, ds, dh_T, hs, th, z,
+                                   x, A, eps, *, lanes, rows=1, tile=TILE):
+    """Version 3 twin of euler_gated_backward_cpu. Written (=): dA, dV_h, db_h, dV_z, db_z,
+    dh0, da, dzp, ds."""
+    T, B, _ = x.shape
+    k, grid, threads, shared = _split(A.shape[0], lanes, rows, dh0.dtype, B, 2)
+    k.gated_backward[grid, threads, 0, shared](dh0, da, dzp, ds, dh_T, th, z, A,
+                                               dh0.dtype.type(eps))
+    euler_param_grads_gpu(dA, dV_h, db_h, ds, da, hs, x, tile=tile)
+    euler_input_grads_gpu(dV_z, db_z, dzp, x, tile=tile)
+
+
 # ----------------------------------------------------------------------------------------------
 # The twins, as nprnn/backends.py runs them
 # ----------------------------------------------------------------------------------------------
 antisym_matrix = Twins(antisym_matrix_cpu, antisym_matrix_gpu)
 shifted_matrix = Twins(shifted_matrix_cpu, shifted_matrix_gpu)
 antisym_dW = Twins(antisym_dW_cpu, antisym_dW_gpu)
-euler_forward = Twins(euler_forward_cpu, euler_forward_gpu, euler_forward_gpu_persistent)
-euler_backward = Twins(euler_backward_cpu, euler_backward_gpu, euler_backward_gpu_persistent)
+euler_forward = Twins(euler_forward_cpu, euler_forward_gpu, euler_forward_gpu_persistent,
+                      gpu_split=euler_forward_gpu_split)
+euler_backward = Twins(euler_backward_cpu, euler_backward_gpu, euler_backward_gpu_persistent,
+                       gpu_split=euler_backward_gpu_split)
 euler_gated_forward = Twins(euler_gated_forward_cpu, euler_gated_forward_gpu,
-                            euler_gated_forward_gpu_persistent)
+                            euler_gated_forward_gpu_persistent,
+                            gpu_split=euler_gated_forward_gpu_split)
 euler_gated_backward = Twins(euler_gated_backward_cpu, euler_gated_backward_gpu,
-                             euler_gated_backward_gpu_persistent)
+                             euler_gated_backward_gpu_persistent,
+                             gpu_split=euler_gated_backward_gpu_split)

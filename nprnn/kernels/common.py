@@ -330,10 +330,12 @@ def sum_rows(out, D):
 
 class Twins(NamedTuple):
     """A kernel's twins, with identical positional arguments: the `cpu` function (@njit) and the
-    GPU host functions, `gpu` (for a cell's pass: one launch per step) and `gpu_persistent` (one
-    launch per pass, where there is one). `gpu_options(launch)` gives the GPU function's keyword
-    launch settings from a backends.Launch (a cell's passes take theirs from the backend)."""
+    GPU host functions, `gpu` (for a cell's pass: one launch per step), `gpu_persistent` (one
+    launch per pass, where there is one) and `gpu_split` (one launch per pass, several lanes per
+    unit, where there is one). `gpu_options(launch)` gives the GPU function's keyword launch
+    settings from a backends.Launch (a cell's passes take theirs from the backend)."""
     cpu: Callable
     gpu: Callable
     gpu_persistent: Callable = None
     gpu_options: Callable = None
+    gpu_split: Callable = None

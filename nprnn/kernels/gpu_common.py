@@ -409,6 +409,133 @@ def load_block_rows(buf, src, b0, rows):
                 buf[r * n + i] = src[b, i]
 
 
+# ------------------------------------------------------------------------------------------
+# Version 3, "split": several lanes of a warp per hidden unit (kernels/antisym.py explains it)
+# ------------------------------------------------------------------------------------------
+
+# lanes per unit a split kernel may use: powers of two below WARP (32 lanes would leave each
+# lane at most one matrix value within 1,024 threads per block: see antisym.split_lanes)
+SPLIT_LANES = (2, 4, 8, 16)
+FULL_MASK = 0xFFFFFFFF              # every lane of the warp takes part in a shuffle
+# Registers a split kernel needs beside the matrix values it holds (indices, the rows' states,
+# loop counters), as `split_fits` budgets them. Under a launch bound of t threads, ptxas for
+# sm_90 gives each thread at most 65,536 / (t rounded up to 128), in multiples of 8 (64 at
+# 1,024 threads, 80 at 736), and spills beyond it; with room to spare it takes more (147 for 64
+# float32 values at 256 threads). tests/test_ptx.py assembles the tightest case of each lanes
+# and dtype, and n = 128, and holds them to no spills.
+SPLIT_OTHER_REGISTERS = 40
+REGISTERS_PER_THREAD_MAX = 255
+
+
+def split_threads(n, lanes):
+    """Threads per block of a split kernel: `lanes` per unit, rounded up to a warp."""
+    return round_up(n * lanes, WARP)
+
+
+def split_capacity(n, lanes):
+    """Matrix values each lane holds in registers: ceil(n / lanes)."""
+    return cdiv(n, lanes)
+
+
+def split_fits(n, lanes, dtype):
+    """Whether a split kernel at n units and `lanes` lanes per unit can launch: at most
+    MAX_THREADS_PER_BLOCK threads, and its registers (the matrix values, 1 or 2 registers each,
+    plus SPLIT_OTHER_REGISTERS) within what an SM gives each of them."""
+    threads = split_threads(n, lanes)
+    if lanes not in SPLIT_LANES or threads > MAX_THREADS_PER_BLOCK:
+        return False
+    per_value = np.dtype(dtype).itemsize // 4
+    needed = split_capacity(n, lanes) * per_value + SPLIT_OTHER_REGISTERS
+    available = 65536 // round_up(threads, 128) // 8 * 8
+    return needed <= min(REGISTERS_PER_THREAD_MAX, available)
+
+
+def split_kernel(max_threads):
+    """@cuda.jit for a split kernel launched with at most `max_threads` threads per block, one
+    block per SM (see persistent_kernel; the simulator takes no launch bounds)."""
+    def decorate(func):
+        if CUDA_IMPORT_ERROR is not None or simulator_enabled():
+            return cuda.jit(func)
+        return cuda.jit(launch_bounds=(max_threads, 1))(func)
+    return decorate
+
+
+def split_launch(B, n, lanes, rows, dtype, values_per_row):
+    """(grid, threads, shared bytes) of a split kernel whose blocks own `rows` batch rows and
+    keep `values_per_row` vectors of n (padded to capacity * lanes) per row in shared memory;
+    ValueError where it cannot launch."""
+    if not split_fits(n, lanes, dtype):
+        raise ValueError(f"a split kernel cannot run n={n} units with lanes={lanes} in "
+                         f"{np.dtype(dtype).name}: lanes must be one of {SPLIT_LANES}, with at "
+                         f"most {MAX_THREADS_PER_BLOCK} threads per block (n * lanes) and the "
+                         f"matrix's share of each thread within its registers")
+    if rows < 1:
+        raise ValueError(f"a block owns at least one batch row, got rows={rows}")
+    stride = split_capacity(n, lanes) * lanes
+    shared = values_per_row * rows * stride * np.dtype(dtype).itemsize
+    if shared > SHARED_BYTES_MAX:
+        raise ValueError(f"{rows} rows per block need {shared} bytes of shared memory, at most "
+                         f"{SHARED_BYTES_MAX}: use fewer rows per block")
+    return cdiv(B, rows), split_threads(n, lanes), shared
+
+
+if CUDA_IMPORT_ERROR is None and simulator_enabled():
+    @cuda.jit(device=True)
+    def shfl_down(value, delta):
+        """The simulator's stand-in for cuda.shfl_down_sync(FULL_MASK, value, delta), which it
+        lacks: lane l gets lane l + delta's value, or keeps its own where l + delta is past the
+        warp. Exchanged through a block-wide array between two barriers, so every thread of
+        the block must call it together (the split kernels do: all call lane_sum alike)."""
+        box = cuda.shared.array(MAX_THREADS_PER_BLOCK, np.float64)
+        tid = cuda.threadIdx.x
+        box[tid] = value
+        cuda.syncthreads()
+        src = tid + delta
+        got = box[src] if tid % WARP + delta < WARP and src < cuda.blockDim.x else value
+        cuda.syncthreads()
+        return type(value)(got)
+else:
+    @cuda.jit(device=True)
+    def shfl_down(value, delta):
+        """Lane l gets lane l + delta's value (its own past the warp's end); all 32 lanes take
+        part."""
+        return cuda.shfl_down_sync(FULL_MASK, value, delta)
+
+
+@cuda.jit(device=True)
+def lane_sum(partial, lanes):
+    """The sum of `partial` over each group of `lanes` consecutive lanes (a power of two that
+    divides the warp), in the group's first lane, by log2(lanes) shuffles: after the shuffle by
+    delta, lane l holds the sum of lanes l .. l + 2 delta - 1 of its group. Every lane of the
+    warp must call it (the other lanes end with partial sums)."""
+    delta = lanes // 2
+    while delta > 0:
+        partial += shfl_down(partial, delta)
+        delta //= 2
+    return partial
+
+
+@cuda.jit
+def input_projection_kernel(u, x, V, b):
+    """u[t, r, i] = sum_k V[i, k] x[t, r, k] + b[i] (written, =): the input part of every
+    step's pre-activations at once, u (T, B, N), x (T, B, m), V (N, m), b (N,); one thread per
+    element of u, in its memory order."""
+    e = cuda.grid(1)
+    T, B, N = u.shape
+    if e < T * B * N:
+        t, rest = e // (B * N), e % (B * N)
+        r, i = rest // N, rest % N
+        acc = b[i]
+        for k in range(x.shape[2]):
+            acc += V[i, k] * x[t, r, k]
+        u[t, r, i] = acc
+
+
+def input_projection_gpu(u, x, V, b, *, threads=256):
+    """u = x V^T + b for every step (written, =); see input_projection_kernel."""
+    input_projection_kernel[max(1, cdiv(u.size, threads)), threads](u, x, V, b)
+
+
 def stacked_param_grads_gpu(dW_ih, dW_hh, db_ih, db_hh, dgi, dgh, hs, x, *, tile=TILE):
     """The products that end BPTT of the baselines, as in their CPU twins (all written, =):
     dW_hh = DGH^T H ; dW_ih = DGI^T X ; db_hh = DGH^T 1 ; db_ih = DGI^T 1, where dgi, dgh

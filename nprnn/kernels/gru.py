@@ -328,10 +328,14 @@ def gru_backward_persistent_kernel(dh0, dgi, dgh, dh_T, hs, gates, hn, W_hh, row
             if b < B:
                 base = cur + row * 3 * n
                 for j in range(tid, n, nthreads):
-                    acc = dh[row * n + j]
-                    for k in range(3 * n):
-                        acc += dbuf[base + k] * W_hh[k, j]
-                    dh[row * n + j] = acc
+                    # dh_{t-1}[j] += sum_k dgh_t[k] W_hh[k, j], one accumulator per gate block
+                    # (three chains of n dependent multiply-adds, not one of 3n)
+                    acc_r = acc_z = acc_n = dh.dtype.type(0)
+                    for k in range(n):
+                        acc_r += dbuf[base + k] * W_hh[k, j]
+                        acc_z += dbuf[base + n + k] * W_hh[n + k, j]
+                        acc_n += dbuf[base + 2 * n + k] * W_hh[2 * n + k, j]
+                    dh[row * n + j] += (acc_r + acc_z) + acc_n
     for row in range(rows):
         b = b0 + row
         if b < B:

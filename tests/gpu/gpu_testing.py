@@ -43,17 +43,22 @@ def small_launch(monkeypatch):
 
 def record_launches(monkeypatch, cell):
     """A list to which each GPU launch of `cell`'s passes appends (pass, version, layout), as it
-    runs (the cell's forward_kernels and backward_kernels wrapped)."""
+    runs (the cell's forward_kernels and backward_kernels wrapped; for a split launch, its lanes
+    in place of the layout)."""
     launched = []
 
     def recorded(run, direction, version):
-        return lambda *a, **kw: (launched.append((direction, version, kw.get("layout"))),
+        if run is None:
+            return None
+        return lambda *a, **kw: (launched.append((direction, version,
+                                                  kw.get("layout", kw.get("lanes")))),
                                  run(*a, **kw))[1]
     for direction in ("forward", "backward"):
         twins = getattr(cell, f"{direction}_kernels")
         monkeypatch.setattr(cell, f"{direction}_kernels", twins._replace(
             gpu=recorded(twins.gpu, direction, "step"),
-            gpu_persistent=recorded(twins.gpu_persistent, direction, "persistent")))
+            gpu_persistent=recorded(twins.gpu_persistent, direction, "persistent"),
+            gpu_split=recorded(twins.gpu_split, direction, "split")))
     return launched
 
 

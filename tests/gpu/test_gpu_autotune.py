@@ -16,7 +16,7 @@ from nprnn.train import format_config
 pytestmark = gt.requires_cuda
 
 GLOBAL, SKEW = Kernels("persistent", "global"), Kernels("persistent", "skew")
-STEP = Kernels("step")
+STEP, SPLIT4 = Kernels("step"), Kernels("split", lanes=4)
 
 
 @pytest.fixture(autouse=True)
@@ -37,9 +37,13 @@ class FakeTimer:
         return self.times[kernels.token, backward]
 
 
-FAST_STEP_BPTT = {("persistent/global", False): 2.0, ("persistent/skew", False): 1.0,
-                  ("step", False): 5.0, ("persistent/global", True): 4.0,
-                  ("persistent/skew", True): 6.0, ("step", True): 3.0}
+# at n = 6 antisym runs persistent (global, skew), split (2 and 4 lanes) and step: skew the
+# fastest forward, split with 4 lanes the fastest BPTT
+TIMES = {("persistent/global", False): 2.0, ("persistent/skew", False): 1.0,
+         ("split/2", False): 7.0, ("split/4", False): 8.0, ("step", False): 5.0,
+         ("persistent/global", True): 4.0, ("persistent/skew", True): 6.0,
+         ("split/2", True): 3.5, ("split/4", True): 2.5, ("step", True): 3.0}
+OPTIONS = 10
 
 
 def model(name="antisym", dtype="float64", tuner=None):
@@ -51,62 +55,63 @@ def model(name="antisym", dtype="float64", tuner=None):
 
 def test_the_fastest_option_of_each_pass_is_chosen_and_kept(tmp_path):
     path = tmp_path / "choices.json"
-    timer = FakeTimer(FAST_STEP_BPTT)
+    timer = FakeTimer(TIMES)
     tuner = autotune.Tuner(path, timer, gpu="Fake GPU (sm_90)")
     choice = tuner.choose(model(), gt.B, gt.T)
-    assert (choice.forward, choice.backward, choice.how) == (SKEW, STEP, "timed")
-    assert str(choice) == ("forward persistent, matrix in shared memory (skew); BPTT step, "
-                           "timed")
-    # every option of each pass was timed, the forward ones first
-    assert timer.timed == [("persistent/global", False), ("persistent/skew", False),
-                           ("step", False), ("persistent/global", True),
-                           ("persistent/skew", True), ("step", True)]
+    assert (choice.forward, choice.backward, choice.how) == (SKEW, SPLIT4, "timed")
+    assert str(choice) == ("forward persistent, matrix in shared memory (skew); BPTT split, 4 "
+                           "lanes per unit, matrix in registers, timed")
+    # every option of each pass was timed, the forward ones first, in the options' order
+    assert timer.timed == [(token, backward) for backward in (False, True)
+                           for token in ("persistent/global", "persistent/skew", "split/2",
+                                         "split/4", "step")]
     saved = json.loads(path.read_text())
     assert saved["kernels"] == autotune.kernels_digest()
     entry = saved["choices"]["Fake GPU (sm_90) | antisym | n=6 | B=3 | float64"]
-    assert (entry["forward"], entry["backward"]) == ("persistent/skew", "step")
-    assert entry["backward_ms"] == {"persistent/global": 4.0, "persistent/skew": 6.0, "step": 3.0}
+    assert (entry["forward"], entry["backward"]) == ("persistent/skew", "split/4")
+    assert entry["backward_ms"] == {"persistent/global": 4.0, "persistent/skew": 6.0,
+                                    "split/2": 3.5, "split/4": 2.5, "step": 3.0}
     # another process (a new Tuner on the same file) takes the choice without timing anything
-    again = FakeTimer(FAST_STEP_BPTT)
+    again = FakeTimer(TIMES)
     choice = autotune.Tuner(path, again, gpu="Fake GPU (sm_90)").choose(model(), gt.B, gt.T)
-    assert (choice.forward, choice.backward, choice.how) == (SKEW, STEP, "cached")
+    assert (choice.forward, choice.backward, choice.how) == (SKEW, SPLIT4, "cached")
     assert again.timed == []
     # another batch size, dtype, cell or GPU is timed afresh
     for args, gpu_name in (((model(), 2 * gt.B, gt.T), "Fake GPU (sm_90)"),
                            ((model(dtype="float32"), gt.B, gt.T), "Fake GPU (sm_90)"),
                            ((model(), gt.B, gt.T), "Other GPU (sm_80)")):
-        timer = FakeTimer(FAST_STEP_BPTT)
+        timer = FakeTimer(TIMES)
         assert autotune.Tuner(path, timer, gpu=gpu_name).choose(*args).how == "timed"
-        assert len(timer.timed) == 6
+        assert len(timer.timed) == OPTIONS
     assert len(json.loads(path.read_text())["choices"]) == 4
 
 
 def test_choices_of_other_kernels_or_a_damaged_file_are_timed_again(tmp_path, monkeypatch):
     path = tmp_path / "choices.json"
-    autotune.Tuner(path, FakeTimer(FAST_STEP_BPTT), gpu="G").choose(model(), gt.B, gt.T)
+    autotune.Tuner(path, FakeTimer(TIMES), gpu="G").choose(model(), gt.B, gt.T)
     monkeypatch.setattr(autotune, "kernels_digest", lambda: "kernels-changed")
-    assert autotune.Tuner(path, FakeTimer(FAST_STEP_BPTT), gpu="G").choose(
+    assert autotune.Tuner(path, FakeTimer(TIMES), gpu="G").choose(
         model(), gt.B, gt.T).how == "timed"
     for damaged in ("{", "[]", '{"format": 1, "kernels": "kernels-changed", "choices": 3}'):
         path.write_text(damaged)
-        assert autotune.Tuner(path, FakeTimer(FAST_STEP_BPTT), gpu="G").choose(
+        assert autotune.Tuner(path, FakeTimer(TIMES), gpu="G").choose(
             model(), gt.B, gt.T).how == "timed"
     # a cached option that no longer fits (here: a token no kernel has) is timed again
     saved = json.loads(path.read_text())
     saved["choices"]["G | antisym | n=6 | B=3 | float64"]["forward"] = "persistent/tiled"
     path.write_text(json.dumps(saved))
-    assert autotune.Tuner(path, FakeTimer(FAST_STEP_BPTT), gpu="G").choose(
+    assert autotune.Tuner(path, FakeTimer(TIMES), gpu="G").choose(
         model(), gt.B, gt.T).how == "timed"
 
 
 def test_a_folder_that_cannot_be_written_keeps_the_choice_in_memory(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    timer = FakeTimer(FAST_STEP_BPTT)
+    timer = FakeTimer(TIMES)
     tuner = autotune.Tuner(blocker / "choices.json", timer, gpu="G")
     first = tuner.choose(model(), gt.B, gt.T)
     assert first.how == "timed" and not blocker.is_dir()
-    assert tuner.choose(model(), gt.B, gt.T) == first and len(timer.timed) == 6
+    assert tuner.choose(model(), gt.B, gt.T) == first and len(timer.timed) == OPTIONS
 
 
 def test_untimed_the_persistent_kernels_read_the_matrix_from_global_memory():
@@ -121,10 +126,10 @@ def test_untimed_the_persistent_kernels_read_the_matrix_from_global_memory():
 
 
 def test_the_model_runs_the_kernels_it_chose_and_matches_the_cpu(tmp_path, monkeypatch):
-    """With a timer that makes skew fastest forward and step fastest in BPTT, loss_and_grad
-    launches exactly those, and its numbers match the CPU's."""
+    """With a timer that makes skew fastest forward and split with 4 lanes fastest in BPTT,
+    loss_and_grad launches exactly those, and its numbers match the CPU's."""
     launched = gt.record_launches(monkeypatch, nprnn.CELLS["antisym"])
-    tuner = autotune.Tuner(tmp_path / "c.json", FakeTimer(FAST_STEP_BPTT), gpu="G")
+    tuner = autotune.Tuner(tmp_path / "c.json", FakeTimer(TIMES), gpu="G")
     dev = model(tuner=tuner)
     cpu = nprnn.make_model("antisym", gt.M, gt.N, 4, seed=3, dtype="float64", eps=0.5)
     x = np.random.default_rng(0).standard_normal((gt.B, gt.T, gt.M))
@@ -132,7 +137,7 @@ def test_the_model_runs_the_kernels_it_chose_and_matches_the_cpu(tmp_path, monke
     dev.kernels_for(gt.B, gt.T)                          # the timing runs launch every option
     launched.clear()
     loss_d, g_d = dev.loss_and_grad(x, y)
-    assert launched == [("forward", "persistent", "skew"), ("backward", "step", None)]
+    assert launched == [("forward", "persistent", "skew"), ("backward", "split", 4)]
     loss_c, g_c = cpu.loss_and_grad(x, y)
     assert abs(loss_d - loss_c) <= 1e-12 * max(1.0, abs(loss_c))
     for k in g_c:

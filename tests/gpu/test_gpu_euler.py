@@ -6,7 +6,9 @@ backward one. "skew" is an antisymmetric A = W - W^T - gamma I (antisym, antisym
 persistent kernels keep only its upper triangle); "dense" an unstructured A (ablation, feedback).
 Version "persistent" keeps the matrix in shared memory, "persistent-global" reads it from global
 memory (kernels/antisym.py's layouts; the simulator does not limit shared memory, so both run at
-any size here).
+any size here). Version "split" gives each unit LANES threads, which hold the matrix in
+registers and add their partial sums by warp shuffles (the simulator's stand-in for them:
+gpu_common.shfl_down).
 """
 import numpy as np
 import pytest
@@ -60,18 +62,26 @@ def problem(dtype, gated, structure, seed=0, T=T):
     return p, fw, bw, eps
 
 
-def launch_options(version, structure, backward, rows=ROWS):
+LANES = 2         # n = 6 units: 12 threads in a block of 32, 3 matrix values per lane
+
+
+def launch_options(version, structure, backward, rows=ROWS, lanes=LANES):
     if version == "step":
         return dict(block=STEP_BLOCK, tile=TILE) if backward else dict(block=STEP_BLOCK)
+    if version == "split":
+        return dict(lanes=lanes, rows=rows, tile=TILE) if backward else dict(lanes=lanes,
+                                                                             rows=rows)
     layout = "global" if version == "persistent-global" else structure    # skew or dense
     opts = dict(layout=layout, rows=rows, threads=THREADS)
     return dict(opts, tile=TILE) if backward else opts
 
 
-# the global layout reads any matrix as a dense one: an unstructured A tests it
+# the global layout and the split kernels read any matrix as a dense one: an unstructured A
+# tests them
 CASES = [(dtype, gated, structure, version) for dtype in DTYPES for gated in (False, True)
          for structure in ("skew", "dense") for version in ("step", "persistent")] + [
-    (dtype, gated, "dense", "persistent-global") for dtype in DTYPES for gated in (False, True)]
+    (dtype, gated, "dense", version) for dtype in DTYPES for gated in (False, True)
+    for version in ("persistent-global", "split")]
 
 
 @pytest.mark.parametrize("dtype, gated, structure, version", CASES)
@@ -95,14 +105,33 @@ def test_persistent_kernels_at_other_rows_per_block(rows, version, gated):
     check("float64", gated, "skew", version, T, rows=rows)
 
 
-def check(dtype, gated, structure, version, T, rows=ROWS):
+@pytest.mark.parametrize("lanes, rows, gated", [(4, 1, True), (8, 3, False), (8, 3, True),
+                                               (16, 1, False)])
+def test_split_kernels_at_other_lanes_and_rows(lanes, rows, gated):
+    """4 lanes: 24 threads of a warp serve the 6 units, 2 matrix values each; 8 lanes: one value
+    each (an odd count for lane_dot), two warps, a block with one row of 3; 16 lanes: two units
+    per warp, lanes past n's 6 holding zeros."""
+    check("float64", gated, "dense", "split", T, rows=rows, lanes=lanes)
+
+
+def test_split_launch_refuses_what_cannot_run():
+    with pytest.raises(ValueError, match=r"cannot run n=128 units with lanes=8 in float64"):
+        gpu_common.split_launch(4, 128, 8, 1, "float64", 2)
+    with pytest.raises(ValueError, match=r"lanes must be one of \(2, 4, 8, 16\)"):
+        gpu_common.split_launch(4, 8, 3, 1, "float32", 2)
+    with pytest.raises(ValueError, match="at least one batch row"):
+        gpu_common.split_launch(4, 8, 2, 0, "float32", 2)
+    assert gpu_common.split_launch(5, 100, 8, 2, "float32", 2) == (3, 800, 2 * 2 * 104 * 4)
+
+
+def check(dtype, gated, structure, version, T, rows=ROWS, lanes=LANES):
     p, fw, bw, eps = problem(dtype, gated, structure, T=T)
     d = {k: dev(v) for k, v in p.items()}
-    suffix = "" if version == "step" else "_persistent"
+    suffix = {"step": "", "split": "_split"}.get(version, "_persistent")
     # forward: hs[0] given, the rest written
     hs = dev(np.concatenate([fw["hs"][:1], np.zeros_like(fw["hs"][1:])]))
     th, z = empty_like(fw["th"]), empty_like(fw["z"])
-    opts = launch_options(version, structure, backward=False, rows=rows)
+    opts = launch_options(version, structure, backward=False, rows=rows, lanes=lanes)
     if gated:
         getattr(K, "euler_gated_forward_gpu" + suffix)(hs, th, z, d["x"], d["A"], d["V_h"],
                                                        d["b_h"], d["V_z"], d["b_z"], eps, **opts)
@@ -115,7 +144,7 @@ def check(dtype, gated, structure, version, T, rows=ROWS):
     # backward, from the CPU's forward results
     hs, th, z = dev(fw["hs"]), dev(fw["th"]), dev(fw["z"])
     g = {k: empty_like(v) for k, v in bw.items()}
-    opts = launch_options(version, structure, backward=True, rows=rows)
+    opts = launch_options(version, structure, backward=True, rows=rows, lanes=lanes)
     if gated:
         getattr(K, "euler_gated_backward_gpu" + suffix)(
             g["dA"], g["dV_h"], g["db_h"], g["dV_z"], g["db_z"], g["dh0"], g["da"], g["dzp"],

@@ -47,11 +47,12 @@ def data(seed=0):
 
 
 EULER = ("antisym", "antisym-gated", "ablation", "feedback")
-# every cell's step and persistent versions, and the Euler cells' matrix in shared memory
+# every cell's step and persistent versions, and the Euler cells' matrix in shared memory and
+# split kernels
 VERSIONS = [(name, version) for name in sorted(nprnn.CELLS)
-            for version in ("step", "persistent") + (("shared",) if name in EULER else ())]
-# h_0 and dh_0 in the shared layouts: tests/gpu/test_gpu_euler.py, at the kernels
-H0_VERSIONS = [(name, version) for name, version in VERSIONS if version != "shared"]
+            for version in ("step", "persistent") + (("shared", "split") if name in EULER else ())]
+# h_0 and dh_0 in the shared layouts and the split kernels: tests/gpu/test_gpu_euler.py
+H0_VERSIONS = [(name, version) for name, version in VERSIONS if version not in ("shared", "split")]
 
 
 def kernels(name, version):
@@ -114,8 +115,8 @@ def test_a_matrix_too_big_for_shared_memory_is_read_from_global_memory(name, mon
     monkeypatch.setattr(K_euler, "SHARED_BYTES_MAX", 300)   # state <= 288 B; matrix >= 120 B
     cell = nprnn.CELLS[name]
     for backward in (False, True):
-        assert backends.options(cell, gt.N, "float64", backward, gt.SMALL_LAUNCH) == [
-            Kernels("persistent", "global"), Kernels("step")]
+        assert [k for k in backends.options(cell, gt.N, "float64", backward, gt.SMALL_LAUNCH)
+                if k.version != "split"] == [Kernels("persistent", "global"), Kernels("step")]
     launched = gt.record_launches(monkeypatch, cell)
     cpu, dev = pair(name, "float64")
     x, y = data()
@@ -199,19 +200,25 @@ def cuda_model(name, n=4, K=3, tuner=None):
     return model
 
 
+SPLIT_ROWS = ["split, 2 lanes per unit, matrix in registers"]     # at n = 4: 2 values per lane
+
+
 def test_time_model_reports_every_option(monkeypatch):
     """antisym's persistent passes can read the matrix from global memory or keep its triangle
-    in shared memory at this size: a row each, beside step; the row 'auto' runs says so. rnn
-    has no such choice."""
+    in shared memory at this size, and its split passes run with 2 lanes per unit: a row each,
+    beside step; the row 'auto' runs says so. rnn has no such choice."""
     from nprnn.kernels import antisym as K_euler
     launched = gt.record_launches(monkeypatch, nprnn.CELLS["antisym"])
     rows = autotune.time_model(cuda_model("antisym"), *bench_inputs(2, 2, 1, "float32", K=3),
                                repeats=1, warmup=0)
     assert [r["version"] for r in rows] == [
-        "step", "persistent, matrix in global memory", "persistent, matrix in shared memory (skew)"]
+        "step", "persistent, matrix in global memory",
+        "persistent, matrix in shared memory (skew)"] + SPLIT_ROWS
     # each row: the forward pass timed, then forward and backward
     layouts = [layout for _, version, layout in launched if version == "persistent"]
     assert layouts == ["global"] * 3 + ["skew"] * 3, layouts
+    lanes = [lanes for _, version, lanes in launched if version == "split"]
+    assert lanes == [2] * 3, lanes
     assert rows[1]["note"].startswith("auto runs this, untimed")
     assert "auto" not in rows[0]["note"] and "auto" not in rows[2]["note"]
     rnn_rows = autotune.time_model(cuda_model("rnn"), *bench_inputs(2, 2, 1, "float32", K=3),
@@ -221,7 +228,8 @@ def test_time_model_reports_every_option(monkeypatch):
     monkeypatch.setattr(K_euler, "SHARED_BYTES_MAX", 100)    # ablation's 4 x 4 needs 64 + 96 B
     global_rows = autotune.time_model(cuda_model("ablation"),
                                       *bench_inputs(2, 2, 1, "float32", K=3), repeats=1, warmup=0)
-    assert [r["version"] for r in global_rows] == ["step", "persistent, matrix in global memory"]
+    assert [r["version"] for r in global_rows] == [
+        "step", "persistent, matrix in global memory"] + SPLIT_ROWS
     for r in rows + rnn_rows + global_rows:
         assert set(r) >= {"forward_ms", "forward_backward_ms", "note", "B", "n", "T", "dtype"}
         if gt.CUDA_WHY.startswith("Numba CUDA simulator"):

@@ -144,15 +144,18 @@ def assert_race_free(check, expect_shared):
 
 @pytest.mark.parametrize("gated", [False, True])
 @pytest.mark.parametrize("structure, versions", [
-    ("skew", ("step", "persistent")), ("dense", ("step", "persistent", "persistent-global"))])
+    ("skew", ("step", "persistent")),
+    ("dense", ("step", "persistent", "persistent-global", "split"))])
 def test_euler_kernels_are_race_free(gated, structure, versions):
     with RaceCheck() as check:
         for version in versions:
             test_gpu_euler.check("float64", gated, structure, version, T)
     kind = "euler_gated" if gated else "euler"
+    split = ([f"{kind}_forward_split_kernel", f"{kind}_backward_split_kernel"]
+             if "split" in versions else [])
     assert_race_free(check, [f"{kind}_forward_persistent_kernel",
                              f"{kind}_backward_persistent_kernel",
-                             "matmul_tn_partial_kernel"])
+                             "matmul_tn_partial_kernel"] + split)
 
 
 @pytest.mark.parametrize("cell", list(test_gpu_baselines.CELLS))
