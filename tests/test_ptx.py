@@ -322,12 +322,29 @@ def test_kernel_as_built_for_this_gpu_takes_its_largest_block(module, name, kern
     with link-time optimisation rather than assembled by ptxas as above (so its registers can
     differ), still takes its largest block, as the driver reports, and keeps nothing in local
     memory (no kernel has a local array, so local memory would be spills)."""
+    check_as_built(f"{module}.{name}", kernel, arg_types(name, kernel.py_func, dtype))
+
+
+@pytest.mark.real_gpu
+@pytest.mark.parametrize("lanes, dtype, n", split_cases())
+def test_split_kernels_as_built_for_this_gpu_keep_the_matrix_in_registers(lanes, dtype, n):
+    """The same for the split kernels at the sizes test_split_kernels_keep_the_matrix_in_
+    registers_on_sm90 assembles."""
+    from nprnn.kernels import antisym
+    from nprnn.kernels.gpu_common import split_capacity
+    for kernel in antisym.euler_split_kernels(split_capacity(n, lanes), lanes, 1):
+        name = kernel.py_func.__name__
+        check_as_built(f"{name} at n={n}, {lanes} lanes", kernel,
+                       arg_types(name, kernel.py_func, dtype))
+
+
+def check_as_built(where, kernel, types_):
     if not cuda_available()[0]:
         pytest.skip(f"needs a GPU: {cuda_available()[1]}")
     bound = kernel.targetoptions.get("launch_bounds")
     threads = bound[0] if bound else MAX_THREADS_PER_BLOCK
-    built = kernel.compile(arg_types(name, kernel.py_func, dtype))
-    where = (f"{module}.{name} ({dtype}): {built.regs_per_thread} registers per thread, "
+    built = kernel.compile(types_)
+    where = (f"{where}: {built.regs_per_thread} registers per thread, "
              f"{built.local_mem_per_thread} bytes of local memory")
     assert built.max_threads_per_block >= threads, (
         f"the driver allows {built.max_threads_per_block} threads per block, the launchers use up "

@@ -1013,7 +1013,7 @@ def euler_split_kernels(cap, lanes, rows):
         hbuf = cuda.shared.array(0, hs.dtype)
         load_padded_rows(hbuf, hs[0], b0, rows, stride)
         for r in range(rows):
-            if leader and b0 + r < B:
+            if leader and b0 + r < B and T > 0:
                 h[r] = hs[0, b0 + r, i]
                 u[r] = th[0, b0 + r, i]
         for t in range(T):
@@ -1049,7 +1049,7 @@ def euler_split_kernels(cap, lanes, rows):
         hbuf = cuda.shared.array(0, hs.dtype)
         load_padded_rows(hbuf, hs[0], b0, rows, stride)
         for r in range(rows):
-            if leader and b0 + r < B:
+            if leader and b0 + r < B and T > 0:
                 h[r] = hs[0, b0 + r, i]
                 u[r] = th[0, b0 + r, i]
                 w[r] = z[0, b0 + r, i]
@@ -1092,9 +1092,10 @@ def euler_split_kernels(cap, lanes, rows):
         dbuf = cuda.shared.array(0, dh0.dtype)
         zero_shared(dbuf, 2 * rows * stride)
         for r in range(rows):
+            if leader and b0 + r < B and T > 0:
+                y[r] = th[T - 1, b0 + r, i]
             if leader and b0 + r < B:
                 dh[r] = dh_T[b0 + r, i]
-                y[r] = th[T - 1, b0 + r, i]
         for t in range(T - 1, -1, -1):
             cur = (t % 2) * rows * stride
             for r in range(rows):
@@ -1139,10 +1140,11 @@ def euler_split_kernels(cap, lanes, rows):
         dbuf = cuda.shared.array(0, dh0.dtype)
         zero_shared(dbuf, 2 * rows * stride)
         for r in range(rows):
-            if leader and b0 + r < B:
-                dh[r] = dh_T[b0 + r, i]
+            if leader and b0 + r < B and T > 0:
                 y[r] = th[T - 1, b0 + r, i]
                 zt[r] = z[T - 1, b0 + r, i]
+            if leader and b0 + r < B:
+                dh[r] = dh_T[b0 + r, i]
         for t in range(T - 1, -1, -1):
             cur = (t % 2) * rows * stride
             for r in range(rows):

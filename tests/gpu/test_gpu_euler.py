@@ -114,6 +114,13 @@ def test_split_kernels_at_other_lanes_and_rows(lanes, rows, gated):
     check("float64", gated, "dense", "split", T, rows=rows, lanes=lanes)
 
 
+@pytest.mark.parametrize("gated", [False, True])
+def test_split_kernels_at_zero_steps(gated):
+    """T = 0 (a cell's pass called directly; models refuse it): h_T = h_0 and dh_0 = dh_T, the
+    kernels' loads a step ahead not made."""
+    check("float64", gated, "dense", "split", 0)
+
+
 def test_split_launch_refuses_what_cannot_run():
     with pytest.raises(ValueError, match=r"cannot run n=128 units with lanes=8 in float64"):
         gpu_common.split_launch(4, 128, 8, 1, "float64", 2)
