@@ -2,14 +2,14 @@
 and the benchmark's rows (`cli.py bench --device cuda`).
 
 Where several kernels can run a pass (the step and the persistent versions; for the Euler cells'
-persistent kernels the matrix read from global memory or kept in shared memory, and their split
-kernels with 2 to 16 lanes per unit: `backends.options`), which is fastest depends on the GPU,
-n, the batch size and the dtype. So, as cuDNN's find and Triton's autotune do, a `Tuner` times
-every option of each pass once per (cell, n, B, dtype, GPU), on T = min(T, 64) steps of random
-data, keeps the fastest, and writes the choice to a small JSON file (`cache_path`: beside
-numba's cache when NUMBA_CACHE_DIR is set, else ~/.cache/nprnn), so that later runs on the same
-GPU start with it. The file also holds a digest of the kernel sources: when they change, every
-choice is timed again.
+persistent kernels the matrix read from global memory or kept in shared memory; for them and rnn
+the split kernels with 2 to 16 lanes per unit: `backends.options`), which is fastest depends on
+the GPU, n, the batch size and the dtype. So, as cuDNN's find and Triton's autotune do, a
+`Tuner` times every option of each pass once per (cell, n, B, dtype, GPU), on T = min(T, 64)
+steps of random data, keeps the fastest, and writes the choice to a small JSON file
+(`cache_path`: beside numba's cache when NUMBA_CACHE_DIR is set, else ~/.cache/nprnn), so that
+later runs on the same GPU start with it. The file also holds a digest of the kernel sources:
+when they change, every choice is timed again.
 
     tuner = Tuner.for_this_gpu()
     choice = tuner.choose(model, B, T)     # Choice(forward=Kernels, backward=Kernels, how=...)

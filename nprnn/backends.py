@@ -26,7 +26,8 @@ the fastest. Kernel versions (nprnn/kernels/antisym.py explains them):
                   (antisym: only its upper triangle, "skew"; the others all of it, "dense")
     "split"       one launch per pass as "persistent", with `lanes` threads per hidden unit,
                   each holding its share of the matrix in registers, their partial dot products
-                  added by warp shuffles (the Euler family, where the matrix fits registers)
+                  added by warp shuffles (the Euler family and rnn, where the matrix fits
+                  registers)
     "auto"        the fastest that fits, as timed on this GPU (the default); untimed, the
                   first option: persistent with the matrix in global memory, else step
 """

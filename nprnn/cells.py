@@ -36,7 +36,7 @@ from .kernels import antisym as K_euler
 from .kernels import gru as K_gru
 from .kernels import lstm as K_lstm
 from .kernels import rnn as K_rnn
-from .kernels.gpu_common import SHARED_BYTES_MAX
+from .kernels.gpu_common import SHARED_BYTES_MAX, split_lanes
 
 # Appendix C grid: eps in {0.01, 0.1, 1}, gamma in {0.001, 0.01, 0.1, 1}, sigma_w in
 # {0, 1, 2, 4, 8, 16}. The defaults below are points of that grid.
@@ -178,7 +178,7 @@ class EulerCell(Cell):
         return K_euler.persistent_layouts(n, dtype, self.antisymmetric, backward, rows)
 
     def split_lanes(self, n, dtype):
-        return K_euler.split_lanes(n, dtype)
+        return split_lanes(n, dtype)
 
     def matrix(self, W, gamma, ws=None, backend=CPU):
         """The recurrent matrix A that the kernels use: W - W^T - gamma I (antisym,
@@ -294,6 +294,11 @@ class StackedGateCell(Cell):
         self.name, self.summary, self.reference = name, summary, reference
         self.kernels_module = kernels_module      # for its FORWARD_VALUES, BACKWARD_VALUES
         self.product_blocks = (len(self.gates), len(self.gates))
+
+    def split_lanes(self, n, dtype):
+        # split kernels hold W_hh in registers: rnn's (n, n) fits there, the LSTM's and GRU's
+        # stacked (4n, n) and (3n, n) do not at the sizes of the paper
+        return split_lanes(n, dtype) if self.forward_kernels.gpu_split else []
 
     def persistent_layouts(self, n, dtype, backward, rows=1):
         # the persistent kernels keep VALUES vectors of n per row in shared memory and read W_hh

@@ -297,14 +297,14 @@ def split_cases():
 @pytest.mark.parametrize("lanes, dtype, n", split_cases())
 def test_split_kernels_keep_the_matrix_in_registers_on_sm90(ptx_target, tmp_path, ptxas_report,
                                                             lanes, dtype, n):
-    """The split kernels are compiled per (values per lane, lanes, rows), so the scan above does
-    not see them: each that backends.options offers at its tightest n assembles with no local
-    memory (the matrix's share and the rows' states stay in registers) and no float64 arithmetic
-    in float32, under its launch bound."""
-    from nprnn.kernels import antisym
+    """The split kernels (of the Euler cells and rnn) are compiled per (values per lane, lanes,
+    rows), so the scan above does not see them: each that backends.options offers, at its
+    tightest n, assembles with no local memory (the matrix's share and the rows' states stay in
+    registers) and no float64 arithmetic in float32, under its launch bound."""
+    from nprnn.kernels import antisym, rnn
     from nprnn.kernels.gpu_common import split_capacity
-    kernels = antisym.euler_split_kernels(split_capacity(n, lanes), lanes, 1)
-    for kernel in kernels:
+    cap = split_capacity(n, lanes)
+    for kernel in antisym.euler_split_kernels(cap, lanes, 1) + rnn.rnn_split_kernels(cap, lanes, 1):
         name = kernel.py_func.__name__
         ptx, _ = cuda.compile_ptx(kernel.py_func, arg_types(name, kernel.py_func, dtype), cc=CC,
                                   launch_bounds=kernel.targetoptions.get("launch_bounds"))
@@ -330,9 +330,10 @@ def test_kernel_as_built_for_this_gpu_takes_its_largest_block(module, name, kern
 def test_split_kernels_as_built_for_this_gpu_keep_the_matrix_in_registers(lanes, dtype, n):
     """The same for the split kernels at the sizes test_split_kernels_keep_the_matrix_in_
     registers_on_sm90 assembles."""
-    from nprnn.kernels import antisym
+    from nprnn.kernels import antisym, rnn
     from nprnn.kernels.gpu_common import split_capacity
-    for kernel in antisym.euler_split_kernels(split_capacity(n, lanes), lanes, 1):
+    cap = split_capacity(n, lanes)
+    for kernel in antisym.euler_split_kernels(cap, lanes, 1) + rnn.rnn_split_kernels(cap, lanes, 1):
         name = kernel.py_func.__name__
         check_as_built(f"{name} at n={n}, {lanes} lanes", kernel,
                        arg_types(name, kernel.py_func, dtype))

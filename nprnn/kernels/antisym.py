@@ -42,11 +42,11 @@ from numba import prange
 from .common import (Twins, dsigmoid_from_y, dtanh_from_y, flush_denormals, matmul_nt_rows,
                      matmul_tn_rows, njit, njit_inline, njit_parallel, num_slices,
                      restore_fp_mode, row_slice, sigmoid, sum_rows, tanh)
-from .gpu_common import (MAX_THREADS_PER_BLOCK, SHARED_BYTES_MAX, SPLIT_LANES, TILE, WARP, cdiv,
-                         column_sums_gpu, cuda, input_projection_gpu, lane_sum, load_block_rows,
-                         matmul_tn_gpu, persistent_grid, persistent_kernel, round_up, scratch,
-                         split_capacity, split_fits, split_kernel, split_launch, step_grid,
-                         transposed)
+from .gpu_common import (SHARED_BYTES_MAX, TILE, cdiv, column_sums_gpu, cuda,
+                         input_projection_gpu, lane_dot, lane_sum, load_block_rows,
+                         load_lane_values, load_padded_rows, matmul_tn_gpu, persistent_grid,
+                         persistent_kernel, scratch, split_bound, split_capacity, split_kernel,
+                         split_launch, step_grid, transposed, zero_shared)
 
 
 # ------------------------------------------------------------------------------------------
@@ -968,16 +968,7 @@ def euler_gated_backward_gpu_persistent(dA, dV_h, db_h, dV_z, db_z, dh0, da, dzp
 # (`input_projection_gpu`, as the CPU twin's first product), or the forward's th_t and z_t.
 # cap, S and the rows per block are compile-time constants of each compiled kernel
 # (`euler_split_kernels`), so that loops over them unroll and their arrays live in registers;
-# `gpu_common.split_fits` says which S fit a block's registers at n. Not timed on a GPU yet.
-
-
-def split_lanes(n, dtype):
-    """The lanes per unit worth offering at n units: those that fit (`split_fits`) and leave
-    each lane two matrix values or more. A lane with one value does one multiply-add and then
-    a shuffle more than half as many lanes with two would, on twice the threads."""
-    return [lanes for lanes in SPLIT_LANES
-            if split_fits(n, lanes, dtype) and (split_capacity(n, lanes) >= 2
-                                                or lanes == SPLIT_LANES[0])]
+# `gpu_common.split_lanes` says which S fit a block's registers at n. Not timed on a GPU yet.
 
 
 class SplitKernels(NamedTuple):
@@ -993,7 +984,7 @@ def euler_split_kernels(cap, lanes, rows):
     """The version 3 kernels for `lanes` lanes per unit, cap = ceil(n / lanes) matrix values per
     lane and `rows` batch rows per block (each combination compiled once)."""
     stride = cap * lanes                # a row's state vector in shared memory, zero-padded
-    launch_bound = min(MAX_THREADS_PER_BLOCK, round_up(stride * lanes, WARP))
+    launch_bound = split_bound(cap, lanes)
 
     @split_kernel(launch_bound)
     def euler_forward_split_kernel(hs, th, AT, eps):
@@ -1169,52 +1160,6 @@ def euler_split_kernels(cap, lanes, rows):
 
     return SplitKernels(euler_forward_split_kernel, euler_gated_forward_split_kernel,
                         euler_backward_split_kernel, euler_gated_backward_split_kernel)
-
-
-@cuda.jit(device=True)
-def load_lane_values(D, M, i, lane, cap, lanes):
-    """D[k] = M[lane + k lanes, i] for k < cap: lane `lane`'s share of column i of M (n, n),
-    zero past n and for a thread past the last unit (i >= n)."""
-    n = M.shape[0]
-    for k in range(cap):
-        j = lane + k * lanes
-        D[k] = M[j, i] if i < n and j < n else M.dtype.type(0)
-
-
-@cuda.jit(device=True)
-def lane_dot(D, v, start, cap, lanes):
-    """This lane's share of a dot product: sum_k D[k] v[start + k lanes], over two accumulators
-    so that consecutive multiply-adds do not wait for each other."""
-    acc0 = v.dtype.type(0)
-    acc1 = v.dtype.type(0)
-    for k in range(0, cap - 1, 2):
-        acc0 += D[k] * v[start + k * lanes]
-        acc1 += D[k + 1] * v[start + (k + 1) * lanes]
-    if cap % 2 == 1:
-        acc0 += D[cap - 1] * v[start + (cap - 1) * lanes]
-    return acc0 + acc1
-
-
-@cuda.jit(device=True)
-def zero_shared(buf, size):
-    """buf[:size] = 0, the block's threads sharing it; ends with a barrier."""
-    for e in range(cuda.threadIdx.x, size, cuda.blockDim.x):
-        buf[e] = 0
-    cuda.syncthreads()
-
-
-@cuda.jit(device=True)
-def load_padded_rows(buf, src, b0, rows, stride):
-    """The two state copies of a split kernel's block: buf (2 rows stride) zeroed, then
-    buf[r stride + j] = src[b0 + r, j] for its rows that exist. Ends with a barrier."""
-    zero_shared(buf, 2 * rows * stride)
-    B, n = src.shape
-    tid, nthreads = cuda.threadIdx.x, cuda.blockDim.x
-    for r in range(rows):
-        if b0 + r < B:
-            for j in range(tid, n, nthreads):
-                buf[r * stride + j] = src[b0 + r, j]
-    cuda.syncthreads()
 
 
 def _split(n, lanes, rows, dtype, B, values_per_row):

@@ -515,6 +515,67 @@ def lane_sum(partial, lanes):
     return partial
 
 
+def split_bound(cap, lanes):
+    """The launch bound of a split kernel compiled for `cap` values per lane: its most threads,
+    over the largest n with that cap (n = cap * lanes)."""
+    return min(MAX_THREADS_PER_BLOCK, round_up(cap * lanes * lanes, WARP))
+
+
+def split_lanes(n, dtype):
+    """The lanes per unit worth offering at n units: those that fit (`split_fits`) and leave
+    each lane two matrix values or more. A lane with one value does one multiply-add and then
+    a shuffle more than half as many lanes with two would, on twice the threads."""
+    return [lanes for lanes in SPLIT_LANES
+            if split_fits(n, lanes, dtype) and (split_capacity(n, lanes) >= 2
+                                                or lanes == SPLIT_LANES[0])]
+
+
+@cuda.jit(device=True)
+def load_lane_values(D, M, i, lane, cap, lanes):
+    """D[k] = M[lane + k lanes, i] for k < cap: lane `lane`'s share of column i of M (n, n),
+    zero past n and for a thread past the last unit (i >= n)."""
+    n = M.shape[0]
+    for k in range(cap):
+        j = lane + k * lanes
+        D[k] = M[j, i] if i < n and j < n else M.dtype.type(0)
+
+
+@cuda.jit(device=True)
+def lane_dot(D, v, start, cap, lanes):
+    """This lane's share of a dot product: sum_k D[k] v[start + k lanes], over two accumulators
+    so that consecutive multiply-adds do not wait for each other."""
+    acc0 = v.dtype.type(0)
+    acc1 = v.dtype.type(0)
+    for k in range(0, cap - 1, 2):
+        acc0 += D[k] * v[start + k * lanes]
+        acc1 += D[k + 1] * v[start + (k + 1) * lanes]
+    if cap % 2 == 1:
+        acc0 += D[cap - 1] * v[start + (cap - 1) * lanes]
+    return acc0 + acc1
+
+
+@cuda.jit(device=True)
+def zero_shared(buf, size):
+    """buf[:size] = 0, the block's threads sharing it; ends with a barrier."""
+    for e in range(cuda.threadIdx.x, size, cuda.blockDim.x):
+        buf[e] = 0
+    cuda.syncthreads()
+
+
+@cuda.jit(device=True)
+def load_padded_rows(buf, src, b0, rows, stride):
+    """The two state copies of a split kernel's block: buf (2 rows stride) zeroed, then
+    buf[r stride + j] = src[b0 + r, j] for its rows that exist. Ends with a barrier."""
+    zero_shared(buf, 2 * rows * stride)
+    B, n = src.shape
+    tid, nthreads = cuda.threadIdx.x, cuda.blockDim.x
+    for r in range(rows):
+        if b0 + r < B:
+            for j in range(tid, n, nthreads):
+                buf[r * stride + j] = src[b0 + r, j]
+    cuda.syncthreads()
+
+
 @cuda.jit
 def input_projection_kernel(u, x, V, b):
     """u[t, r, i] = sum_k V[i, k] x[t, r, k] + b[i] (written, =): the input part of every

@@ -17,14 +17,15 @@ CELLS = {"rnn": (rnn, "rnn", 1), "lstm": (lstm, "lstm", 4),
          "peephole-lstm": (lstm, "peephole_lstm", 4), "gru": (gru, "gru", 3)}
 
 
-def options(version, backward, rows=ROWS):
-    opts = dict(block=STEP_BLOCK) if version == "step" else dict(rows=rows, threads=THREADS)
+def options(version, backward, rows=ROWS, lanes=2):
+    opts = {"step": dict(block=STEP_BLOCK), "split": dict(rows=rows, lanes=lanes)}.get(
+        version, dict(rows=rows, threads=THREADS))
     return dict(opts, tile=TILE) if backward else opts
 
 
 def gpu_function(module, prefix, direction, version):
     return getattr(module, f"{prefix}_{direction}_gpu"
-                           + ("_persistent" if version == "persistent" else ""))
+                           + {"step": "", "split": "_split"}.get(version, "_persistent"))
 
 
 def problem(cell, dtype, seed=0):
@@ -88,11 +89,11 @@ def backward_args(cell, bw, fw, p):
 
 
 CASES = [(cell, dtype, version) for cell in CELLS for dtype in DTYPES
-         for version in ("step", "persistent")]
+         for version in ("step", "persistent")] + [("rnn", dtype, "split") for dtype in DTYPES]
 
 
 @pytest.mark.parametrize("cell, dtype, version", CASES)
-def test_baseline_forward_and_backward_match_cpu(cell, dtype, version, rows=ROWS):
+def test_baseline_forward_and_backward_match_cpu(cell, dtype, version, rows=ROWS, lanes=2):
     module, prefix, _ = CELLS[cell]
     p, fw, bw = problem(cell, dtype)
     d = {k: dev(v) for k, v in p.items()}
@@ -104,16 +105,24 @@ def test_baseline_forward_and_backward_match_cpu(cell, dtype, version, rows=ROWS
             start[0] = v[0]
         fw_gpu[k] = dev(start)
     gpu_function(module, prefix, "forward", version)(*forward_args(cell, fw_gpu, d),
-                                                     **options(version, False, rows))
+                                                     **options(version, False, rows, lanes))
     for k, want in fw.items():
         assert_close(fw_gpu[k], want, dtype, k)
     # backward, from the CPU's forward results
     fw_dev = {k: dev(v) for k, v in fw.items()}
     bw_gpu = {k: empty_like(v) for k, v in bw.items()}
     gpu_function(module, prefix, "backward", version)(*backward_args(cell, bw_gpu, fw_dev, d),
-                                                      **options(version, True, rows))
+                                                      **options(version, True, rows, lanes))
     for k, want in bw.items():
         assert_close(bw_gpu[k], want, dtype, k)
+
+
+@pytest.mark.parametrize("lanes, rows", [(4, 1), (8, 3)])
+def test_rnn_split_kernels_at_other_lanes_and_rows(lanes, rows):
+    """As test_gpu_euler.py's: 4 lanes, 2 values of W_hh each; 8 lanes, one value each, two
+    warps, a block with one row of 3."""
+    test_baseline_forward_and_backward_match_cpu("rnn", "float64", "split", rows=rows,
+                                                 lanes=lanes)
 
 
 @pytest.mark.parametrize("cell", list(CELLS))

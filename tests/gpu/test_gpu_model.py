@@ -47,10 +47,11 @@ def data(seed=0):
 
 
 EULER = ("antisym", "antisym-gated", "ablation", "feedback")
-# every cell's step and persistent versions, and the Euler cells' matrix in shared memory and
-# split kernels
+# every cell's step and persistent versions, the Euler cells' matrix in shared memory, and the
+# split kernels of the Euler cells and rnn
 VERSIONS = [(name, version) for name in sorted(nprnn.CELLS)
-            for version in ("step", "persistent") + (("shared", "split") if name in EULER else ())]
+            for version in ("step", "persistent") + (("shared", "split") if name in EULER else
+                                                     ("split",) if name == "rnn" else ())]
 # h_0 and dh_0 in the shared layouts and the split kernels: tests/gpu/test_gpu_euler.py
 H0_VERSIONS = [(name, version) for name, version in VERSIONS if version not in ("shared", "split")]
 
@@ -206,7 +207,7 @@ SPLIT_ROWS = ["split, 2 lanes per unit, matrix in registers"]     # at n = 4: 2 
 def test_time_model_reports_every_option(monkeypatch):
     """antisym's persistent passes can read the matrix from global memory or keep its triangle
     in shared memory at this size, and its split passes run with 2 lanes per unit: a row each,
-    beside step; the row 'auto' runs says so. rnn has no such choice."""
+    beside step; the row 'auto' runs says so. rnn has no matrix layouts to choose."""
     from nprnn.kernels import antisym as K_euler
     launched = gt.record_launches(monkeypatch, nprnn.CELLS["antisym"])
     rows = autotune.time_model(cuda_model("antisym"), *bench_inputs(2, 2, 1, "float32", K=3),
@@ -223,7 +224,7 @@ def test_time_model_reports_every_option(monkeypatch):
     assert "auto" not in rows[0]["note"] and "auto" not in rows[2]["note"]
     rnn_rows = autotune.time_model(cuda_model("rnn"), *bench_inputs(2, 2, 1, "float32", K=3),
                                    repeats=1, warmup=0)
-    assert [r["version"] for r in rnn_rows] == ["step", "persistent"]
+    assert [r["version"] for r in rnn_rows] == ["step", "persistent"] + SPLIT_ROWS
     # a matrix that shared memory cannot hold is read from global memory only: no shared row
     monkeypatch.setattr(K_euler, "SHARED_BYTES_MAX", 100)    # ablation's 4 x 4 needs 64 + 96 B
     global_rows = autotune.time_model(cuda_model("ablation"),
@@ -244,6 +245,7 @@ def test_time_model_times_the_persistent_pass_that_fits(monkeypatch):
     fits = {False: [None], True: []}                   # the layouts that fit each pass
     monkeypatch.setattr(nprnn.CELLS["rnn"], "persistent_layouts",
                         lambda n, dtype, backward, rows=1: fits[backward])
+    monkeypatch.setattr(nprnn.CELLS["rnn"], "split_lanes", lambda n, dtype: [])
     ran = []
     monkeypatch.setattr(autotune, "elapsed_ms", lambda fn, repeats, warmup: fn() or 1.0)
     monkeypatch.setattr(nprnn.Model, "logits_on", lambda *a: ran.append("forward"))

@@ -160,13 +160,15 @@ def test_euler_kernels_are_race_free(gated, structure, versions):
 
 @pytest.mark.parametrize("cell", list(test_gpu_baselines.CELLS))
 def test_baseline_kernels_are_race_free(cell):
+    split = cell == "rnn"
     with RaceCheck() as check:
-        for version in ("step", "persistent"):
+        for version in ("step", "persistent") + (("split",) if split else ()):
             test_gpu_baselines.test_baseline_forward_and_backward_match_cpu(cell, "float64",
                                                                             version)
     name = "lstm" if cell == "peephole-lstm" else cell
     assert_race_free(check, [f"{name}_forward_persistent_kernel",
-                             f"{name}_backward_persistent_kernel", "matmul_tn_partial_kernel"])
+                             f"{name}_backward_persistent_kernel", "matmul_tn_partial_kernel"]
+                     + (["rnn_forward_split_kernel", "rnn_backward_split_kernel"] if split else []))
 
 
 def test_gradient_norm_block_sums_are_race_free():
