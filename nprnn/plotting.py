@@ -300,7 +300,8 @@ SWEEP_STYLES = {"complete": dict(marker="o", color="C0", label="complete"),
 
 def plot_sweep(rows, space, path, title=""):
     """A sweep's best validation accuracy against each searched hyperparameter, a panel each:
-    one marker per trial (complete, pruned, running; the chosen trial starred). `space`:
+    one marker per trial (complete, pruned, running; the chosen trial starred; those without
+    an accuracy counted in the title). `space`:
     {name: its grid values, or (low, high, log) for a range}; each axis spans the whole space,
     ticked at the grid's values. Numbers spanning a decade or more (or a log range) are on a
     log axis, where 0 sits at the left edge; choices are evenly spaced, and trials at one value
@@ -363,5 +364,7 @@ def plot_sweep(rows, space, path, title=""):
     handles, labels = axes[0].get_legend_handles_labels()
     if handles:
         fig.legend(handles, labels, loc="outside lower center", ncols=len(handles), fontsize=8)
-    fig.suptitle(title or "sweep", fontsize=12)
+    unscored = len(rows) - len(scored)
+    fig.suptitle((title or "sweep") + (f" ({unscored} not drawn: failed, or not yet evaluated)"
+                                       if unscored else ""), fontsize=12)
     _save(fig, path, dpi=150)
