@@ -282,7 +282,7 @@ def euler_gated_backward_cpu(dA, dV_h, db_h, dV_z, db_z, dh0, da, dzp, ds,
 # ------------------------------------------------------------------------------------------
 # GPU twins
 # ------------------------------------------------------------------------------------------
-# Two versions of every pass, side by side (as llm.c's dev/cuda keeps its kernel versions), both
+# Three versions of every pass, side by side (as llm.c's dev/cuda keeps its kernel versions), all
 # checked against the CPU twins above by tests/gpu/test_gpu_euler.py:
 #
 #   version 1, "step"        one thread per (b, i) and one launch per time step. Obvious, and at
@@ -293,8 +293,10 @@ def euler_gated_backward_cpu(dA, dV_h, db_h, dV_z, db_z, dh0, da, dzp, ds,
 #                            sequence (A stays in global memory where it does not). Rows never
 #                            exchange data, so blocks never wait for each other and
 #                            cuda.syncthreads() is the only synchronisation: one per step.
+#   version 3, "split"       as version 2, with several threads of a warp per unit, each
+#                            holding its share of A in registers (below version 2).
 #
-# Both versions end BPTT with the same parameter-gradient products as the CPU twins,
+# All versions end BPTT with the same parameter-gradient products as the CPU twins,
 # dA = DA^T H, dV_h = DA^T X, db_h = DA^T 1, formed by `matmul_tn_gpu` (see gpu_common.py for
 # why a tiled product over the stored steps and not an accumulation inside the BPTT kernel).
 #

@@ -98,7 +98,7 @@ def rnn_backward_cpu(dW_ih, dW_hh, db_ih, db_hh, dh0, da, dh_T, hs, x, W_hh):
 
 
 # ------------------------------------------------------------------------------------------
-# GPU twins (two versions, as in antisym.py; tests/gpu/test_gpu_baselines.py checks them)
+# GPU twins (three versions, as in antisym.py; tests/gpu/test_gpu_baselines.py checks them)
 # ------------------------------------------------------------------------------------------
 #   version 1, "step"        one thread per (b, j), one launch per step (BPTT: two per step,
 #                            the elementwise part and dh_{t-1} = da_t W_hh)
