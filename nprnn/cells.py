@@ -113,8 +113,9 @@ class Cell:
 
     def split_lanes(self, n, dtype):
         """The lanes per unit with which this cell's split GPU kernels (version 3) run at n
-        units: none, unless the cell's family has them."""
-        return []
+        units: none where its twins have no split version (the LSTM's and GRU's stacked W_hh
+        do not fit a block's registers at the paper's sizes)."""
+        return split_lanes(n, dtype) if self.forward_kernels.gpu_split else []
 
 
 def gradients(backend, out, p, B, n, dtype):
@@ -176,9 +177,6 @@ class EulerCell(Cell):
 
     def persistent_layouts(self, n, dtype, backward, rows=1):
         return K_euler.persistent_layouts(n, dtype, self.antisymmetric, backward, rows)
-
-    def split_lanes(self, n, dtype):
-        return split_lanes(n, dtype)
 
     def matrix(self, W, gamma, ws=None, backend=CPU):
         """The recurrent matrix A that the kernels use: W - W^T - gamma I (antisym,
@@ -294,11 +292,6 @@ class StackedGateCell(Cell):
         self.name, self.summary, self.reference = name, summary, reference
         self.kernels_module = kernels_module      # for its FORWARD_VALUES, BACKWARD_VALUES
         self.product_blocks = (len(self.gates), len(self.gates))
-
-    def split_lanes(self, n, dtype):
-        # split kernels hold W_hh in registers: rnn's (n, n) fits there, the LSTM's and GRU's
-        # stacked (4n, n) and (3n, n) do not at the sizes of the paper
-        return split_lanes(n, dtype) if self.forward_kernels.gpu_split else []
 
     def persistent_layouts(self, n, dtype, backward, rows=1):
         # the persistent kernels keep VALUES vectors of n per row in shared memory and read W_hh

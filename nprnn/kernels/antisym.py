@@ -45,8 +45,8 @@ from .common import (Twins, dsigmoid_from_y, dtanh_from_y, flush_denormals, matm
 from .gpu_common import (SHARED_BYTES_MAX, TILE, cdiv, column_sums_gpu, cuda,
                          input_projection_gpu, lane_dot, lane_sum, load_block_rows,
                          load_lane_values, load_padded_rows, matmul_tn_gpu, persistent_grid,
-                         persistent_kernel, scratch, split_bound, split_capacity, split_kernel,
-                         split_launch, step_grid, transposed, zero_shared)
+                         persistent_kernel, scratch, split_bound, split_kernel, split_pass,
+                         step_grid, transposed, zero_shared)
 
 
 # ------------------------------------------------------------------------------------------
@@ -1164,25 +1164,19 @@ def euler_split_kernels(cap, lanes, rows):
                         euler_backward_split_kernel, euler_gated_backward_split_kernel)
 
 
-def _split(n, lanes, rows, dtype, B, values_per_row):
-    """(kernels, grid, threads, shared bytes) of a split pass; ValueError where it cannot run."""
-    grid, threads, shared = split_launch(B, n, lanes, rows, dtype, values_per_row)
-    return euler_split_kernels(split_capacity(n, lanes), lanes, rows), grid, threads, shared
-
-
 def euler_forward_gpu_split(hs, th, x, A, V_h, b_h, eps, *, lanes, rows=1):
     """Version 3 twin of euler_forward_cpu: th = x V_h^T + b_h for every step, A^T into a
     scratch buffer, then one launch of the split forward kernel. Written (=): hs[1:], th."""
-    T, B, _ = x.shape
-    k, grid, threads, shared = _split(A.shape[0], lanes, rows, hs.dtype, B, 2)
+    k, grid, threads, shared = split_pass(euler_split_kernels, x.shape[1], A.shape[0], lanes,
+                                          rows, hs.dtype)
     input_projection_gpu(th, x, V_h, b_h)
     k.forward[grid, threads, 0, shared](hs, th, transposed(A), hs.dtype.type(eps))
 
 
 def euler_gated_forward_gpu_split(hs, th, z, x, A, V_h, b_h, V_z, b_z, eps, *, lanes, rows=1):
     """Version 3 twin of euler_gated_forward_cpu. Written (=): hs[1:], th, z."""
-    T, B, _ = x.shape
-    k, grid, threads, shared = _split(A.shape[0], lanes, rows, hs.dtype, B, 2)
+    k, grid, threads, shared = split_pass(euler_split_kernels, x.shape[1], A.shape[0], lanes,
+                                          rows, hs.dtype)
     input_projection_gpu(th, x, V_h, b_h)
     input_projection_gpu(z, x, V_z, b_z)
     k.gated_forward[grid, threads, 0, shared](hs, th, z, transposed(A), hs.dtype.type(eps))
@@ -1192,8 +1186,8 @@ def euler_backward_gpu_split(dA, dV_h, db_h, dh0, da, dh_T, hs, th, x, A, eps, *
                              tile=TILE):
     """Version 3 twin of euler_backward_cpu: one launch of the split BPTT kernel, then the
     parameter-gradient products. Written (=): dA, dV_h, db_h, dh0, da."""
-    T, B, _ = x.shape
-    k, grid, threads, shared = _split(A.shape[0], lanes, rows, dh0.dtype, B, 2)
+    k, grid, threads, shared = split_pass(euler_split_kernels, x.shape[1], A.shape[0], lanes,
+                                          rows, dh0.dtype)
     k.backward[grid, threads, 0, shared](dh0, da, dh_T, th, A, dh0.dtype.type(eps))
     euler_param_grads_gpu(dA, dV_h, db_h, da, da, hs, x, tile=tile)
 
@@ -1202,8 +1196,8 @@ def euler_gated_backward_gpu_split(dA, dV_h, db_h, dV_z, db_z, dh0, da, dzp, ds,
                                    x, A, eps, *, lanes, rows=1, tile=TILE):
     """Version 3 twin of euler_gated_backward_cpu. Written (=): dA, dV_h, db_h, dV_z, db_z,
     dh0, da, dzp, ds."""
-    T, B, _ = x.shape
-    k, grid, threads, shared = _split(A.shape[0], lanes, rows, dh0.dtype, B, 2)
+    k, grid, threads, shared = split_pass(euler_split_kernels, x.shape[1], A.shape[0], lanes,
+                                          rows, dh0.dtype)
     k.gated_backward[grid, threads, 0, shared](dh0, da, dzp, ds, dh_T, th, z, A,
                                                dh0.dtype.type(eps))
     euler_param_grads_gpu(dA, dV_h, db_h, ds, da, hs, x, tile=tile)

@@ -414,7 +414,7 @@ def load_block_rows(buf, src, b0, rows):
 # ------------------------------------------------------------------------------------------
 
 # lanes per unit a split kernel may use: powers of two below WARP (32 lanes would leave each
-# lane at most one matrix value within 1,024 threads per block: see antisym.split_lanes)
+# lane at most one matrix value within 1,024 threads per block: see split_lanes)
 SPLIT_LANES = (2, 4, 8, 16)
 FULL_MASK = 0xFFFFFFFF              # every lane of the warp takes part in a shuffle
 # Registers a split kernel needs beside the matrix values it holds (indices, the rows' states,
@@ -477,6 +477,14 @@ def split_launch(B, n, lanes, rows, dtype, values_per_row):
         raise ValueError(f"{rows} rows per block need {shared} bytes of shared memory, at most "
                          f"{SHARED_BYTES_MAX}: use fewer rows per block")
     return cdiv(B, rows), split_threads(n, lanes), shared
+
+
+def split_pass(kernels_for, B, n, lanes, rows, dtype):
+    """(kernels, grid, threads, shared bytes) of a split pass: `kernels_for(cap, lanes, rows)`
+    (a kernel file's factory) compiled for n units, and its launch (`split_launch`, two state
+    copies per row); ValueError where it cannot run."""
+    grid, threads, shared = split_launch(B, n, lanes, rows, dtype, 2)
+    return kernels_for(split_capacity(n, lanes), lanes, rows), grid, threads, shared
 
 
 if CUDA_IMPORT_ERROR is None and simulator_enabled():

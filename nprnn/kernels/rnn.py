@@ -29,9 +29,9 @@ from .common import (Twins, dtanh_from_y, flush_denormals, flush_subnormal, matm
                      sum_rows, tanh)
 from .gpu_common import (TILE, cuda, input_projection_gpu, lane_dot, lane_sum, load_block_rows,
                          load_lane_values, load_padded_rows, persistent_kernel,
-                         rows_times_matrix_gpu, scratch, split_bound, split_capacity,
-                         split_kernel, split_launch, stacked_param_grads_gpu, state_launch,
-                         step_grid, transposed, zero_shared)
+                         rows_times_matrix_gpu, scratch, split_bound, split_kernel,
+                         split_pass, stacked_param_grads_gpu, state_launch, step_grid,
+                         transposed, zero_shared)
 
 
 @njit_parallel
@@ -364,10 +364,10 @@ def rnn_forward_gpu_split(hs, x, W_ih, W_hh, b_ih, b_hh, *, lanes, rows=1):
     Written (=): hs[1:]."""
     T, B, _ = x.shape
     n = W_hh.shape[0]
-    grid, threads, shared = split_launch(B, n, lanes, rows, hs.dtype, 2)
+    (forward, _), grid, threads, shared = split_pass(rnn_split_kernels, B, n, lanes, rows,
+                                                     hs.dtype)
     u = scratch("rnn_u", (T, B, n), hs.dtype)
     input_projection_gpu(u, x, W_ih, b_ih)
-    forward, _ = rnn_split_kernels(split_capacity(n, lanes), lanes, rows)
     forward[grid, threads, 0, shared](hs, u, transposed(W_hh, "rnn_WT"), b_hh)
 
 
@@ -375,10 +375,8 @@ def rnn_backward_gpu_split(dW_ih, dW_hh, db_ih, db_hh, dh0, da, dh_T, hs, x, W_h
                            rows=1, tile=TILE):
     """Version 3 twin of rnn_backward_cpu: one launch of the split BPTT kernel, then the weight
     gradients. Written (=): dW_ih, dW_hh, db_ih, db_hh, dh0, da."""
-    T, B, _ = x.shape
-    n = W_hh.shape[0]
-    grid, threads, shared = split_launch(B, n, lanes, rows, dh0.dtype, 2)
-    _, backward = rnn_split_kernels(split_capacity(n, lanes), lanes, rows)
+    (_, backward), grid, threads, shared = split_pass(rnn_split_kernels, x.shape[1],
+                                                      W_hh.shape[0], lanes, rows, dh0.dtype)
     backward[grid, threads, 0, shared](dh0, da, dh_T, hs, W_hh)
     stacked_param_grads_gpu(dW_ih, dW_hh, db_ih, db_hh, da, da, hs, x, tile=tile)
 
