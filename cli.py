@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import click
+import numpy as np
 
 import nprnn
 from nprnn import analysis, autotune, datasets, plotting, sources
@@ -581,9 +582,11 @@ def gates(runs, out, name, task, T, data_dir, sequences, batch_size, seed):
     click.echo(f"wrote {stem}.csv, {stem}.json{_replacing(old)}")
 
 
-def _gates_of(run, label, model, config, task, T, data_dir, sequences, batch_size, seed):
-    """`gates`' numbers for one trained model: its gates over `sequences` test sequences of
-    `task` (default: the one it was trained on, with its T, permutation seed and data folder)."""
+@contextmanager
+def _task_of_run(run, model, config, task, T, data_dir):
+    """The task that the trained model of `run` is fed, open: `task` if given, else the one it
+    was trained on (with its T, permutation seed and data folder; --T and --data-dir, where
+    given, take their place)."""
 
     own = task in (None, config.get("task"))
     name = config.get("task") if own else task
@@ -595,11 +598,19 @@ def _gates_of(run, label, model, config, task, T, data_dir, sequences, batch_siz
                          f"size m={model.input_size}: give a task it was trained on")
     try:
         with datasets.get_task(name, data_dir=data_dir or config.get("data_dir"), T=T,
-                      seed=config.get("perm_seed", 0) if own else 0) as t:
-            x = _first(t.batches("test", batch_size, seed=seed, shuffle=True), sequences)
-            stats, S = analysis.gate_statistics(model, x)
+                               seed=config.get("perm_seed", 0) if own else 0) as t:
+            yield t
     except DataError as e:
         raise click.ClickException(f"task {name!r}: {e}") from None
+
+
+def _gates_of(run, label, model, config, task, T, data_dir, sequences, batch_size, seed):
+    """`gates`' numbers for one trained model: its gates over `sequences` test sequences of its
+    task (`_task_of_run`)."""
+
+    with _task_of_run(run, model, config, task, T, data_dir) as t:
+        x = _first(t.batches("test", batch_size, seed=seed, shuffle=True), sequences)
+        stats, S = analysis.gate_statistics(model, x)
     return dict(label=label, checkpoint=str(run), model=model.name, task=t.name, T=t.T,
                 image_steps=t.image_steps, sequences=S,
                 segments=analysis.gate_segments(stats, t.image_steps),
@@ -614,6 +625,63 @@ def _first(batches, num):
         num -= len(x)
         if num <= 0:
             return
+
+
+# ----------------------------------------------------------------------------------------------
+# criticality: eq. (5)'s criterion along the trajectories of trained Euler cells
+# ----------------------------------------------------------------------------------------------
+
+@cli.command()
+@click.argument("runs", nargs=-1, required=True, type=click.Path(exists=True))
+@click.option("--task", default=None,
+              help="Feed every run this task's test sequences [default: each run's own task].")
+@click.option("--T", "T", default=None, type=click.IntRange(min=1),
+              help="Sequence length of a noise-padded task [default: each run's].")
+@click.option("--data-dir", default=None, type=FOLDER,
+              help="Where the task's data is [default: each run's].")
+@click.option("--sequences", default=8, show_default=True, type=click.IntRange(min=1),
+              help="Test sequences, the first of the order --seed shuffles (each step of each "
+                   "costs an n x n eigenvalue problem).")
+@click.option("--segments", default=8, show_default=True, type=click.IntRange(min=1),
+              help="Runs of steps that the table summarises, of nearly equal length.")
+@click.option("--seed", default=0, show_default=True, type=SEED,
+              help="Which test sequences are drawn (the same for every run of one task).")
+def criticality(runs, task, T, data_dir, sequences, segments, seed):
+    """Eq. (5)'s criterion along test sequences, for trained Euler cells.
+
+    RUNS are run folders or checkpoint files of antisym, antisym-gated, ablation or feedback.
+    At every step t, L_t = (dh_t/dh_{t-1} - I) / eps is the Jacobian of the ODE whose Euler step
+    the cell is (from the model's own BPTT, in float64); the criterion asks that the real parts
+    of its eigenvalues be near 0, and a positive one is a direction that grows. Prints, for runs
+    of steps, the mean and the largest of max_i Re lambda_i(L_t) over sequences and steps, and
+    the share of (sequence, step) pairs where it is positive."""
+
+    try:
+        built = []                      # every checkpoint checked before any task is read
+        for run, folder in zip(runs, analysis.distinct_names(runs)):
+            model, config = analysis.model_from_checkpoint(run)
+            if model.hyper.get("eps") is None:
+                raise ValueError(f"{run} is a {model.name} model, not an Euler cell: the "
+                                 f"criterion is for antisym, antisym-gated, ablation, feedback")
+            built.append((run, analysis.checkpoint_label(model, folder), model, config))
+        rows = []
+        for k, (run, label, model, config) in enumerate(built):
+            click.echo(f"[{k + 1}/{len(built)}] {label}", err=True)
+            with _task_of_run(run, model, config, task, T, data_dir) as t:
+                xs = np.concatenate(list(_first(t.batches("test", sequences, seed=seed,
+                                                          shuffle=True), sequences)))
+                name = t.name
+            rows += [dict(r, task=name) for r in
+                     analysis.ode_jacobian_spectra([(label, model)], xs, segments)]
+    except (CheckpointError, OSError, ValueError) as e:
+        raise click.ClickException(str(e)) from None
+    table = [("run", "task", "steps", "mean", "max", "positive")] + [
+        (r["label"], r["task"], f"{r['first']}-{r['last']}", f"{r['mean']:.4f}",
+         f"{r['max']:.4f}", f"{r['share_growing']:.1%}") for r in rows]
+    widths = [max(len(row[k]) for row in table) for k in range(6)]
+    for row in table:
+        click.echo("  ".join(f"{v:<{w}}" if k < 3 else f"{v:>{w}}"
+                             for k, (v, w) in enumerate(zip(row, widths))).rstrip())
 
 
 @cli.command("plot")

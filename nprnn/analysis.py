@@ -51,6 +51,21 @@ h_0, and backpropagate dh_T = I (row i is e_i). Row i of the returned dh_0 is th
 e_i^T dh_T/dh_0, the i-th row of J; so dh_0 *is* J. Figure 2 reports the mean and standard
 deviation of the eigenvalue magnitudes |lambda_i(J)|, pooled over the n eigenvalues of every
 sequence, for T in {100, 200, 400, 800}, for AntisymmetricRNNs at several gamma and for LSTMs.
+
+Section 3: the critical criterion along trained trajectories
+-------------------------------------------------------------
+
+An Euler cell is the forward-Euler step h_t = h_{t-1} + eps f(h_{t-1}, x_t) of the ODE
+h' = f(h, x), whose Jacobian along the trajectory is L_t = (J_t - I) / eps with
+J_t = dh_t / dh_{t-1}. Eq. (5)'s criterion asks max_i Re lambda_i(L_t) ~ 0. For eq. (12),
+L_t = diag(tanh'(a_t)) (W - W^T - gamma I): a positive diagonal times an antisymmetric matrix
+minus diffusion, whose eigenvalues have real parts in [-gamma, 0] (Appendix A's proof needs the
+diagonal positive). Section 3.4 says eq. (13) keeps this form. Its diagonal is
+d = z tanh'(a) + tanh(a) z (1 - z), the second term from the gate z_t, which shares the matrix:
+d < 0 wherever tanh(a) < 0 and (1 - z)|tanh(a)| > 1 - tanh(a)^2, and a matrix diag(d) S with S
+antisymmetric and d of mixed signs can have real eigenvalues ([[0, 1], [-1, 0]] with
+d = (1, -1) has +-1). `ode_jacobian_spectra` measures max Re lambda(L_t) on test sequences, each
+L_t from the model's own one-step BPTT (as for Figure 2, with h_0 = h_{t-1}).
 """
 import csv
 import json
@@ -490,6 +505,58 @@ def jacobian_spectra(models, lengths, sequences, progress=None):
                              hidden_size=model.hidden_size, mean=float(mags.mean()),
                              std=float(scale * (mags / scale).std()), min=float(mags.min()),
                              max=float(mags.max()), mean_log10_max=float(top.mean())))
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------
+# Section 3: the critical criterion (eq. 5) along trained trajectories
+# ----------------------------------------------------------------------------------------------
+
+def ode_jacobian_real_parts(model, x):
+    """max_i Re lambda_i(L_t), L_t = (dh_t/dh_{t-1} - I) / eps, at every step t = 1..T of one
+    sequence x (T, m) from h_0 = 0: (T,). For the Euler cells (the cells with an eps)."""
+    eps = model.hyper.get("eps")
+    if eps is None:
+        raise ValueError(f"model {model.name!r} has no step size eps: the ODE Jacobian "
+                         f"(dh_t/dh_{{t-1}} - I) / eps is for the Euler cells "
+                         f"({', '.join(c for c in CELLS if 'eps' in CELLS[c].hyper)})")
+    x = np.asarray(x)
+    n, p = model.hidden_size, model.cell_params()
+    h = np.zeros((1, n), model.dtype)
+    top = np.empty(len(x))
+    for t in range(len(x)):
+        J = end_to_end_jacobian(model, x[t:t + 1], h0=h[0])      # J_t, with h_0 = h_{t-1}
+        if not np.isfinite(J).all():
+            raise ValueError(f"dh_t/dh_(t-1) of {model.name} is not finite at step {t + 1}")
+        top[t] = np.linalg.eigvals((J - np.eye(n)) / eps).real.max()
+        xt = np.ascontiguousarray(x[t:t + 1, None, :], dtype=model.dtype)   # (1, B = 1, m)
+        h, _ = model.cell.forward(p, xt, h, **model.hyper)                    # h_t
+    return top
+
+
+def ode_jacobian_spectra(models, xs, segments):
+    """The criterion along the sequences xs (S, T, m) for each (label, model) of `models`.
+
+    Steps 1..T are cut into `segments` runs of nearly equal length. Returns one dict per (model,
+    segment): label, model, eps, gamma, first and last step, the mean over sequences and steps of
+    max_i Re lambda_i(L_t), its largest value, and the share of (sequence, step) pairs where it is
+    above 1e-9 (where some direction of the ODE grows)."""
+    xs = np.asarray(xs)
+    if xs.ndim != 3 or xs.shape[1] < 1:
+        raise ValueError(f"xs must have shape (S, T, m) with T >= 1, got {xs.shape}")
+    T = xs.shape[1]
+    if not 1 <= segments <= T:
+        raise ValueError(f"segments must be between 1 and T = {T}, got {segments}")
+    bounds = np.linspace(0, T, segments + 1).round().astype(int)
+    rows = []
+    for label, model in models:
+        tops = np.stack([ode_jacobian_real_parts(model, x) for x in xs])         # (S, T)
+        for lo, hi in zip(bounds[:-1], bounds[1:]):
+            part = tops[:, lo:hi]
+            rows.append(dict(label=label, model=model.name, eps=model.hyper.get("eps"),
+                             gamma=model.hyper.get("gamma"), first=int(lo) + 1, last=int(hi),
+                             sequences=int(xs.shape[0]), mean=float(part.mean()),
+                             max=float(part.max()), share_growing=float((part > 1e-9).mean())))
     return rows
 
 
