@@ -676,8 +676,8 @@ def criticality(runs, task, T, data_dir, sequences, segments, seed):
     except (CheckpointError, OSError, ValueError) as e:
         raise click.ClickException(str(e)) from None
     table = [("run", "task", "steps", "mean", "max", "positive")] + [
-        (r["label"], r["task"], f"{r['first']}-{r['last']}", f"{r['mean']:.4f}",
-         f"{r['max']:.4f}", f"{r['share_growing']:.1%}") for r in rows]
+        (r["label"], r["task"], f"{r['first']}-{r['last']}", f"{r['mean']:.3g}",
+         f"{r['max']:.3g}", f"{r['share_growing']:.1%}") for r in rows]
     widths = [max(len(row[k]) for row in table) for k in range(6)]
     for row in table:
         click.echo("  ".join(f"{v:<{w}}" if k < 3 else f"{v:>{w}}"
