@@ -37,6 +37,7 @@ import json
 import logging
 import math
 import os
+import re
 import signal
 import socket
 import threading
@@ -835,17 +836,21 @@ def _reached(out):
 def trial_rows(folder):
     """(spec, rows, waiting): a row per trial that has started, best validation accuracy first,
     the chosen one (the best complete trial) marked; and how many trials wait. A row: number,
-    params, state, iteration, valid (best validation accuracy so far), test (of best.h5, for
+    params, state (complete, pruned, fail, running, or stopped: left unfinished with no driver
+    holding it), iteration, valid (best validation accuracy so far), test (of best.h5, for
     complete trials), chosen, error."""
     spec, _, study = open_sweep(folder)
-    rows, waiting = [], 0
+    rows, waiting, now = [], 0, time.time()
     for t in study.get_trials(deepcopy=False):
         if t.state == TrialState.WAITING:
             waiting += 1
             continue
         reported = list(t.intermediate_values.values())
         valid = t.value if t.state == TrialState.COMPLETE else max(reported, default=None)
-        rows.append(dict(number=t.number, params=dict(t.params), state=t.state.name.lower(),
+        state = t.state.name.lower()
+        if t.state == TrialState.RUNNING and _free(t, now):
+            state = "stopped"             # no driver holds it: the next `sweep run` resumes it
+        rows.append(dict(number=t.number, params=dict(t.params), state=state,
                          iteration=_reached(trial_folder(folder, t.number)), valid=valid,
                          test=t.user_attrs.get("test_accuracy"), chosen=False,
                          error=t.user_attrs.get("error")))
@@ -854,6 +859,46 @@ def trial_rows(folder):
         max(complete, key=lambda r: (r["valid"], -r["number"]))["chosen"] = True
     rows.sort(key=lambda r: (r["valid"] is None, -(r["valid"] or 0), r["number"]))
     return spec, rows, waiting
+
+
+def _trials(numbers):
+    return f"trial{'s' if len(numbers) > 1 else ''} {', '.join(numbers)}"
+
+
+def coverage(spec, rows):
+    """What the search covered, a line per searched option with a list of values: for each value,
+    the trials started with it (of the grid's points that have it, for a grid), and their best
+    validation accuracy, or what stopped them all."""
+    lines = []
+    grid = spec["sampler"] == "grid"
+    for name, d in sorted(spec["space"].items()):
+        if "values" not in d:
+            continue
+        per_value = spec["trials"] // len(d["values"]) if grid else None
+        parts = []
+        for v in d["values"]:
+            mine = [r for r in rows if r["params"].get(name) == v]
+            best = max((r["valid"] for r in mine if r["valid"] is not None), default=None)
+            where = f" of {per_value}" if per_value else ""
+            outcome = (f", best {best:.4f}" if best is not None else
+                       ", all failed" if mine and all(r["state"] == "fail" for r in mine) else "")
+            parts.append(f"{_cell(v)}: {len(mine)}{where}{outcome}")
+        lines.append(f"  {name}: " + "; ".join(parts))
+    if lines:
+        lines.insert(0, "started, by value" + (" (of the grid's points with it)" if grid else "")
+                     + ", best validation accuracy:")
+    return lines
+
+
+def _failures(rows):
+    """The failed rows grouped by cause, the first sentence of their messages without its
+    parenthesised numbers: [(cause, rows)] in the order of their first trial."""
+    groups = {}
+    for r in sorted((r for r in rows if r["state"] == "fail"), key=lambda r: r["number"]):
+        text = r["error"] or "no message"
+        cause = re.sub(r"\s*\([^)]*\)", "", re.split(r";|\. ", text)[0]).strip()
+        groups.setdefault(cause, []).append(r)
+    return list(groups.items())
 
 
 def _cell(v):
@@ -890,9 +935,20 @@ def report(folder, png=None, echo=print):
              f"validation accuracy {chosen['valid']:.4f}; its test accuracy (best.h5) "
              + ("-" if chosen["test"] is None else f"{chosen['test']:.4f}")
              + f"; run folder {trial_folder(folder, chosen['number'])}")
-    failed = [r for r in rows if r["state"] == "fail"]
-    for r in failed:
-        echo(f"trial {r['number']} failed: {r['error'] or 'no message'}")
+    stopped = [str(r["number"]) for r in rows if r["state"] == "stopped"]
+    if stopped:
+        echo(f"{_trials(stopped)} left unfinished: `sweep run --out {folder}` resumes "
+             f"{'them' if len(stopped) > 1 else 'it'} from {'their' if len(stopped) > 1 else 'its'}"
+             f" checkpoint{'s' if len(stopped) > 1 else ''}")
+    for line in coverage(spec, rows):
+        echo(line)
+    for cause, group in _failures(rows):
+        first = group[0]
+        if len(group) == 1:
+            echo(f"trial {first['number']} failed: {first['error'] or cause}")
+        else:
+            echo(f"{_trials([str(r['number']) for r in group])} failed: {cause}. The first, "
+                 f"trial {first['number']}: {first['error']}")
     png = Path(png) if png is not None else folder / "sweep.png"
     try:
         axes = {n: (list(d["values"]) if "values" in d else (d["low"], d["high"], d["log"]))

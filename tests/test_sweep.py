@@ -176,8 +176,39 @@ def test_a_grid_on_two_workers_records_every_point_once_and_reports_it(tmp_path,
     assert chosen["params"]["lr"] == GOOD and chosen["valid"] > 0.8
     assert chosen["test"] is not None and table[1].lstrip().startswith("*")
     assert any(s.startswith(f"chosen on validation: trial {chosen['number']}") for s in said)
+    assert said[said.index("started, by value (of the grid's points with it), best validation "
+                           "accuracy:") + 1].startswith("  hidden: 4: 2 of 2, best ")
+    assert f"  lr: {GOOD:g}: 2 of 2, best {chosen['valid']:.4f}; {BAD:g}: 2 of 2, best " in said[-2]
     png = folder / "sweep.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_report_says_what_each_value_covered_and_groups_failures_by_cause():
+    spec = dict(sampler="grid", trials=6, space=dict(
+        eps=dict(values=[0.01, 1.0]), lr=dict(values=[0.1, 0.2, 0.3])))
+    grad = ("the gradient is not finite at iteration 1 (loss {}, gradient norm nan); training "
+            "stopped before applying that step. Try a lower learning rate")
+
+    def row(number, eps, lr, state, valid=None, error=None):
+        return dict(number=number, params=dict(eps=eps, lr=lr), state=state, valid=valid,
+                    error=error)
+
+    rows = [row(0, 0.01, 0.1, "complete", 0.9), row(1, 0.01, 0.2, "pruned", 0.5),
+            row(3, 1.0, 0.3, "fail", error=grad.format(222.3)),
+            row(2, 1.0, 0.1, "fail", error=grad.format(19.8)),
+            row(4, 1.0, 0.2, "fail", error="the loss is not finite at iteration 7")]
+    assert sweep.coverage(spec, rows) == [
+        "started, by value (of the grid's points with it), best validation accuracy:",
+        "  eps: 0.01: 2 of 3, best 0.9000; 1: 3 of 3, all failed",
+        "  lr: 0.1: 2 of 2, best 0.9000; 0.2: 2 of 2, best 0.5000; 0.3: 1 of 2, all failed"]
+    assert [(cause, [r["number"] for r in group]) for cause, group in sweep._failures(rows)] == [
+        ("the gradient is not finite at iteration 1", [2, 3]),
+        ("the loss is not finite at iteration 7", [4])]
+    sampled = dict(spec, sampler="tpe", space=dict(spec["space"], lr=dict(low=0.1, high=1.0,
+                                                                          log=True)))
+    assert sweep.coverage(sampled, rows) == [
+        "started, by value, best validation accuracy:",
+        "  eps: 0.01: 2, best 0.9000; 1: 3, all failed"]
 
 
 @pytest.mark.parametrize("sampler", ["random", "tpe"])
@@ -307,6 +338,11 @@ def test_a_stopped_sweep_continues_where_it_stopped(tmp_path):
     assert first["stopped"] and not first["complete"]
     running = [n for n, (s, _) in recorded(folder).items() if s == TrialState.RUNNING]
     assert 0 in running
+    said = []
+    rows = sweep.report(folder, echo=said.append)       # released by their driver: stopped
+    assert sorted(r["number"] for r in rows if r["state"] == "stopped") == running
+    assert (f"{'trials' if len(running) > 1 else 'trial'} {', '.join(map(str, running))} left "
+            f"unfinished: `sweep run --out {folder}` resumes") in "\n".join(said)
     said = []
     second = sweep.run(folder, workers=2, task=task, echo=said.append)
     assert second == dict(done=3, total=3, complete=True, stopped=False)
