@@ -515,18 +515,34 @@ def jacobian(out, models, gammas, lengths, hidden_size, input_size, eps, sigma_w
 # gates: what the gates of trained models do at each step
 # ----------------------------------------------------------------------------------------------
 
+def _run_task_options(command):
+    """--task, --T and --data-dir: what trained runs are fed (`_task_of_run`)."""
+    for option in reversed([
+            click.option("--task", default=None, help="Feed every run this task's test "
+                         "sequences [default: each run's own task]."),
+            click.option("--T", "T", default=None, type=click.IntRange(min=1),
+                         help="Sequence length of a noise-padded task [default: each run's]."),
+            click.option("--data-dir", default=None, type=FOLDER,
+                         help="Where the task's data is [default: each run's].")]):
+        command = option(command)
+    return command
+
+
+def _echo_table(table, left):
+    """Print rows of strings in columns, the first `left` columns flush left, the rest right."""
+    widths = [max(len(row[k]) for row in table) for k in range(len(table[0]))]
+    for row in table:
+        click.echo("  ".join(f"{v:<{w}}" if k < left else f"{v:>{w}}"
+                             for k, (v, w) in enumerate(zip(row, widths))).rstrip())
+
+
 @cli.command()
 @click.argument("runs", nargs=-1, required=True, type=click.Path(exists=True))
 @click.option("--out", required=True, type=FOLDER,
               help="Folder for NAME.png/.csv/.json (created if missing).")
 @click.option("--name", default="gates", show_default=True, callback=_file_name,
               help="File name (without extension) of the outputs in --out.")
-@click.option("--task", default=None,
-              help="Feed every run this task's test sequences [default: each run's own task].")
-@click.option("--T", "T", default=None, type=click.IntRange(min=1),
-              help="Sequence length of a noise-padded task [default: each run's].")
-@click.option("--data-dir", default=None, type=FOLDER,
-              help="Where the task's data is [default: each run's].")
+@_run_task_options
 @click.option("--sequences", default=1000, show_default=True, type=click.IntRange(min=1),
               help="Test sequences to pool over: the first of the order --seed shuffles.")
 @click.option("--batch-size", default=100, show_default=True, type=click.IntRange(min=1),
@@ -570,10 +586,7 @@ def gates(runs, out, name, task, T, data_dir, sequences, batch_size, seed):
     table = [(r["label"], f"{r['task']} T={r['T']}", s["gate"], f"{s['first']}-{s['last']}",
               f"{s['mean']:.4f}", f"{s['std']:.4f}") for r in results for s in r["segments"]]
     table.insert(0, ("run", "task", "gate", "steps", "mean", "std"))
-    widths = [max(len(row[k]) for row in table) for k in range(6)]
-    for row in table:
-        click.echo("  ".join(f"{v:<{w}}" if k < 4 else f"{v:>{w}}"
-                             for k, (v, w) in enumerate(zip(row, widths))).rstrip())
+    _echo_table(table, left=4)
     for r in results:
         if r["sequences"] < sequences:
             click.echo(f"note: {r['label']}: {r['task']} has {r['sequences']:,} test sequences, "
@@ -633,12 +646,7 @@ def _first(batches, num):
 
 @cli.command()
 @click.argument("runs", nargs=-1, required=True, type=click.Path(exists=True))
-@click.option("--task", default=None,
-              help="Feed every run this task's test sequences [default: each run's own task].")
-@click.option("--T", "T", default=None, type=click.IntRange(min=1),
-              help="Sequence length of a noise-padded task [default: each run's].")
-@click.option("--data-dir", default=None, type=FOLDER,
-              help="Where the task's data is [default: each run's].")
+@_run_task_options
 @click.option("--sequences", default=8, show_default=True, type=click.IntRange(min=1),
               help="Test sequences, the first of the order --seed shuffles (each step of each "
                    "costs an n x n eigenvalue problem).")
@@ -678,10 +686,7 @@ def criticality(runs, task, T, data_dir, sequences, segments, seed):
     table = [("run", "task", "steps", "mean", "max", "positive")] + [
         (r["label"], r["task"], f"{r['first']}-{r['last']}", f"{r['mean']:.3g}",
          f"{r['max']:.3g}", f"{r['share_growing']:.1%}") for r in rows]
-    widths = [max(len(row[k]) for row in table) for k in range(6)]
-    for row in table:
-        click.echo("  ".join(f"{v:<{w}}" if k < 3 else f"{v:>{w}}"
-                             for k, (v, w) in enumerate(zip(row, widths))).rstrip())
+    _echo_table(table, left=3)
 
 
 @cli.command("plot")
