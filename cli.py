@@ -679,8 +679,12 @@ def criticality(runs, task, T, data_dir, sequences, segments, seed):
                 xs = np.concatenate(list(_first(t.batches("test", sequences, seed=seed,
                                                           shuffle=True), sequences)))
                 name = t.name
-            rows += [dict(r, task=name) for r in
-                     analysis.ode_jacobian_spectra([(label, model)], xs, segments)]
+            shown = CountBar("sequences")
+            try:
+                rows += [dict(r, task=name) for r in analysis.ode_jacobian_spectra(
+                    [(label, model)], xs, segments, progress=shown)]
+            finally:
+                shown.close()
     except (CheckpointError, OSError, ValueError) as e:
         raise click.ClickException(str(e)) from None
     table = [("run", "task", "steps", "mean", "max", "positive")] + [

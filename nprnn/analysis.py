@@ -534,13 +534,14 @@ def ode_jacobian_real_parts(model, x):
     return top
 
 
-def ode_jacobian_spectra(models, xs, segments):
+def ode_jacobian_spectra(models, xs, segments, progress=None):
     """The criterion along the sequences xs (S, T, m) for each (label, model) of `models`.
 
     Steps 1..T are cut into `segments` runs of nearly equal length. Returns one dict per (model,
     segment): label, model, eps, gamma, first and last step, the mean over sequences and steps of
     max_i Re lambda_i(L_t), its largest value, and the share of (sequence, step) pairs where it is
-    above 1e-9 (where some direction of the ODE grows)."""
+    above 1e-9 (where some direction of the ODE grows). progress(done, total), if given, is
+    called as each model's sequences are done (T eigenvalue problems each)."""
     xs = np.asarray(xs)
     if xs.ndim != 3 or xs.shape[1] < 1:
         raise ValueError(f"xs must have shape (S, T, m) with T >= 1, got {xs.shape}")
@@ -550,7 +551,11 @@ def ode_jacobian_spectra(models, xs, segments):
     bounds = np.linspace(0, T, segments + 1).round().astype(int)
     rows = []
     for label, model in models:
-        tops = np.stack([ode_jacobian_real_parts(model, x) for x in xs])         # (S, T)
+        tops = np.empty(xs.shape[:2])                                              # (S, T)
+        for k, x in enumerate(xs):
+            tops[k] = ode_jacobian_real_parts(model, x)
+            if progress is not None:
+                progress(k + 1, len(xs))
         for lo, hi in zip(bounds[:-1], bounds[1:]):
             part = tops[:, lo:hi]
             rows.append(dict(label=label, model=model.name, eps=model.hyper.get("eps"),

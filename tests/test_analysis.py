@@ -1056,8 +1056,11 @@ def test_the_gate_breaks_the_criterion_where_tanh_saturates_below_zero():
         model = nprnn.make_model(name, 2, 6, 2, eps=0.1, gamma=0.05, sigma_w=2, seed=7,
                                  dtype="float64")
         model.params["b_h"][:] = -3.0
-        rows = A.ode_jacobian_spectra([(name, model)], x, segments=2)
+        calls = []
+        rows = A.ode_jacobian_spectra([(name, model)], x, segments=2,
+                                      progress=lambda *a: calls.append(a))
         assert [(r["first"], r["last"], r["sequences"]) for r in rows] == [(1, 2, 3), (3, 4, 3)]
+        assert calls == [(1, 3), (2, 3), (3, 3)]
         tops[name] = rows
     assert all(-0.05 - 1e-12 <= r["mean"] and r["max"] <= 1e-12 and r["share_growing"] == 0
                for r in tops["antisym"])
