@@ -935,7 +935,7 @@ def report(folder, png=None, echo=print):
              f"validation accuracy {chosen['valid']:.4f}; its test accuracy (best.h5) "
              + ("-" if chosen["test"] is None else f"{chosen['test']:.4f}")
              + f"; run folder {trial_folder(folder, chosen['number'])}")
-    stopped = [str(r["number"]) for r in rows if r["state"] == "stopped"]
+    stopped = [str(n) for n in sorted(r["number"] for r in rows if r["state"] == "stopped")]
     if stopped:
         echo(f"{_trials(stopped)} left unfinished: `sweep run --out {folder}` resumes "
              f"{'them' if len(stopped) > 1 else 'it'} from {'their' if len(stopped) > 1 else 'its'}"
