@@ -657,7 +657,7 @@ def _first(batches, num):
 def criticality(runs, task, T, data_dir, sequences, segments, seed):
     """Eq. (5)'s criterion along test sequences, for trained Euler cells.
 
-    RUNS are run folders or checkpoint files of antisym, antisym-gated, ablation or feedback.
+    RUNS are run folders or checkpoint files of the Euler cells (the models with --eps).
     At every step t, L_t = (dh_t/dh_{t-1} - I) / eps is the Jacobian of the ODE whose Euler step
     the cell is (from the model's own BPTT, in float64); the criterion asks that the real parts
     of its eigenvalues be near 0, and a positive one is a direction that grows. Prints, for runs
@@ -669,8 +669,9 @@ def criticality(runs, task, T, data_dir, sequences, segments, seed):
         for run, folder in zip(runs, analysis.distinct_names(runs)):
             model, config = analysis.model_from_checkpoint(run)
             if model.hyper.get("eps") is None:
+                euler = ", ".join(n for n, c in nprnn.CELLS.items() if "eps" in c.hyper)
                 raise ValueError(f"{run} is a {model.name} model, not an Euler cell: the "
-                                 f"criterion is for antisym, antisym-gated, ablation, feedback")
+                                 f"criterion is for {euler}")
             built.append((run, analysis.checkpoint_label(model, folder), model, config))
         rows = []
         for k, (run, label, model, config) in enumerate(built):

@@ -126,17 +126,20 @@ def gradients(backend, out, p, B, n, dtype):
 
 
 class EulerCell(Cell):
-    """antisym (eq. 12), antisym-gated (eq. 13), ablation (section 5.4) and feedback (section 4):
-    one forward-Euler step h_t = h_{t-1} + eps [z_t o] tanh(A h_{t-1} + V_h x_t + b_h), differing
-    only in how the recurrent matrix A is made from W and whether the input gate z_t exists."""
+    """antisym (eq. 12), antisym-gated (eq. 13), ablation (section 5.4), feedback (section 4) and
+    antisym-xgate: one forward-Euler step h_t = h_{t-1} + eps [z_t o] tanh(A h_{t-1} + V_h x_t +
+    b_h), differing only in how the recurrent matrix A is made from W, whether the input gate
+    z_t exists, and whether it reads A h_{t-1} (eq. 13) or x_t alone (antisym-xgate)."""
 
     hyper = ("eps", "gamma")
 
     unfitting_layout = "global"
 
-    def __init__(self, name, summary, antisymmetric, gated, reference, uses_gamma=True):
+    def __init__(self, name, summary, antisymmetric, gated, reference, uses_gamma=True,
+                 gate_reads_h=True):
         self.name, self.summary, self.reference = name, summary, reference
         self.antisymmetric, self.gated = antisymmetric, gated
+        self.kz = 1.0 if gate_reads_h else 0.0     # the gate's share of A h_{t-1} (kernels)
         self.diffusion = uses_gamma               # A has -gamma I (always, if antisymmetric)
         self.hyper = ("eps", "gamma") if uses_gamma else ("eps",)
         self.sigmoid_gates = ("z",) if gated else ()
@@ -205,7 +208,8 @@ class EulerCell(Cell):
             cache["z"] = backend.buffer(ws, "z", (T, B, n), x.dtype)
             gate = (cache["z"],)
         inputs = (p["V_h"], p["b_h"]) + ((p["V_z"], p["b_z"]) if self.gated else ())
-        backend.run_pass(self.forward_kernels, False, hs, th, *gate, x, A, *inputs, eps)
+        kz = (backend.scalar(self.kz, x.dtype),) if self.gated else ()
+        backend.run_pass(self.forward_kernels, False, hs, th, *gate, x, A, *inputs, eps, *kz)
         return hs[T], cache
 
     def backward(self, p, cache, dh_T, ws=None, out=None, backend=CPU, eps=DEFAULT_EPS,
@@ -223,7 +227,7 @@ class EulerCell(Cell):
             grads = (dA, g["V_h"], g["b_h"], g["V_z"], g["b_z"], dh0, da,
                      backend.buffer(ws, "dzp", (T, B, n), x.dtype),
                      backend.buffer(ws, "ds", (T, B, n), x.dtype))
-            state = (dh_T, hs, th, cache["z"], x, A, eps)
+            state = (dh_T, hs, th, cache["z"], x, A, eps, backend.scalar(self.kz, x.dtype))
         else:
             grads = (dA, g["V_h"], g["b_h"], dh0, da)
             state = (dh_T, hs, th, x, A, eps)
@@ -255,6 +259,9 @@ register(EulerCell("ablation", "eq. (13) with an unstructured W (section 5.4)",
 register(EulerCell("feedback", "RNN with feedback, h + eps tanh(W h + V x + b) (section 4)",
                    antisymmetric=False, gated=False, uses_gamma=False,
                    reference=(reference.feedback_forward, reference.feedback_backward)))
+register(EulerCell("antisym-xgate", "eq. (13) with a gate of x_t alone (not in the paper)",
+                   antisymmetric=True, gated=True, gate_reads_h=False,
+                   reference=(reference.antisym_xgate_forward, reference.antisym_gated_backward)))
 
 
 # ----------------------------------------------------------------------------------------------

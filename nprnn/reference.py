@@ -32,7 +32,8 @@ def _h0(x, n, h0):
 # The Euler ("feedback") family: antisym (eq. 12), antisym-gated (eq. 13), ablation (section
 # 5.4), feedback (section 4).
 # All four are h_t = h_{t-1} + eps * [z_t o] tanh(A h_{t-1} + V_h x_t + b_h) with a different
-# recurrent matrix A built from the parameter W; only the gated ones have z_t.
+# recurrent matrix A built from the parameter W; only the gated ones have z_t. antisym-xgate (not
+# in the paper) is antisym-gated with a gate of x_t alone: z_t = sigmoid(V_z x_t + b_z).
 # ---------------------------------------------------------------------------------------------
 
 def antisym_matrix(W, gamma):
@@ -46,9 +47,10 @@ def antisym_dW(dA):
     return np.triu(dA - dA.T, k=1)
 
 
-def euler_forward(x, A, V_h, b_h, eps, V_z=None, b_z=None, h0=None):
+def euler_forward(x, A, V_h, b_h, eps, V_z=None, b_z=None, h0=None, gate_reads_h=True):
     """(12)/(13): h_t = h_{t-1} + eps * z_t * tanh(A h_{t-1} + V_h x_t + b_h),
-    z_t = sigmoid(A h_{t-1} + V_z x_t + b_z) when gated, else z_t = 1."""
+    z_t = sigmoid(A h_{t-1} + V_z x_t + b_z) when gated (without A h_{t-1} where not
+    gate_reads_h), else z_t = 1."""
     B, T, m = x.shape
     n = A.shape[0]
     gated = V_z is not None
@@ -59,14 +61,18 @@ def euler_forward(x, A, V_h, b_h, eps, V_z=None, b_z=None, h0=None):
         a = h @ A.T + x_t @ V_h.T + b_h               # (B, n)
         th = np.tanh(a)
         if gated:
-            z = sigmoid(h @ A.T + x_t @ V_z.T + b_z)  # (B, n)
+            zp = x_t @ V_z.T + b_z
+            if gate_reads_h:
+                zp = zp + h @ A.T
+            z = sigmoid(zp)                           # (B, n)
         else:
             z = np.ones_like(th)
         h = h + eps * z * th
         hs.append(h)
         ths.append(th)
         zs.append(z)
-    return h, dict(x=x, A=A, hs=hs, ths=ths, zs=zs, gated=gated, eps=eps)
+    return h, dict(x=x, A=A, hs=hs, ths=ths, zs=zs, gated=gated, eps=eps,
+                   gate_reads_h=gate_reads_h)
 
 
 def euler_backward(cache, dh_T):
@@ -96,8 +102,9 @@ def euler_backward(cache, dh_T):
             # forward was: z = sigmoid(zp),  zp = A h_prev + V_z x_t + b_z
             # so:          dz = dh * eps * th ;  dzp = dz * z (1 - z) ;  dh_prev += dzp A ; ...
             dzp = dh * eps * th * z * (1.0 - z)
-            dh_prev += dzp @ A
-            dA += dzp.T @ h_prev
+            if cache["gate_reads_h"]:
+                dh_prev += dzp @ A
+                dA += dzp.T @ h_prev
             dV_z += dzp.T @ x_t
             db_z += dzp.sum(axis=0)
         dh = dh_prev
@@ -125,6 +132,13 @@ def antisym_gated_forward(p, x, eps, gamma, h0=None):
 def antisym_gated_backward(p, cache, dh_T, eps, gamma):
     dA, dV_h, db_h, dV_z, db_z, dh0 = euler_backward(cache, dh_T)
     return dict(W=antisym_dW(dA), V_h=dV_h, b_h=db_h, V_z=dV_z, b_z=db_z), dh0
+
+
+def antisym_xgate_forward(p, x, eps, gamma, h0=None):
+    """antisym-gated with z_t = sigmoid(V_z x_t + b_z): a gate of x_t alone (not in the paper)."""
+    p, x = _float64(p, x)
+    return euler_forward(x, antisym_matrix(p["W"], gamma), p["V_h"], p["b_h"], eps,
+                         V_z=p["V_z"], b_z=p["b_z"], h0=h0, gate_reads_h=False)
 
 
 def ablation_forward(p, x, eps, gamma, h0=None):

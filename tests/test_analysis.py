@@ -844,7 +844,7 @@ def test_jacobian_feeds_a_checkpoint_the_permutation_it_was_trained_on(tmp_path,
 # The gates of trained models (`gates`)
 # ----------------------------------------------------------------------------------------------
 
-GATED = ["antisym-gated", "ablation", "lstm", "peephole-lstm", "gru"]
+GATED = ["antisym-gated", "ablation", "antisym-xgate", "lstm", "peephole-lstm", "gru"]
 
 
 def oracle_gates(model, x):
@@ -895,7 +895,8 @@ def test_gate_segments_pool_the_image_steps_and_the_noise_steps():
 
 def test_gate_statistics_reject_models_without_gates_and_bad_batches():
     with pytest.raises(ValueError, match="model 'antisym', which has no gates; the models with "
-                                         "gates are antisym-gated, ablation, lstm"):
+                                         "gates are antisym-gated, ablation, antisym-xgate, "
+                                         "lstm"):
         A.gate_statistics(tiny_model("antisym"), [np.zeros((1, 3, 2))])
     model = tiny_model("gru")
     with pytest.raises(ValueError, match=r"shape \(B, 3, 2\); got \(1, 4, 2\)"):

@@ -250,6 +250,7 @@ def expected_params(name, m, n, K=10):
     return readout + {
         "antisym": n * (n - 1) // 2 + n * m + n,         # strict upper triangle of W, V_h, b_h
         "antisym-gated": n * (n - 1) // 2 + 2 * (n * m + n),
+        "antisym-xgate": n * (n - 1) // 2 + 2 * (n * m + n),
         "ablation": n * n + 2 * (n * m + n),
         "feedback": n * n + n * m + n,
         "rnn": per_gate, "lstm": 4 * per_gate, "peephole-lstm": 4 * per_gate + 3 * n,
@@ -296,6 +297,33 @@ def test_paper_initialisation_statistics():
     a, b = (nprnn.make_model("antisym", 2, 8, 3, seed=s) for s in (4, 4))
     for key in a.params:
         np.testing.assert_array_equal(a.params[key], b.params[key])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_the_xgate_reads_x_alone_and_is_antisym_gated_otherwise(dtype):
+    """antisym-xgate: z_t = sigmoid(V_z x_t + b_z) whatever h_{t-1} is; with V_z = 0, b_z large
+    it is antisym-gated's gate held at 1, and both are antisym's step."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((4, 9, 2))
+    model = nprnn.make_model("antisym-xgate", 2, 5, 3, eps=0.3, gamma=0.05, sigma_w=2, seed=2,
+                             dtype=dtype)
+    p = model.params
+    cell, xt = model.cell, np.ascontiguousarray(x.transpose(1, 0, 2), dtype=dtype)
+    z = {}
+    for h0 in (np.zeros((4, 5), dtype), rng.standard_normal((4, 5)).astype(dtype)):
+        _, cache = cell.forward(model.cell_params(), xt, h0.copy(), **model.hyper)
+        z[h0.any()] = cell.gate_values(cache)["z"].copy()
+    expected = 1 / (1 + np.exp(-(xt.astype(np.float64) @ p["V_z"].T.astype(np.float64)
+                                 + p["b_z"])))
+    tol = 1e-5 if dtype == "float32" else 1e-13
+    np.testing.assert_allclose(z[False], expected, rtol=tol)
+    np.testing.assert_allclose(z[True], expected, rtol=tol)
+    gated = nprnn.make_model("antisym-gated", 2, 5, 3, eps=0.3, gamma=0.05, sigma_w=2, seed=2,
+                             dtype=dtype)
+    for m in (model, gated):
+        m.params["V_z"][:] = 0
+        m.params["b_z"][:] = 40.0                 # sigmoid(40 + anything small) is 1
+    np.testing.assert_allclose(model.forward(x), gated.forward(x), rtol=tol)
 
 
 def gate_blocks(a, k):

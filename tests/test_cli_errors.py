@@ -224,7 +224,8 @@ def test_empty_items_are_ignored(tmp_path, no_matplotlib):
 
 @pytest.mark.parametrize("args, option, message", [
     (["--models", "nosuch,lstm"], "--models", "unknown model(s) nosuch; choose from antisym, "
-                                              "antisym-gated, ablation, feedback, rnn, lstm"),
+                                              "antisym-gated, ablation, feedback, antisym-xgate, "
+                                              "rnn, lstm"),
     (["--models", "rnn,lstm,rnn"], "'--models'", "rnn is given twice in 'rnn,lstm,rnn'; give "
                                                  "each once"),
     (["--lengths", "3,5,3"], "'--lengths'", "3 is given twice in '3,5,3'"),

@@ -346,13 +346,13 @@ def test_persistent_kernels_fit_the_paper_sizes():
 # block, in float32 and float64; and for the Euler family, the largest n whose matrix is kept in
 # shared memory (above it, in global memory)
 LARGEST_PERSISTENT_N = {
-    ("antisym", "antisym-gated", "ablation", "feedback", "rnn"):
+    ("antisym", "antisym-gated", "ablation", "feedback", "antisym-xgate", "rnn"):
         {"float32": (6144, 4096), "float64": (3072, 2048)},
     ("lstm", "peephole-lstm"): {"float32": (6144, 1228), "float64": (3072, 614)},
     ("gru",): {"float32": (6144, 1755), "float64": (3072, 877)},
 }
 LARGEST_SHARED_MATRIX_N = {
-    ("antisym", "antisym-gated"): {"float32": (155, 154), "float64": (109, 108)},
+    ("antisym", "antisym-gated", "antisym-xgate"): {"float32": (155, 154), "float64": (109, 108)},
     ("ablation", "feedback"): {"float32": (109, 109), "float64": (77, 76)},
 }
 
@@ -375,7 +375,7 @@ def test_auto_runs_the_persistent_kernels_up_to_the_readmes_sizes_then_the_step_
         resolve(cell, "fast", 8, "float32", False)
 
 
-EULER = ("antisym", "antisym-gated", "ablation", "feedback")
+EULER = ("antisym", "antisym-gated", "ablation", "feedback", "antisym-xgate")
 
 
 @pytest.mark.parametrize("names", list(LARGEST_SHARED_MATRIX_N))

@@ -109,10 +109,15 @@ def euler_unit_backward(dh, y, eps):
     return dh * eps * dtanh_from_y(y)
 
 
+# The gated kernels take kz, the share of A h_{t-1} in the gate's pre-activation
+# zp = kz A h_{t-1} + V_z x_t + b_z: 1 in (13); 0 in antisym-xgate, whose gate reads x_t alone
+# (not in the paper; with it the step's Jacobian is I + eps diag(z tanh'(a)) A, a positive
+# diagonal times A, and eq. (5)'s criterion holds, which (13)'s gate breaks: analysis.py).
+
 @njit_inline
 def euler_gated_unit(a, zp, h_prev, eps):
     """One unit of one step of (13), from a = A h_{t-1} + V_h x_t + b_h and
-    zp = A h_{t-1} + V_z x_t + b_z:
+    zp = kz A h_{t-1} + V_z x_t + b_z:
         y = tanh(a) ;  z = sigmoid(zp) ;  h_t = h_{t-1} + eps z y
     Returns (y, z, h_t); y and z are kept for BPTT."""
     z = sigmoid(zp)
@@ -202,8 +207,9 @@ def euler_backward_cpu(dA, dV_h, db_h, dh0, da, dh_T, hs, th, x, A, eps):
 
 
 @njit_parallel
-def euler_gated_forward_cpu(hs, th, z, x, A, V_h, b_h, V_z, b_z, eps):
-    """Forward pass of (13) over a whole sequence. The gate and the candidate share A h_{t-1}.
+def euler_gated_forward_cpu(hs, th, z, x, A, V_h, b_h, V_z, b_z, eps, kz):
+    """Forward pass of (13) over a whole sequence. The gate and the candidate share A h_{t-1}
+    (the gate takes kz of it).
 
     Written (=):  hs[1:] of (T+1, B, n); th (T, B, n) = tanh(a_t); z (T, B, n) = z_t.
     Read:         hs[0] = h_0; x (T, B, m); A (n, n); V_h, V_z (n, m); b_h, b_z (n,).
@@ -221,10 +227,10 @@ def euler_gated_forward_cpu(hs, th, z, x, A, V_h, b_h, V_z, b_z, eps):
             np.dot(hs[t, b0:b1], A.T, Ah)
             for b in range(b0, b1):
                 for i in range(n):
-                    # z_t = sigma(A h + V_z x + b_z) ;  y_t = tanh(A h + V_h x + b_h)
+                    # z_t = sigma(kz A h + V_z x + b_z) ;  y_t = tanh(A h + V_h x + b_h)
                     # h_t = h_{t-1} + eps z_t o y_t
                     y, zt, h_new = euler_gated_unit(Ah[b - b0, i] + th[t, b, i] + b_h[i],
-                                                    Ah[b - b0, i] + z[t, b, i] + b_z[i],
+                                                    kz * Ah[b - b0, i] + z[t, b, i] + b_z[i],
                                                     hs[t, b, i], eps)
                     z[t, b, i] = zt
                     th[t, b, i] = y
@@ -233,12 +239,12 @@ def euler_gated_forward_cpu(hs, th, z, x, A, V_h, b_h, V_z, b_z, eps):
 
 @njit_parallel
 def euler_gated_backward_cpu(dA, dV_h, db_h, dV_z, db_z, dh0, da, dzp, ds,
-                             dh_T, hs, th, z, x, A, eps):
+                             dh_T, hs, th, z, x, A, eps, kz):
     """BPTT of (13) over the whole sequence.
 
     Written (=):  dA (n, n); dV_h, dV_z (n, m); db_h, db_z (n,); dh0 (B, n) = dL/dh_0;
                   scratch da, dzp (T, B, n): dL/d(pre-activation) of candidate and gate;
-                  ds = da + dzp (T, B, n), the total signal reaching A h_{t-1}.
+                  ds = da + kz dzp (T, B, n), the total signal reaching A h_{t-1}.
     Read:         dh_T (B, n); hs, th, z from the forward pass; x (T, B, m); A (n, n).
     Work split:   as `euler_backward_cpu`.
     """
@@ -264,15 +270,15 @@ def euler_gated_backward_cpu(dA, dV_h, db_h, dV_z, db_z, dh0, da, dzp, ds,
                                                             z[t, b, i], eps)
                     da[t, b, i] = da_i
                     dzp[t, b, i] = dzp_i
-                    ds[t, b, i] = da_i + dzp_i
-            # forward was: a_t = h_{t-1} A^T + ..., zp_t = h_{t-1} A^T + ...  (row form; both
-            #              read h_{t-1} A^T)
-            # so:          dh_{t-1} += (da_t + dzp_t) A
+                    ds[t, b, i] = da_i + kz * dzp_i
+            # forward was: a_t = h_{t-1} A^T + ..., zp_t = kz h_{t-1} A^T + ...  (row form;
+            #              both read h_{t-1} A^T)
+            # so:          dh_{t-1} += (da_t + kz dzp_t) A
             np.dot(ds[t, b0:b1], A, dh_rec)
             dh += dh_rec
         restore_fp_mode(mode)
     x2 = x.reshape(T * B, m)
-    matmul_tn_rows(dA, ds.reshape(T * B, n), hs[:T].reshape(T * B, n))  # sum_t (da+dzp)^T h
+    matmul_tn_rows(dA, ds.reshape(T * B, n), hs[:T].reshape(T * B, n))  # sum_t ds_t^T h
     matmul_tn_rows(dV_h, da.reshape(T * B, n), x2)                      # sum_t da_t^T x_t
     matmul_tn_rows(dV_z, dzp.reshape(T * B, n), x2)                     # sum_t dzp_t^T x_t
     sum_rows(db_h, da.reshape(T * B, n))
@@ -380,9 +386,9 @@ def euler_forward_step_kernel(hs, th, x, AT, V_h, b_h, eps, t):
 
 
 @cuda.jit
-def euler_gated_forward_step_kernel(hs, th, z, x, AT, V_h, b_h, V_z, b_z, eps, t):
+def euler_gated_forward_step_kernel(hs, th, z, x, AT, V_h, b_h, V_z, b_z, eps, kz, t):
     """Step t of (13): with s = A h_{t-1} (shared by gate and candidate),
-    z_t = sigmoid(s + V_z x_t + b_z) ; th_t = tanh(s + V_h x_t + b_h) ;
+    z_t = sigmoid(kz s + V_z x_t + b_z) ; th_t = tanh(s + V_h x_t + b_h) ;
     h_t = h_{t-1} + eps z_t th_t.
 
     Written (=): th[t], z[t], hs[t+1] (B, n). Read: hs[t], x[t], AT = A^T (read transposed as
@@ -396,7 +402,7 @@ def euler_gated_forward_step_kernel(hs, th, z, x, AT, V_h, b_h, V_z, b_z, eps, t
         for j in range(n):
             s += AT[j, i] * hs[t, b, j]                          # A[i, j] h_{t-1}[b, j]
         a = s + b_h[i]
-        zp = s + b_z[i]
+        zp = kz * s + b_z[i]
         for k in range(m):
             a += V_h[i, k] * x[t, b, k]
             zp += V_z[i, k] * x[t, b, k]
@@ -431,14 +437,14 @@ def euler_backward_step_kernel(dh_prev, da, dh, th, A, eps, t):
 
 
 @cuda.jit
-def euler_gated_backward_step_kernel(dh_prev, da, dzp, ds, dh, th, z, A, eps, t):
+def euler_gated_backward_step_kernel(dh_prev, da, dzp, ds, dh, th, z, A, eps, kz, t):
     """BPTT through step t of (13).
 
     forward was: h_t = h_{t-1} + eps * z_t * th_t,  th_t = tanh(a_t), z_t = sigmoid(zp_t),
-                 a_t = A h_{t-1} + ...,  zp_t = A h_{t-1} + ...
+                 a_t = A h_{t-1} + ...,  zp_t = kz A h_{t-1} + ...
     so:          da_t  = dh_t * eps * z_t * (1 - th_t**2)
                  dzp_t = dh_t * eps * th_t * z_t * (1 - z_t)
-                 ds_t  = da_t + dzp_t ;   dh_{t-1} = dh_t + A^T ds_t
+                 ds_t  = da_t + kz dzp_t ;   dh_{t-1} = dh_t + A^T ds_t
 
     Written (=): da[t], dzp[t], ds[t] (B, n), dh_prev (B, n). Read: dh = dL/dh_t, th[t], z[t], A.
     One thread per (b, i); 2-d grid over (i, b); ds_t[b, :] recomputed per thread as in
@@ -450,11 +456,11 @@ def euler_gated_backward_step_kernel(dh_prev, da, dzp, ds, dh, th, z, A, eps, t)
         acc = dh[b, i]
         for j in range(n):
             da_j, dzp_j = euler_gated_unit_backward(dh[b, j], th[t, b, j], z[t, b, j], eps)
-            acc += (da_j + dzp_j) * A[j, i]
+            acc += (da_j + kz * dzp_j) * A[j, i]
         da_i, dzp_i = euler_gated_unit_backward(dh[b, i], th[t, b, i], z[t, b, i], eps)
         da[t, b, i] = da_i
         dzp[t, b, i] = dzp_i
-        ds[t, b, i] = da_i + dzp_i
+        ds[t, b, i] = da_i + kz * dzp_i
         dh_prev[b, i] = acc
 
 
@@ -469,16 +475,16 @@ def euler_forward_gpu(hs, th, x, A, V_h, b_h, eps, *, block=(128, 1)):
         euler_forward_step_kernel[grid, block](hs, th, x, AT, V_h, b_h, eps, t)
 
 
-def euler_gated_forward_gpu(hs, th, z, x, A, V_h, b_h, V_z, b_z, eps, *, block=(128, 1)):
+def euler_gated_forward_gpu(hs, th, z, x, A, V_h, b_h, V_z, b_z, eps, kz, *, block=(128, 1)):
     """Version 1 twin of euler_gated_forward_cpu: T launches of euler_gated_forward_step_kernel.
     Written (=): hs[1:], th, z. Read: hs[0], x, A, V_h, b_h, V_z, b_z."""
     T, B, _ = x.shape
     grid, block = step_grid(B, A.shape[0], block)
-    eps = hs.dtype.type(eps)
+    eps, kz = hs.dtype.type(eps), hs.dtype.type(kz)
     AT = transposed(A)
     for t in range(T):
         euler_gated_forward_step_kernel[grid, block](hs, th, z, x, AT, V_h, b_h, V_z, b_z, eps,
-                                                     t)
+                                                     kz, t)
 
 
 def _backward_buffers(dh0, dh_T, T):
@@ -507,16 +513,17 @@ def euler_backward_gpu(dA, dV_h, db_h, dh0, da, dh_T, hs, th, x, A, eps, *, bloc
 
 
 def euler_gated_backward_gpu(dA, dV_h, db_h, dV_z, db_z, dh0, da, dzp, ds,
-                             dh_T, hs, th, z, x, A, eps, *, block=(128, 1), tile=TILE):
+                             dh_T, hs, th, z, x, A, eps, kz, *, block=(128, 1), tile=TILE):
     """Version 1 twin of euler_gated_backward_cpu: T launches of
     euler_gated_backward_step_kernel, then the parameter-gradient products.
     Written (=): dA, dV_h, db_h, dV_z, db_z, dh0, da, dzp, ds. Read: dh_T, hs, th, z, x, A."""
     T, B, _ = x.shape
     grid, block = step_grid(B, A.shape[0], block)
-    eps = dh0.dtype.type(eps)
+    eps, kz = dh0.dtype.type(eps), dh0.dtype.type(kz)
     dh, dh_prev = _backward_buffers(dh0, dh_T, T)
     for t in range(T - 1, -1, -1):
-        euler_gated_backward_step_kernel[grid, block](dh_prev, da, dzp, ds, dh, th, z, A, eps, t)
+        euler_gated_backward_step_kernel[grid, block](dh_prev, da, dzp, ds, dh, th, z, A, eps,
+                                                      kz, t)
         dh, dh_prev = dh_prev, dh
     euler_param_grads_gpu(dA, dV_h, db_h, ds, da, hs, x, tile=tile)
     euler_input_grads_gpu(dV_z, db_z, dzp, x, tile=tile)
@@ -756,10 +763,10 @@ def euler_forward_persistent_kernel(hs, th, x, AT, V_h, b_h, eps, layout, rows):
 
 
 @persistent_kernel
-def euler_gated_forward_persistent_kernel(hs, th, z, x, AT, V_h, b_h, V_z, b_z, eps, layout,
+def euler_gated_forward_persistent_kernel(hs, th, z, x, AT, V_h, b_h, V_z, b_z, eps, kz, layout,
                                           rows):
     """All T steps of (13) in one launch: with s = A h_{t-1} (shared by gate and candidate),
-        z_t = sigmoid(s + V_z x_t + b_z) ; th_t = tanh(s + V_h x_t + b_h)
+        z_t = sigmoid(kz s + V_z x_t + b_z) ; th_t = tanh(s + V_h x_t + b_h)
         h_t = h_{t-1} + eps z_t th_t
 
     Written (=): hs[1:], th, z (T, B, n). Read: hs[0], x, AT = A^T, V_h, b_h, V_z, b_z.
@@ -786,7 +793,7 @@ def euler_gated_forward_persistent_kernel(hs, th, z, x, AT, V_h, b_h, V_z, b_z, 
                 for i in range(tid, n, nthreads):
                     s = matrix_dot(Msh, AT, h, i, n, layout, diag)               # (A h)_i
                     a = s + b_h[i]
-                    zp = s + b_z[i]
+                    zp = kz * s + b_z[i]
                     for k in range(m):
                         a += V_h[i, k] * x[t, b, k]
                         zp += V_z[i, k] * x[t, b, k]
@@ -847,14 +854,15 @@ def euler_backward_persistent_kernel(dh0, da, dh_T, th, A, eps, layout, rows):
 
 
 @persistent_kernel
-def euler_gated_backward_persistent_kernel(dh0, da, dzp, ds, dh_T, th, z, A, eps, layout, rows):
+def euler_gated_backward_persistent_kernel(dh0, da, dzp, ds, dh_T, th, z, A, eps, kz, layout,
+                                           rows):
     """BPTT through all T steps of (13) in one launch.
 
     forward was: h_t = h_{t-1} + eps * z_t * th_t,  th_t = tanh(a_t), z_t = sigmoid(zp_t),
-                 a_t = A h_{t-1} + ...,  zp_t = A h_{t-1} + ...
+                 a_t = A h_{t-1} + ...,  zp_t = kz A h_{t-1} + ...
     so:          da_t  = dh_t * eps * z_t * (1 - th_t**2)
                  dzp_t = dh_t * eps * th_t * z_t * (1 - z_t)
-                 ds_t  = da_t + dzp_t ;   dh_{t-1} = dh_t + A^T ds_t
+                 ds_t  = da_t + kz dzp_t ;   dh_{t-1} = dh_t + A^T ds_t
 
     Written (=): dh0 (B, n), da, dzp, ds (T, B, n). Read: dh_T, th, z, A.
     Layout, work split and shared memory as in euler_backward_persistent_kernel (ds_t in place
@@ -882,8 +890,8 @@ def euler_gated_backward_persistent_kernel(dh0, da, dzp, ds, dh_T, th, z, A, eps
                                                             z[t, b, i], eps)
                     da[t, b, i] = da_i
                     dzp[t, b, i] = dzp_i
-                    ds[t, b, i] = da_i + dzp_i
-                    dbuf[cur + r * n + i] = da_i + dzp_i
+                    ds[t, b, i] = da_i + kz * dzp_i
+                    dbuf[cur + r * n + i] = da_i + kz * dzp_i
         cuda.syncthreads()
         for r in range(rows):
             b = b0 + r
@@ -910,7 +918,7 @@ def euler_forward_gpu_persistent(hs, th, x, A, V_h, b_h, eps, *, layout, rows=1,
         hs, th, x, transposed(A), V_h, b_h, hs.dtype.type(eps), LAYOUTS.index(layout), rows)
 
 
-def euler_gated_forward_gpu_persistent(hs, th, z, x, A, V_h, b_h, V_z, b_z, eps, *, layout,
+def euler_gated_forward_gpu_persistent(hs, th, z, x, A, V_h, b_h, V_z, b_z, eps, kz, *, layout,
                                        rows=1, threads=None):
     """Version 2 twin of euler_gated_forward_cpu: A^T into a scratch buffer, then one launch of
     euler_gated_forward_persistent_kernel. Written (=): hs[1:], th, z."""
@@ -918,7 +926,7 @@ def euler_gated_forward_gpu_persistent(hs, th, z, x, A, V_h, b_h, V_z, b_z, eps,
     grid, threads, shared = persistent_launch(B, A.shape[0], hs.dtype, layout, FORWARD_BUFFERS,
                                               rows, threads)
     euler_gated_forward_persistent_kernel[grid, threads, 0, shared](
-        hs, th, z, x, transposed(A), V_h, b_h, V_z, b_z, hs.dtype.type(eps),
+        hs, th, z, x, transposed(A), V_h, b_h, V_z, b_z, hs.dtype.type(eps), hs.dtype.type(kz),
         LAYOUTS.index(layout), rows)
 
 
@@ -935,7 +943,7 @@ def euler_backward_gpu_persistent(dA, dV_h, db_h, dh0, da, dh_T, hs, th, x, A, e
 
 
 def euler_gated_backward_gpu_persistent(dA, dV_h, db_h, dV_z, db_z, dh0, da, dzp, ds,
-                                        dh_T, hs, th, z, x, A, eps, *, layout, rows=1,
+                                        dh_T, hs, th, z, x, A, eps, kz, *, layout, rows=1,
                                         threads=None, tile=TILE):
     """Version 2 twin of euler_gated_backward_cpu: one launch of
     euler_gated_backward_persistent_kernel, then the parameter-gradient products.
@@ -944,7 +952,8 @@ def euler_gated_backward_gpu_persistent(dA, dV_h, db_h, dV_z, db_z, dh0, da, dzp
     grid, threads, shared = persistent_launch(B, A.shape[0], dh0.dtype, layout, BACKWARD_BUFFERS,
                                               rows, threads)
     euler_gated_backward_persistent_kernel[grid, threads, 0, shared](
-        dh0, da, dzp, ds, dh_T, th, z, A, dh0.dtype.type(eps), LAYOUTS.index(layout), rows)
+        dh0, da, dzp, ds, dh_T, th, z, A, dh0.dtype.type(eps), dh0.dtype.type(kz),
+        LAYOUTS.index(layout), rows)
     euler_param_grads_gpu(dA, dV_h, db_h, ds, da, hs, x, tile=tile)
     euler_input_grads_gpu(dV_z, db_z, dzp, x, tile=tile)
 
@@ -1024,8 +1033,8 @@ def euler_split_kernels(cap, lanes, rows):
             cuda.syncthreads()
 
     @split_kernel(launch_bound)
-    def euler_gated_forward_split_kernel(hs, th, z, AT, eps):
-        """All T steps of (13): with s = A h_{t-1}, z_t = sigmoid(s + w_t), th_t = tanh(s + u_t),
+    def euler_gated_forward_split_kernel(hs, th, z, AT, eps, kz):
+        """All T steps of (13): with s = A h_{t-1}, z_t = sigmoid(kz s + w_t), th_t = tanh(s + u_t),
         h_t = h_{t-1} + eps z_t th_t, where th holds u_t = V_h x_t + b_h and z holds
         w_t = V_z x_t + b_z on entry. Written (=): hs[1:], th, z. Read: hs[0], th, z, AT."""
         T, B, n = th.shape
@@ -1055,7 +1064,7 @@ def euler_split_kernels(cap, lanes, rows):
                 w_next = z[t + 1, b, i] if ahead else zero
                 s = lane_sum(lane_dot(D, hbuf, cur + r * stride + lane, cap, lanes), lanes)
                 if leader and b < B:
-                    y, zt, h_new = euler_gated_unit(s + u[r], s + w[r], h[r], eps)
+                    y, zt, h_new = euler_gated_unit(s + u[r], kz * s + w[r], h[r], eps)
                     z[t, b, i] = zt
                     th[t, b, i] = y
                     hs[t + 1, b, i] = h_new
@@ -1109,14 +1118,14 @@ def euler_split_kernels(cap, lanes, rows):
                 dh0[b0 + r, i] = dh[r]
 
     @split_kernel(launch_bound)
-    def euler_gated_backward_split_kernel(dh0, da, dzp, ds, dh_T, th, z, A, eps):
+    def euler_gated_backward_split_kernel(dh0, da, dzp, ds, dh_T, th, z, A, eps, kz):
         """BPTT through all T steps of (13).
 
         forward was: h_t = h_{t-1} + eps * z_t * th_t,  th_t = tanh(a_t), z_t = sigmoid(zp_t),
-                     a_t = A h_{t-1} + ...,  zp_t = A h_{t-1} + ...
+                     a_t = A h_{t-1} + ...,  zp_t = kz A h_{t-1} + ...
         so:          da_t  = dh_t * eps * z_t * (1 - th_t**2)
                      dzp_t = dh_t * eps * th_t * z_t * (1 - z_t)
-                     ds_t  = da_t + dzp_t ;   dh_{t-1} = dh_t + A^T ds_t
+                     ds_t  = da_t + kz dzp_t ;   dh_{t-1} = dh_t + A^T ds_t
 
         Written (=): dh0 (B, n), da, dzp, ds (T, B, n). Read: dh_T, th, z, A. As `backward`,
         with ds_t in place of da_t."""
@@ -1146,8 +1155,8 @@ def euler_split_kernels(cap, lanes, rows):
                     da_i, dzp_i = euler_gated_unit_backward(dh[r], y[r], zt[r], eps)
                     da[t, b, i] = da_i
                     dzp[t, b, i] = dzp_i
-                    ds[t, b, i] = da_i + dzp_i
-                    dbuf[cur + r * stride + i] = da_i + dzp_i
+                    ds[t, b, i] = da_i + kz * dzp_i
+                    dbuf[cur + r * stride + i] = da_i + kz * dzp_i
                     if t > 0:
                         y[r] = th[t - 1, b, i]
                         zt[r] = z[t - 1, b, i]
@@ -1173,13 +1182,15 @@ def euler_forward_gpu_split(hs, th, x, A, V_h, b_h, eps, *, lanes, rows=1):
     k.forward[grid, threads, 0, shared](hs, th, transposed(A), hs.dtype.type(eps))
 
 
-def euler_gated_forward_gpu_split(hs, th, z, x, A, V_h, b_h, V_z, b_z, eps, *, lanes, rows=1):
+def euler_gated_forward_gpu_split(hs, th, z, x, A, V_h, b_h, V_z, b_z, eps, kz, *, lanes,
+                                  rows=1):
     """Version 3 twin of euler_gated_forward_cpu. Written (=): hs[1:], th, z."""
     k, grid, threads, shared = split_pass(euler_split_kernels, x.shape[1], A.shape[0], lanes,
                                           rows, hs.dtype)
     input_projection_gpu(th, x, V_h, b_h)
     input_projection_gpu(z, x, V_z, b_z)
-    k.gated_forward[grid, threads, 0, shared](hs, th, z, transposed(A), hs.dtype.type(eps))
+    k.gated_forward[grid, threads, 0, shared](hs, th, z, transposed(A), hs.dtype.type(eps),
+                                              hs.dtype.type(kz))
 
 
 def euler_backward_gpu_split(dA, dV_h, db_h, dh0, da, dh_T, hs, th, x, A, eps, *, lanes, rows=1,
@@ -1193,13 +1204,13 @@ def euler_backward_gpu_split(dA, dV_h, db_h, dh0, da, dh_T, hs, th, x, A, eps, *
 
 
 def euler_gated_backward_gpu_split(dA, dV_h, db_h, dV_z, db_z, dh0, da, dzp, ds, dh_T, hs, th, z,
-                                   x, A, eps, *, lanes, rows=1, tile=TILE):
+                                   x, A, eps, kz, *, lanes, rows=1, tile=TILE):
     """Version 3 twin of euler_gated_backward_cpu. Written (=): dA, dV_h, db_h, dV_z, db_z,
     dh0, da, dzp, ds."""
     k, grid, threads, shared = split_pass(euler_split_kernels, x.shape[1], A.shape[0], lanes,
                                           rows, dh0.dtype)
     k.gated_backward[grid, threads, 0, shared](dh0, da, dzp, ds, dh_T, th, z, A,
-                                               dh0.dtype.type(eps))
+                                               dh0.dtype.type(eps), dh0.dtype.type(kz))
     euler_param_grads_gpu(dA, dV_h, db_h, ds, da, hs, x, tile=tile)
     euler_input_grads_gpu(dV_z, db_z, dzp, x, tile=tile)
 

@@ -32,8 +32,9 @@ def matrix(rng, structure, dtype):
     return (rand(rng, (N, N), dtype, 0.5) - GAMMA * np.eye(N)).astype(dtype)
 
 
-def problem(dtype, gated, structure, seed=0, T=T):
-    """Random inputs, and the CPU twins' forward and backward outputs on them."""
+def problem(dtype, gated, structure, seed=0, T=T, kz=1.0):
+    """Random inputs, and the CPU twins' forward and backward outputs on them (kz: the gate's
+    share of A h_{t-1}, 1 in eq. 13, 0 in antisym-xgate)."""
     rng = np.random.default_rng(seed)
     eps = np.dtype(dtype).type(EPS)
     p = dict(x=rand(rng, (T, B, M), dtype), A=matrix(rng, structure, dtype),
@@ -45,7 +46,7 @@ def problem(dtype, gated, structure, seed=0, T=T):
     fw = dict(hs=hs, th=np.empty((T, B, N), dtype), z=np.empty((T, B, N), dtype))
     if gated:
         K.euler_gated_forward_cpu(fw["hs"], fw["th"], fw["z"], p["x"], p["A"], p["V_h"],
-                                  p["b_h"], p["V_z"], p["b_z"], eps)
+                                  p["b_h"], p["V_z"], p["b_z"], eps, np.dtype(dtype).type(kz))
     else:
         K.euler_forward_cpu(fw["hs"], fw["th"], p["x"], p["A"], p["V_h"], p["b_h"], eps)
     bw = dict(dA=np.empty((N, N), dtype), dV_h=np.empty((N, M), dtype),
@@ -55,7 +56,8 @@ def problem(dtype, gated, structure, seed=0, T=T):
     if gated:
         K.euler_gated_backward_cpu(bw["dA"], bw["dV_h"], bw["db_h"], bw["dV_z"], bw["db_z"],
                                    bw["dh0"], bw["da"], bw["dzp"], bw["ds"], p["dh_T"],
-                                   fw["hs"], fw["th"], fw["z"], p["x"], p["A"], eps)
+                                   fw["hs"], fw["th"], fw["z"], p["x"], p["A"], eps,
+                                   np.dtype(dtype).type(kz))
     else:
         K.euler_backward_cpu(bw["dA"], bw["dV_h"], bw["db_h"], bw["dh0"], bw["da"], p["dh_T"],
                              fw["hs"], fw["th"], p["x"], p["A"], eps)
@@ -114,6 +116,15 @@ def test_split_kernels_at_other_lanes_and_rows(lanes, rows, gated):
     check("float64", gated, "dense", "split", T, rows=rows, lanes=lanes)
 
 
+@pytest.mark.parametrize("structure, version", [("skew", "step"), ("skew", "persistent"),
+                                                ("dense", "persistent-global"),
+                                                ("dense", "split")])
+def test_gated_kernels_with_a_gate_of_x_alone(structure, version):
+    """kz = 0 (antisym-xgate): the gate reads no A h_{t-1}, and no gradient reaches A through
+    it."""
+    check("float64", True, structure, version, T, kz=0.0)
+
+
 @pytest.mark.parametrize("gated", [False, True])
 def test_split_kernels_at_zero_steps(gated):
     """T = 0 (a cell's pass called directly; models refuse it): h_T = h_0 and dh_0 = dh_T, the
@@ -131,8 +142,8 @@ def test_split_launch_refuses_what_cannot_run():
     assert gpu_common.split_launch(5, 100, 8, 2, "float32", 2) == (3, 800, 2 * 2 * 104 * 4)
 
 
-def check(dtype, gated, structure, version, T, rows=ROWS, lanes=LANES):
-    p, fw, bw, eps = problem(dtype, gated, structure, T=T)
+def check(dtype, gated, structure, version, T, rows=ROWS, lanes=LANES, kz=1.0):
+    p, fw, bw, eps = problem(dtype, gated, structure, T=T, kz=kz)
     d = {k: dev(v) for k, v in p.items()}
     suffix = {"step": "", "split": "_split"}.get(version, "_persistent")
     # forward: hs[0] given, the rest written
@@ -141,7 +152,8 @@ def check(dtype, gated, structure, version, T, rows=ROWS, lanes=LANES):
     opts = launch_options(version, structure, backward=False, rows=rows, lanes=lanes)
     if gated:
         getattr(K, "euler_gated_forward_gpu" + suffix)(hs, th, z, d["x"], d["A"], d["V_h"],
-                                                       d["b_h"], d["V_z"], d["b_z"], eps, **opts)
+                                                       d["b_h"], d["V_z"], d["b_z"], eps, kz,
+                                                       **opts)
         assert_close(z, fw["z"], dtype, "z")
     else:
         getattr(K, "euler_forward_gpu" + suffix)(hs, th, d["x"], d["A"], d["V_h"], d["b_h"],
@@ -155,7 +167,7 @@ def check(dtype, gated, structure, version, T, rows=ROWS, lanes=LANES):
     if gated:
         getattr(K, "euler_gated_backward_gpu" + suffix)(
             g["dA"], g["dV_h"], g["db_h"], g["dV_z"], g["db_z"], g["dh0"], g["da"], g["dzp"],
-            g["ds"], d["dh_T"], hs, th, z, d["x"], d["A"], eps, **opts)
+            g["ds"], d["dh_T"], hs, th, z, d["x"], d["A"], eps, kz, **opts)
         names = bw
     else:
         getattr(K, "euler_backward_gpu" + suffix)(g["dA"], g["dV_h"], g["db_h"], g["dh0"],
