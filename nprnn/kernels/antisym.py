@@ -1,6 +1,6 @@
 """AntisymmetricRNN and its Euler-family relatives: forward pass and BPTT kernels.
 
-All four models of this family are one forward-Euler step (eq. 3) of an ODE h' = f(h, x)
+The models of this family are one forward-Euler step (eq. 3) of an ODE h' = f(h, x)
 (eqs. 1, 8). The paper's W_h is our parameter W:
 
     (12) h_t = h_{t-1} + eps * tanh((W - W^T - gamma I) h_{t-1} + V_h x_t + b_h)
@@ -9,6 +9,7 @@ All four models of this family are one forward-Euler step (eq. 3) of an ODE h' =
 
     ablation (section 5.4): (13) with W - W^T replaced by an unstructured W
     feedback (section 4):   (12) with W - W^T - gamma I replaced by an unstructured W
+    antisym-xgate:          (13) with z_t = sigmoid(V_z x_t + b_z) (not in the paper; `kz`)
 
 so the kernels take the recurrent matrix A (n, n) ready-made and do not know which model they
 serve. A is built from the parameter W by `antisym_matrix_cpu` below (A = W - W^T - gamma I, the
