@@ -113,10 +113,13 @@ def _torch_euler(cell, torch, n, m, eps, gamma, dtype, gen, device="cpu"):
         U = torch.addmm(b_h, x.reshape(B * T, m), V_h.T).reshape(B, T, n)
         Z = torch.addmm(b_z, x.reshape(B * T, m), V_z.T).reshape(B, T, n) if gated else None
         h = torch.zeros(B, n, dtype=dtype, device=device)
-        if gated:
+        if gated and cell.kz:                       # eq. 13: the gate reads A h_{t-1} too
             for u, v in zip(U.unbind(1), Z.unbind(1)):
                 Ah = h @ A.T
                 h = h + eps * torch.sigmoid(Ah + v) * torch.tanh(Ah + u)
+        elif gated:                                 # antisym-xgate: every step's gate at once
+            for u, g in zip(U.unbind(1), torch.sigmoid(Z).unbind(1)):
+                h = h + eps * g * torch.tanh(torch.addmm(u, h, A.T))
         else:
             for u in U.unbind(1):
                 h = h + eps * torch.tanh(torch.addmm(u, h, A.T))
