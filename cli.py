@@ -553,11 +553,11 @@ def gates(runs, out, name, task, T, data_dir, sequences, batch_size, seed):
     """The gates of trained models, step by step.
 
     RUNS are run folders or checkpoint files of `train` whose models have gates: z_t of
-    antisym-gated and ablation (eq. 13), i, f, o of the LSTMs, r, z of the GRU. Each runs
-    forward over test sequences of its task, in the dtype it was trained in. Writes NAME.csv
-    (the mean and standard deviation of every gate at every step, over sequences and units),
-    NAME.json (the same, and each gate over the image steps and over the noise steps of a
-    noise-padded task) and NAME.png, and prints the latter table."""
+    antisym-gated, ablation (eq. 13) and antisym-xgate, i, f, o of the LSTMs, r, z of the GRU.
+    Each runs forward over test sequences of its task, in the dtype it was trained in. Writes
+    NAME.csv (the mean and standard deviation of every gate at every step, over sequences and
+    units), NAME.json (the same, and each gate over the image steps and over the noise steps of
+    a noise-padded task) and NAME.png, and prints the latter table."""
 
     out = _out_dir(out)                 # before the work: a bad --out is said at once
     try:
@@ -565,6 +565,7 @@ def gates(runs, out, name, task, T, data_dir, sequences, batch_size, seed):
         for run, folder in zip(runs, analysis.distinct_names(runs)):
             model, config = analysis.model_from_checkpoint(run, dtype=None)
             analysis.require_gates(model, run)
+            _fed_task(run, model, config, task, T)
             built.append((run, analysis.checkpoint_label(model, folder), model, config))
         results = []
         for k, (run, label, model, config) in enumerate(built):
@@ -595,20 +596,27 @@ def gates(runs, out, name, task, T, data_dir, sequences, batch_size, seed):
     click.echo(f"wrote {stem}.csv, {stem}.json{_replacing(old)}")
 
 
-@contextmanager
-def _task_of_run(run, model, config, task, T, data_dir):
-    """The task that the trained model of `run` is fed, open: `task` if given, else the one it
-    was trained on (with its T, permutation seed and data folder; --T and --data-dir, where
-    given, take their place)."""
-
+def _fed_task(run, model, config, task, T):
+    """(name, T, own) of the task that the trained model of `run` is fed: `task` if given, else
+    the one it was trained on (own), with its T unless --T is given. ValueError where its input
+    size is not the model's (said before the task's data is fetched or cached)."""
     own = task in (None, config.get("task"))
     name = config.get("task") if own else task
     if T is None and own:
         T = config.get("T")
-    m = datasets.task_spec(name).shape(T)[1]      # before the task's data is fetched or cached
+    m = datasets.task_spec(name).shape(T)[1]
     if m != model.input_size:
         raise ValueError(f"task {name!r} has input size m={m}, but {run} is a model of input "
                          f"size m={model.input_size}: give a task it was trained on")
+    return name, T, own
+
+
+@contextmanager
+def _task_of_run(run, model, config, task, T, data_dir):
+    """`_fed_task`'s task, open (with the run's permutation seed and data folder unless another
+    task or --data-dir is given)."""
+
+    name, T, own = _fed_task(run, model, config, task, T)
     try:
         with datasets.get_task(name, data_dir=data_dir or config.get("data_dir"), T=T,
                                seed=config.get("perm_seed", 0) if own else 0) as t:
@@ -665,13 +673,14 @@ def criticality(runs, task, T, data_dir, sequences, segments, seed):
     the share of (sequence, step) pairs where it is positive."""
 
     try:
-        built = []                      # every checkpoint checked before any task is read
+        built, notes = [], []           # every checkpoint checked before any task is read
         for run, folder in zip(runs, analysis.distinct_names(runs)):
             model, config = analysis.model_from_checkpoint(run)
             if model.hyper.get("eps") is None:
                 euler = ", ".join(n for n, c in nprnn.CELLS.items() if "eps" in c.hyper)
                 raise ValueError(f"{run} is a {model.name} model, not an Euler cell: the "
                                  f"criterion is for {euler}")
+            _fed_task(run, model, config, task, T)
             built.append((run, analysis.checkpoint_label(model, folder), model, config))
         rows = []
         for k, (run, label, model, config) in enumerate(built):
@@ -686,12 +695,17 @@ def criticality(runs, task, T, data_dir, sequences, segments, seed):
                     [(label, model)], xs, segments, progress=shown)]
             finally:
                 shown.close()
+            if len(xs) < sequences:
+                notes.append(f"note: {label}: {name} has {len(xs):,} test sequences, fewer than "
+                             f"--sequences {sequences:,}; all of them were used")
     except (CheckpointError, OSError, ValueError) as e:
         raise click.ClickException(str(e)) from None
     table = [("run", "task", "steps", "mean", "max", "positive")] + [
         (r["label"], r["task"], f"{r['first']}-{r['last']}", f"{r['mean']:.3g}",
          f"{r['max']:.3g}", f"{r['share_growing']:.1%}") for r in rows]
     _echo_table(table, left=3)
+    for note in notes:
+        click.echo(note)
 
 
 @cli.command("plot")

@@ -183,7 +183,7 @@ class EulerCell(Cell):
 
     def matrix(self, W, gamma, ws=None, backend=CPU):
         """The recurrent matrix A that the kernels use: W - W^T - gamma I (antisym,
-        antisym-gated), W - gamma I (ablation), W (feedback)."""
+        antisym-gated, antisym-xgate), W - gamma I (ablation), W (feedback)."""
         if self.antisymmetric:
             A = backend.buffer(ws, "A", W.shape, W.dtype)
             backend.run(K_euler.antisym_matrix, A, W, gamma)

@@ -31,7 +31,7 @@ def _h0(x, n, h0):
 # ---------------------------------------------------------------------------------------------
 # The Euler ("feedback") family: antisym (eq. 12), antisym-gated (eq. 13), ablation (section
 # 5.4), feedback (section 4).
-# All four are h_t = h_{t-1} + eps * [z_t o] tanh(A h_{t-1} + V_h x_t + b_h) with a different
+# All are h_t = h_{t-1} + eps * [z_t o] tanh(A h_{t-1} + V_h x_t + b_h) with a different
 # recurrent matrix A built from the parameter W; only the gated ones have z_t. antisym-xgate (not
 # in the paper) is antisym-gated with a gate of x_t alone: z_t = sigmoid(V_z x_t + b_z).
 # ---------------------------------------------------------------------------------------------
@@ -99,8 +99,8 @@ def euler_backward(cache, dh_T):
         dV_h += da.T @ x_t
         db_h += da.sum(axis=0)
         if gated:
-            # forward was: z = sigmoid(zp),  zp = A h_prev + V_z x_t + b_z
-            # so:          dz = dh * eps * th ;  dzp = dz * z (1 - z) ;  dh_prev += dzp A ; ...
+            # forward was: z = sigmoid(zp),  zp = [A h_prev +] V_z x_t + b_z
+            # so:          dz = dh * eps * th ;  dzp = dz * z (1 - z) ;  [dh_prev += dzp A ; ...]
             dzp = dh * eps * th * z * (1.0 - z)
             if cache["gate_reads_h"]:
                 dh_prev += dzp @ A

@@ -867,25 +867,27 @@ def _trials(numbers):
 
 def coverage(spec, rows):
     """What the search covered, a line per searched option with a list of values: for each value,
-    the trials started with it (of the grid's points that have it, for a grid), and their best
-    validation accuracy, or what stopped them all."""
+    the trials started with it (for a grid, of the points queued that have it: the whole grid,
+    or the first --trials of its order), and their best validation accuracy, or "all failed"."""
     lines = []
     grid = spec["sampler"] == "grid"
+    if grid:                      # the points queued: all of the grid, or --trials of its order
+        space = {n: Param.from_json(n, d) for n, d in spec["space"].items()}
+        queued = grid_points(space, spec["sampler_seed"])[:spec["trials"]]
     for name, d in sorted(spec["space"].items()):
         if "values" not in d:
             continue
-        per_value = spec["trials"] // len(d["values"]) if grid else None
         parts = []
         for v in d["values"]:
             mine = [r for r in rows if r["params"].get(name) == v]
             best = max((r["valid"] for r in mine if r["valid"] is not None), default=None)
-            where = f" of {per_value}" if per_value else ""
+            where = f" of {sum(p[name] == v for p in queued)}" if grid else ""
             outcome = (f", best {best:.4f}" if best is not None else
                        ", all failed" if mine and all(r["state"] == "fail" for r in mine) else "")
             parts.append(f"{_cell(v)}: {len(mine)}{where}{outcome}")
         lines.append(f"  {name}: " + "; ".join(parts))
     if lines:
-        lines.insert(0, "started, by value" + (" (of the grid's points with it)" if grid else "")
+        lines.insert(0, "started, by value" + (" (of the points queued with it)" if grid else "")
                      + ", best validation accuracy:")
     return lines
 
@@ -938,8 +940,8 @@ def report(folder, png=None, echo=print):
     stopped = [str(n) for n in sorted(r["number"] for r in rows if r["state"] == "stopped")]
     if stopped:
         echo(f"{_trials(stopped)} left unfinished: `sweep run --out {folder}` resumes "
-             f"{'them' if len(stopped) > 1 else 'it'} from {'their' if len(stopped) > 1 else 'its'}"
-             f" checkpoint{'s' if len(stopped) > 1 else ''}")
+             f"{'them' if len(stopped) > 1 else 'it'} (from the last checkpoint, where there is "
+             f"one)")
     for line in coverage(spec, rows):
         echo(line)
     for cause, group in _failures(rows):

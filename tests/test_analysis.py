@@ -1023,37 +1023,41 @@ def test_the_figures_in_docs_are_what_simulate_writes_now(tmp_path, number):
 # The critical criterion along trajectories: max Re lambda((dh_t/dh_{t-1} - I) / eps)
 # ----------------------------------------------------------------------------------------------
 
-def oracle_ode_real_parts(model, x, gated):
+def oracle_ode_real_parts(model, x, gated, gate_reads_h=True):
     """max Re lambda(diag(d_t) A) at every step from h_0 = 0, by eq. (12)/(13) written out:
-    d = tanh'(a), or z tanh'(a) + tanh(a) z (1 - z) with the gate."""
+    d = tanh'(a), or z tanh'(a) + tanh(a) z (1 - z) with the gate (the second term only where
+    the gate reads A h_{t-1}: not antisym-xgate's)."""
     p, (eps, gamma) = model.params, (model.hyper["eps"], model.hyper["gamma"])
     A_mat = p["W"] - p["W"].T - gamma * np.eye(len(p["W"]))
     h, tops = np.zeros(len(A_mat)), []
     for xt in x:
         a = A_mat @ h + p["V_h"] @ xt + p["b_h"]
-        z = 1 / (1 + np.exp(-(A_mat @ h + p["V_z"] @ xt + p["b_z"]))) if gated else 1.0
-        d = z * (1 - np.tanh(a) ** 2) + (np.tanh(a) * z * (1 - z) if gated else 0)
+        zp = p["V_z"] @ xt + p["b_z"] + (A_mat @ h if gate_reads_h else 0) if gated else 0
+        z = 1 / (1 + np.exp(-zp)) if gated else 1.0
+        d = z * (1 - np.tanh(a) ** 2) + (np.tanh(a) * z * (1 - z) if gated and gate_reads_h
+                                         else 0)
         tops.append(np.linalg.eigvals(d[:, None] * A_mat).real.max())
         h = h + eps * z * np.tanh(a)
     return np.array(tops)
 
 
-@pytest.mark.parametrize("name", ["antisym", "antisym-gated"])
+@pytest.mark.parametrize("name", ["antisym", "antisym-gated", "antisym-xgate"])
 def test_ode_jacobian_real_parts_are_the_formula(name):
     model = nprnn.make_model(name, 2, 5, 2, eps=0.3, gamma=0.05, sigma_w=2, seed=4,
                              dtype="float64")
     x = np.random.default_rng(5).standard_normal((7, 2))
     np.testing.assert_allclose(A.ode_jacobian_real_parts(model, x),
-                               oracle_ode_real_parts(model, x, name == "antisym-gated"),
+                               oracle_ode_real_parts(model, x, name != "antisym",
+                                                     name != "antisym-xgate"),
                                rtol=1e-9, atol=1e-12)
 
 
 def test_the_gate_breaks_the_criterion_where_tanh_saturates_below_zero():
     """With tanh(a) near -1 the gate's term makes d < 0: eq. (13)'s L_t gets eigenvalues with
-    positive real parts, where eq. (12)'s stay in [-gamma, 0]."""
+    positive real parts, where eq. (12)'s and antisym-xgate's stay in [-gamma, 0]."""
     x = np.random.default_rng(6).standard_normal((3, 4, 2))
     tops = {}
-    for name in ("antisym", "antisym-gated"):
+    for name in ("antisym", "antisym-gated", "antisym-xgate"):
         model = nprnn.make_model(name, 2, 6, 2, eps=0.1, gamma=0.05, sigma_w=2, seed=7,
                                  dtype="float64")
         model.params["b_h"][:] = -3.0
@@ -1064,7 +1068,7 @@ def test_the_gate_breaks_the_criterion_where_tanh_saturates_below_zero():
         assert calls == [(1, 3), (2, 3), (3, 3)]
         tops[name] = rows
     assert all(-0.05 - 1e-12 <= r["mean"] and r["max"] <= 1e-12 and r["share_growing"] == 0
-               for r in tops["antisym"])
+               for name in ("antisym", "antisym-xgate") for r in tops[name])
     assert all(r["max"] > 0.01 and r["share_growing"] == 1 for r in tops["antisym-gated"])
 
 
@@ -1077,7 +1081,7 @@ def test_ode_jacobian_rejects_cells_without_eps_and_bad_segments():
         A.ode_jacobian_spectra([("a", tiny_model("antisym"))], x, 4)
 
 
-def test_criticality_command(tmp_path, gated_noise_run, trained_run):
+def test_criticality_command(tmp_path, gated_noise_run):
     from nprnn.datasets import get_task
 
     out = run_cli(["criticality", str(gated_noise_run), "--sequences", "3", "--segments", "2"])
@@ -1094,8 +1098,15 @@ def test_criticality_command(tmp_path, gated_noise_run, trained_run):
     from nprnn.train import train
     train(dict(model="rnn", hidden=3, iterations=1, batch_size=8, eval_every=1),
           out=toy, task=toy_task(), progress=False, echo=lambda *a: None)
-    result = CliRunner().invoke(cli, ["criticality", str(trained_run), str(toy)])
+    result = CliRunner().invoke(cli, ["criticality", str(gated_noise_run), str(toy)])
     assert result.exit_code == 1 and (f"{toy} is a rnn model, not an Euler cell: the criterion "
                                       f"is for antisym, antisym-gated, ablation, "
                                       f"feedback") in result.output
     assert "[1/" not in result.output                 # said before any work
+    result = CliRunner().invoke(cli, ["criticality", str(gated_noise_run), "--task", "mnist"])
+    assert result.exit_code == 1 and (f"task 'mnist' has input size m=1, but {gated_noise_run} "
+                                      f"is a model of input size m=28") in result.output
+    assert "[1/" not in result.output
+    out = run_cli(["criticality", str(gated_noise_run), "--sequences", "25", "--segments", "1"])
+    assert (f"note: {label}: mnist-noise has 20 test sequences, fewer than --sequences 25; all "
+            f"of them were used") in out

@@ -176,7 +176,7 @@ def test_a_grid_on_two_workers_records_every_point_once_and_reports_it(tmp_path,
     assert chosen["params"]["lr"] == GOOD and chosen["valid"] > 0.8
     assert chosen["test"] is not None and table[1].lstrip().startswith("*")
     assert any(s.startswith(f"chosen on validation: trial {chosen['number']}") for s in said)
-    assert said[said.index("started, by value (of the grid's points with it), best validation "
+    assert said[said.index("started, by value (of the points queued with it), best validation "
                            "accuracy:") + 1].startswith("  hidden: 4: 2 of 2, best ")
     assert f"  lr: {GOOD:g}: 2 of 2, best {chosen['valid']:.4f}; {BAD:g}: 2 of 2, best " in said[-2]
     png = folder / "sweep.png"
@@ -184,7 +184,7 @@ def test_a_grid_on_two_workers_records_every_point_once_and_reports_it(tmp_path,
 
 
 def test_the_report_says_what_each_value_covered_and_groups_failures_by_cause():
-    spec = dict(sampler="grid", trials=6, space=dict(
+    spec = dict(sampler="grid", trials=6, sampler_seed=0, space=dict(
         eps=dict(values=[0.01, 1.0]), lr=dict(values=[0.1, 0.2, 0.3])))
     grad = ("the gradient is not finite at iteration 1 (loss {}, gradient norm nan); training "
             "stopped before applying that step. Try a lower learning rate")
@@ -198,9 +198,15 @@ def test_the_report_says_what_each_value_covered_and_groups_failures_by_cause():
             row(2, 1.0, 0.1, "fail", error=grad.format(19.8)),
             row(4, 1.0, 0.2, "fail", error="the loss is not finite at iteration 7")]
     assert sweep.coverage(spec, rows) == [
-        "started, by value (of the grid's points with it), best validation accuracy:",
+        "started, by value (of the points queued with it), best validation accuracy:",
         "  eps: 0.01: 2 of 3, best 0.9000; 1: 3 of 3, all failed",
         "  lr: 0.1: 2 of 2, best 0.9000; 0.2: 2 of 2, best 0.5000; 0.3: 1 of 2, all failed"]
+    # --trials 2 of the grid: the values of the first two points of its order are all there is
+    first = sweep.grid_points({n: sweep.Param.from_json(n, d) for n, d in spec["space"].items()},
+                              0)[:2]
+    queued = [sum(p["eps"] == v for p in first) for v in (0.01, 1.0)]
+    assert sweep.coverage(dict(spec, trials=2), rows)[1] == (
+        f"  eps: 0.01: 2 of {queued[0]}, best 0.9000; 1: 3 of {queued[1]}, all failed")
     assert [(cause, [r["number"] for r in group]) for cause, group in sweep._failures(rows)] == [
         ("the gradient is not finite at iteration 1", [2, 3]),
         ("the loss is not finite at iteration 7", [4])]
@@ -448,3 +454,24 @@ def test_the_cli_runs_is_interrupted_continues_and_reports(tmp_path, fake_mnist_
     assert r.stderr.count("\n") == 1                                  # one line
     r = _cli("sweep", "run", "--out", str(tmp_path / "x"), "--lr", "0.1", "--param", "lr=0.2")
     assert r.returncode == 1 and "--lr is both searched and held fixed" in r.stderr
+
+
+def test_the_sweep_figure_draws_every_state_that_has_an_accuracy(tmp_path, monkeypatch):
+    """Trials left stopped by a Ctrl-C are drawn (they were `running` before the report told
+    them apart); failed ones, with no accuracy, are counted in the title."""
+    pytest.importorskip("matplotlib")
+    from nprnn import plotting
+    made = []
+    figure = plotting._figure
+    monkeypatch.setattr(plotting, "_figure", lambda **kw: made.append(figure(**kw)) or made[-1])
+    states = ["complete", "pruned", "running", "stopped"]
+    rows = [dict(number=k, params=dict(lr=0.1 * (k + 1)), state=s, valid=0.5 + 0.1 * k,
+                 chosen=s == "complete") for k, s in enumerate(states)]
+    rows.append(dict(number=4, params=dict(lr=0.5), state="fail", valid=None, chosen=False))
+    plotting.plot_sweep(rows, dict(lr=[0.1, 0.2, 0.3, 0.4, 0.5]), tmp_path / "s.png", title="t")
+    (ax,) = [a for a in made[-1].axes if a.get_visible()]
+    labels = ax.get_legend_handles_labels()[1] if ax.get_legend() else [
+        t.get_text() for a in made[-1].legends for t in a.get_texts()]
+    assert [label for label in labels if "chosen" not in label] == [
+        plotting.SWEEP_STYLES[s]["label"] for s in states]
+    assert "(1 not drawn: failed, or not yet evaluated)" in made[-1]._suptitle.get_text()

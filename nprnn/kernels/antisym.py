@@ -562,8 +562,8 @@ def euler_param_grads_gpu(dA, dV_h, db_h, ds, da, hs, x, *, tile=TILE):
 # BPTT. For each j the threads of a warp read D[j, i .. i+31], consecutive addresses, wherever D
 # is kept. Where the block finds D's values is the pass's `layout`:
 #
-# * "skew" (antisym, antisym-gated): D = S - gamma I with S antisymmetric (A is, and so is A^T
-#   with S^T = -S in place of S). The n(n-1)/2 values of S above the diagonal, plus
+# * "skew" (antisym, antisym-gated, antisym-xgate): D = S - gamma I with S antisymmetric (A is,
+#   and so is A^T with S^T = -S in place of S). The n(n-1)/2 values of S above the diagonal, plus
 #   gamma = -D[0, 0], determine D. They go to shared memory by diagonals,
 #   P[diag_start(k) + i] = S[i, i + k] for k = 1 .. n-1, and thread i visits j = (i + k) mod n
 #   for k = 1 .. n-1: above the diagonal S[i, j] = P[diag_start(k) + i], below it

@@ -46,7 +46,7 @@ def data(seed=0):
     return rng.standard_normal((gt.B, gt.T, gt.M)), np.array([3, 0, 1])
 
 
-EULER = ("antisym", "antisym-gated", "ablation", "feedback")
+EULER = ("antisym", "antisym-gated", "ablation", "feedback", "antisym-xgate")
 # every cell's step and persistent versions, the Euler cells' matrix in shared memory, and the
 # split kernels of the Euler cells and rnn
 VERSIONS = [(name, version) for name in sorted(nprnn.CELLS)
