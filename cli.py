@@ -210,7 +210,7 @@ def _enough_memory(lower):
 def _given(*names):
     """The options among `names` that were typed on the command line, as "--name"."""
     ctx = click.get_current_context()
-    return [f"--{n.replace('_', '-')}" for n in names
+    return [training.flag(n) for n in names
             if ctx.get_parameter_source(n) == click.core.ParameterSource.COMMANDLINE]
 
 
@@ -742,7 +742,7 @@ def _run_options(command):
     declared once: its default, its type and range (click refuses what the run would), its
     help."""
     for name, option in reversed(training.OPTIONS.items()):
-        flag = "--T" if name == "T" else "--" + name.replace("_", "-")
+        flag = training.flag(name)
         kw = dict(default=option.default, help=option.help,
                   show_default=option.default is not None)
         if option.kind == "int":
@@ -766,7 +766,7 @@ def _run_options(command):
               help="Run folder [default: runs/MODEL-TASK].")
 @click.option("--resume", is_flag=True,
               help="Continue the run in --out from its checkpoint; only "
-                   + ", ".join("--" + k.replace("_", "-") for k in training.CHANGEABLE_ON_RESUME)
+                   + ", ".join(training.flag(k) for k in training.CHANGEABLE_ON_RESUME)
                    + " may change.")
 @click.option("--progress/--no-progress", default=True, show_default=True,
               help="Show the progress bar (on a terminal; one line per log interval otherwise). "
@@ -1144,7 +1144,7 @@ def sweep_run(out, space, params, sampler, trials, prune, sampler_seed, workers,
             the_space = sw.make_space(space, [sw.parse_param(p) for p in params])
             both = sorted(set(the_space) & set(given))
             if both:
-                raise sw.SweepError(f"{', '.join('--' + b.replace('_', '-') for b in both)} "
+                raise sw.SweepError(f"{', '.join(map(training.flag, both))} "
                                     f"is both searched and held fixed: give it one way")
             if sampler is None:
                 sampler = "tpe" if any(p.is_range for p in the_space.values()) else "grid"

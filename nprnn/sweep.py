@@ -64,7 +64,7 @@ from .files import pid_alive, temporary_name, written_atomically
 from .model import make_model
 from .train import (BEST, CONFIG, METRICS, OPTIONS, RunInUse, RunLock, TrainError,
                     TrainingDiverged, check_options_used, evaluate_checkpoint, resolve_config,
-                    train)
+                    train, train_command)
 
 # Appendix C of Chang et al. (2019): the grid searched for the Euler cells
 SPACES = {
@@ -85,6 +85,8 @@ HEARTBEAT_SECONDS = 60
 CONNECT_SECONDS = 10               # to reach a --scheduler
 RETRY_SECONDS = 30                 # a trial whose folder another process holds: try again then
 FORMAT = 1
+FINAL_ITERATIONS = 50_000          # the chosen point's full runs: the length of README's results
+FINAL_SEEDS = (0, 1)
 
 
 class SweepError(Exception):
@@ -861,6 +863,18 @@ def trial_rows(folder):
     return spec, rows, waiting
 
 
+def final_commands(folder, spec, chosen):
+    """(iterations, commands): the `train` commands that run the chosen point on the whole
+    training set (no validation split: evaluated on the test split) to FINAL_ITERATIONS, or the
+    sweep's length if longer, one run per seed of FINAL_SEEDS, in runs/<sweep folder>-s<seed>."""
+    fixed = spec["fixed"]
+    iterations = max(FINAL_ITERATIONS, fixed["iterations"])
+    config = dict(fixed, **chosen["params"], valid_size=0, keep_best=False, iterations=iterations)
+    always = ("iterations", "seed", *chosen["params"])       # what makes it the chosen run
+    return iterations, [train_command(dict(config, seed=seed), f"runs/{Path(folder).name}-s{seed}",
+                                      always) for seed in FINAL_SEEDS]
+
+
 def _trials(numbers):
     return f"trial{'s' if len(numbers) > 1 else ''} {', '.join(numbers)}"
 
@@ -937,6 +951,11 @@ def report(folder, png=None, echo=print):
              f"validation accuracy {chosen['valid']:.4f}; its test accuracy (best.h5) "
              + ("-" if chosen["test"] is None else f"{chosen['test']:.4f}")
              + f"; run folder {trial_folder(folder, chosen['number'])}")
+        iterations, commands = final_commands(folder, spec, chosen)
+        echo(f"to train it to {iterations:,} iterations on the whole training set, one run per "
+             f"seed:")
+        for command in commands:
+            echo(f"  {command}")
     stopped = [str(n) for n in sorted(r["number"] for r in rows if r["state"] == "stopped")]
     if stopped:
         echo(f"{_trials(stopped)} left unfinished: `sweep run --out {folder}` resumes "

@@ -46,6 +46,7 @@ import fcntl
 import json
 import math
 import os
+import shlex
 import signal
 import socket
 import threading
@@ -147,6 +148,28 @@ OPTIONS = dict(
                               "shows runs side by side.", "flag", on_resume=True),
 )
 DEFAULTS = {name: option.default for name, option in OPTIONS.items()}
+
+
+def flag(name):
+    """The `train` option of setting `name`: --sigma-w for sigma_w, --T for T."""
+    return "--T" if name == "T" else "--" + name.replace("_", "-")
+
+
+def train_command(config, out, always=()):
+    """The `python cli.py train` line that starts a run of `config` (OPTIONS' names) in `out`:
+    model, task and the settings named in `always` as they are, the others where they differ
+    from the default."""
+    words = ["python", "cli.py", "train"]
+    for name, option in OPTIONS.items():
+        value = config.get(name, option.default)
+        if value is None or (value == option.default
+                             and name not in ("model", "task", *always)):
+            continue
+        if option.kind == "flag":
+            words.append(flag(name) if value else "--no-" + flag(name)[2:])
+        else:
+            words += [flag(name), str(value)]
+    return shlex.join(words + ["--out", str(out)])
 CHANGEABLE_ON_RESUME = tuple(name for name, option in OPTIONS.items() if option.on_resume)
 
 METRICS = "metrics.jsonl"
@@ -282,13 +305,13 @@ def merge_resume_config(saved, given):
         else:
             started = ("the task's own length" if key == "T" and old is None
                        else repr(old))
-            conflicts.append(f"--{key.replace('_', '-')} {value!r} (the run was started with "
+            conflicts.append(f"{flag(key)} {value!r} (the run was started with "
                              f"{started})")
     if conflicts:
         raise TrainError("--resume continues the saved run, whose settings cannot change: "
                          + "; ".join(conflicts) + ". Leave these options out, or start a new run "
                          "with another --out. Options that may change on resume: "
-                         + ", ".join("--" + k.replace("_", "-") for k in CHANGEABLE_ON_RESUME))
+                         + ", ".join(flag(k) for k in CHANGEABLE_ON_RESUME))
     return resolve_config(**{k: v for k, v in config.items() if k in DEFAULTS}) | {
         k: v for k, v in config.items() if k not in DEFAULTS}, changes
 

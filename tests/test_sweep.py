@@ -176,6 +176,13 @@ def test_a_grid_on_two_workers_records_every_point_once_and_reports_it(tmp_path,
     assert chosen["params"]["lr"] == GOOD and chosen["valid"] > 0.8
     assert chosen["test"] is not None and table[1].lstrip().startswith("*")
     assert any(s.startswith(f"chosen on validation: trial {chosen['number']}") for s in said)
+    full = said.index("to train it to 50,000 iterations on the whole training set, one run per "
+                      "seed:")
+    for seed, line in enumerate(said[full + 1:full + 3]):  # the chosen point, no validation split
+        assert line == ("  python cli.py train --model rnn --task toy --hidden "
+                        f"{chosen['params']['hidden']} --lr {GOOD} --batch-size 20 --iterations "
+                        f"50000 --seed {seed} --eval-every 10 --log-every 10 --checkpoint-every "
+                        f"10 --out runs/s-s{seed}")
     assert said[said.index("started, by value (of the points queued with it), best validation "
                            "accuracy:") + 1].startswith("  hidden: 4: 2 of 2, best ")
     assert f"  lr: {GOOD:g}: 2 of 2, best {chosen['valid']:.4f}; {BAD:g}: 2 of 2, best " in said[-2]

@@ -7,6 +7,7 @@ the first input step, so a model must carry it through 5 more steps."""
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -653,6 +654,25 @@ def test_cli_train_then_eval(tmp_path, toy_get_task):
     assert r.exit_code == 0, r.output
     assert "iteration 45: test loss" in r.output and "[#" not in r.output
 
+
+
+@pytest.mark.parametrize("given", [
+    dict(model="antisym-gated", task="mnist", eps=0.01, gamma=0.1, sigma_w=2.0, lr=0.4,
+         iterations=50_000, seed=1),
+    dict(model="lstm", task="mnist-noise", T=1000, optimizer="adagrad", init="critical",
+         valid_size=500, keep_best=True, clip=1.0, eval_every=250, dtype="float64"),
+    dict(model="rnn", task="pmnist", perm_seed=3, tensorboard=True, batch_size=64)])
+def test_train_command_gives_back_the_run_it_was_made_from(given):
+    """`train_command` (what `sweep report` prints for the chosen point) parsed by `train`'s own
+    options is the same run: every setting, the defaults left out of it among them."""
+    config = resolve_config(**given)
+    line = nprnn.train.train_command(config, "runs/x y", always=("seed",))
+    words = shlex.split(line)
+    assert words[:3] == ["python", "cli.py", "train"] and words[-2:] == ["--out", "runs/x y"]
+    assert "--seed" in words and "--momentum" not in words     # as asked, and defaults left out
+    parsed = cli.train.make_context("train", words[3:]).params
+    assert parsed.pop("out") == "runs/x y"
+    assert resolve_config(**{k: parsed[k] for k in nprnn.train.DEFAULTS}) == config
 
 def test_the_permutation_seed_reaches_the_task_and_is_not_the_training_seed(tmp_path,
                                                                            toy_get_task):
