@@ -521,16 +521,17 @@ def ode_jacobian_real_parts(model, x):
                          f"(dh_t/dh_{{t-1}} - I) / eps is for the Euler cells "
                          f"({', '.join(c for c in CELLS if 'eps' in CELLS[c].hyper)})")
     x = np.asarray(x)
-    n, p = model.hidden_size, model.cell_params()
-    h = np.zeros((1, n), model.dtype)
+    n = model.hidden_size
+    xt = np.ascontiguousarray(x[:, None, :], dtype=model.dtype)                # (T, B = 1, m)
+    _, cache = model.cell.forward(model.cell_params(), xt, np.zeros((1, n), model.dtype),
+                                  **model.hyper)
+    hs = np.array(cache["hs"][:, 0])     # h_0..h_T, copied: the next forward reuses the buffer
     top = np.empty(len(x))
     for t in range(len(x)):
-        J = end_to_end_jacobian(model, x[t:t + 1], h0=h[0])      # J_t, with h_0 = h_{t-1}
+        J = end_to_end_jacobian(model, x[t:t + 1], h0=hs[t])     # J_t, with h_0 = h_{t-1}
         if not np.isfinite(J).all():
             raise ValueError(f"dh_t/dh_(t-1) of {model.name} is not finite at step {t + 1}")
         top[t] = np.linalg.eigvals((J - np.eye(n)) / eps).real.max()
-        xt = np.ascontiguousarray(x[t:t + 1, None, :], dtype=model.dtype)   # (1, B = 1, m)
-        h, _ = model.cell.forward(p, xt, h, **model.hyper)                    # h_t
     return top
 
 
