@@ -663,7 +663,7 @@ def _first(batches, num):
 @click.option("--seed", default=0, show_default=True, type=SEED,
               help="Which test sequences are drawn (the same for every run of one task).")
 def criticality(runs, task, T, data_dir, sequences, segments, seed):
-    """Eq. (5)'s criterion along test sequences, for trained Euler cells.
+    """The critical criterion (equation 5) along test sequences, for trained Euler cells.
 
     RUNS are run folders or checkpoint files of the Euler cells (the models with --eps).
     At every step t, L_t = (dh_t/dh_{t-1} - I) / eps is the Jacobian of the ODE whose Euler step
@@ -732,6 +732,41 @@ def plot_runs(runs, out, name):
     old = _draw(old, png_path, "plot_learning_curves", loaded, png_path)
     click.echo(f"wrote {csv_path}{_replacing(old)}")
 
+
+
+def _duration(seconds):
+    minutes = round(seconds / 60)
+    return f"{minutes // 60} h {minutes % 60} min" if minutes >= 60 else f"{minutes} min"
+
+
+def _at(point):
+    return "-" if point is None else f"{point[1]:.2%} at {point[0]:,}"
+
+
+@cli.command("results")
+@click.argument("runs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
+@click.option("--markdown", is_flag=True, help="Print a Markdown table (for the docs).")
+def results(runs, markdown):
+    """What RUNS... (run folders, finished or not) have reached: a row per run with its
+    settings, the iterations logged of those asked for, its wall time so far, and the last and
+    the best accuracy on its evaluation split (test; valid for a run with --valid-size)."""
+    try:
+        rows = [analysis.run_summary(r) for r in analysis.read_runs(runs)]
+    except (OSError, ValueError) as e:
+        raise click.ClickException(str(e)) from None
+    table = [("run", "model", "task", "settings", "iterations", "time", "split", "last",
+              "best")] + [
+        (r["name"], r["model"], r["task"], r["settings"],
+         f"{r['reached']:,} of {r['planned']:,}" if r["planned"] else f"{r['reached']:,}",
+         "-" if r["time"] is None else _duration(r["time"]), r["split"], _at(r["last"]),
+         _at(r["best"])) for r in rows]
+    if not markdown:
+        _echo_table(table, left=4)
+        return
+    click.echo("| " + " | ".join(table[0]) + " |")
+    click.echo("|" + "---|" * len(table[0]))
+    for row in table[1:]:
+        click.echo("| " + " | ".join(row) + " |")
 
 # ----------------------------------------------------------------------------------------------
 # train, eval: the experiments of section 5 (settings of Appendix C); see nprnn/train.py

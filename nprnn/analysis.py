@@ -654,8 +654,9 @@ EVAL_SPLITS = ("test", "valid")
 
 
 def read_run(path):
-    """One run folder -> dict(name, path, model, task, label, records), records being a list of
-    dict(iteration, split, loss, accuracy) in file order (loss/accuracy None where absent)."""
+    """One run folder -> dict(name, path, model, task, label, records, config, time), records
+    being a list of dict(iteration, split, loss, accuracy) in file order (loss/accuracy None where
+    absent), time the last "time" logged (the run's wall time so far) or None."""
     config_path = os.path.join(path, "config.json")
     metrics_path = os.path.join(path, "metrics.jsonl")
     for p in (config_path, metrics_path):
@@ -669,7 +670,7 @@ def read_run(path):
             raise ValueError(f"{config_path} is not valid JSON: {e}") from None
     if not isinstance(config, dict) or "model" not in config or "task" not in config:
         raise ValueError(f"{config_path} must be a JSON object with keys 'model' and 'task'")
-    records = []
+    records, elapsed = [], None
     with open(metrics_path) as f:
         for lineno, line in enumerate(f, start=1):
             if not line.strip():
@@ -694,11 +695,14 @@ def read_run(path):
                     raise ValueError(f"{where}: {key!r} must be a number, got {v!r}")
                 values[key] = None if v is None else float(v)
             records.append(dict(iteration=it, split=split, **values))
+            if isinstance(rec.get("time"), (int, float)) and not isinstance(rec["time"], bool):
+                elapsed = float(rec["time"])             # the run's wall time at this record
     if not records:
         raise ValueError(f"{metrics_path} holds no records")
     name = os.path.basename(os.path.normpath(path))
     return dict(name=name, path=path, model=str(config["model"]), task=str(config["task"]),
-                label=f"{config['model']} on {config['task']}", records=records)
+                label=f"{config['model']} on {config['task']}", records=records, config=config,
+                time=elapsed)
 
 
 def read_runs(paths):
@@ -712,6 +716,31 @@ def read_runs(paths):
         if labels.count(r["label"]) > 1:
             r["label"] = f"{r['label']} ({r['name']})"
     return runs
+
+
+# a results table's settings: these always, and init or clip where they are not the default
+SUMMARY_SETTINGS = ("hidden", "T", "eps", "gamma", "sigma_w", "optimizer", "lr", "seed")
+
+
+def run_summary(run):
+    """What a run (read_run's dict) has reached, for a results table: dict(name, model, task,
+    settings ("name value, ..." text), reached (the last iteration logged),
+    planned (--iterations), time (seconds: the run's wall time so far, or None), split
+    (the evaluation split: test, or valid with --valid-size), last and best (iteration,
+    accuracy) of that split's evaluations, or None before the first)."""
+    config = run["config"]
+    split = config.get("eval_split") or ("valid" if config.get("valid_size") else "test")
+    evals = [(r["iteration"], r["accuracy"]) for r in run["records"]
+             if r["split"] == split and r["accuracy"] is not None]
+    shown = [k for k in SUMMARY_SETTINGS if config.get(k) is not None]
+    shown += [k for k, usual in (("init", "paper"), ("clip", 0)) if config.get(k, usual) != usual]
+    settings = ", ".join(f"{k} {config[k]:g}" if isinstance(config[k], float) else
+                         f"{k} {config[k]}" for k in shown)
+    return dict(name=run["name"], model=run["model"], task=run["task"], settings=settings,
+                reached=max(r["iteration"] for r in run["records"]),
+                planned=config.get("iterations"), time=run["time"],
+                split=split, last=evals[-1] if evals else None,
+                best=max(evals, key=lambda e: (e[1], -e[0])) if evals else None)
 
 
 def curve(run, split, key):

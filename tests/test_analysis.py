@@ -6,6 +6,7 @@ and each command with and without matplotlib.
 """
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -379,6 +380,51 @@ def test_read_runs(tmp_path):
     assert len(rows) == 18 and set(rows[0]) == {"run", "label", "model", "task", "iteration",
                                                 "split", "loss", "accuracy"}
 
+
+
+def test_results_give_each_runs_settings_reach_and_last_and_best_accuracy(tmp_path):
+    """`results` on an unfinished run evaluated on the test split and on a sweep trial evaluated
+    on valid (whose final test evaluation is not its split): iterations logged of those asked
+    for, the last "time" logged, and the last and the best evaluation (the earlier of a tie)."""
+    gated = make_run(tmp_path, "gated", model="antisym-gated")
+    (gated / "config.json").write_text(json.dumps(dict(
+        model="antisym-gated", task="mnist", hidden=128, T=None, eps=0.01, gamma=0.1,
+        sigma_w=2.0, optimizer="sgd", lr=0.4, seed=1, init="paper", clip=0.0, iterations=50000,
+        valid_size=0, eval_split="test")))
+    trial = make_run(tmp_path, "0007", iterations=(0, 10, 20, 30))
+    (trial / "config.json").write_text(json.dumps(dict(
+        model="antisym", task="mnist-noise", hidden=16, T=28, eps=0.1, gamma=0.01, sigma_w=1.0,
+        optimizer="adagrad", lr=0.2, seed=0, init="paper", clip=1.0, iterations=30,
+        valid_size=50)))
+    with open(trial / "metrics.jsonl", "a") as f:
+        for it, acc in ((10, 0.5), (20, 0.7), (30, 0.7)):
+            f.write(json.dumps(dict(iteration=it, split="valid", accuracy=acc, time=60.0 * it))
+                    + "\n")
+        f.write(json.dumps(dict(iteration=30, split="test", accuracy=0.99, time=1900.0)) + "\n")
+    g, t = (A.run_summary(r) for r in A.read_runs([gated, trial]))
+    assert g == dict(name="gated", model="antisym-gated", task="mnist", settings="hidden 128, "
+                     "eps 0.01, gamma 0.1, sigma_w 2, optimizer sgd, lr 0.4, seed 1",
+                     reached=20, planned=50000, time=None, split="test",
+                     last=(20, 0.1 + 20 / 30), best=(20, 0.1 + 20 / 30))
+    assert t["settings"] == ("hidden 16, T 28, eps 0.1, gamma 0.01, sigma_w 1, optimizer "
+                             "adagrad, lr 0.2, seed 0, clip 1")
+    assert (t["split"], t["last"], t["best"], t["time"]) == ("valid", (30, 0.7), (20, 0.7), 1900)
+
+    out = run_cli(["results", str(gated), str(trial)]).splitlines()
+    assert out[0].split() == ["run", "model", "task", "settings", "iterations", "time", "split",
+                              "last", "best"]
+    assert re.split(r"\s{2,}", out[1])[4:] == ["20 of 50,000", "-", "test", "76.67% at 20",
+                                               "76.67% at 20"]
+    assert re.split(r"\s{2,}", out[2]) == [
+        "0007", "antisym", "mnist-noise", t["settings"], "30 of 30", "32 min", "valid",
+        "70.00% at 30", "70.00% at 20"]
+    md = run_cli(["results", "--markdown", str(trial)]).splitlines()
+    assert md[1] == "|---|---|---|---|---|---|---|---|---|" and md[2] == (
+        "| 0007 | antisym | mnist-noise | hidden 16, T 28, eps 0.1, gamma 0.01, sigma_w 1, "
+        "optimizer adagrad, lr 0.2, seed 0, clip 1 | 30 of 30 | 32 min | valid | 70.00% at 30 | "
+        "70.00% at 20 |")
+    result = CliRunner().invoke(cli, ["results", str(tmp_path)])      # not a run folder
+    assert result.exit_code == 1 and "config.json not found" in result.output
 
 @pytest.mark.parametrize("extra, match", [
     ("not json\n", "line 7 is not valid JSON"),
