@@ -733,7 +733,6 @@ def plot_runs(runs, out, name):
     click.echo(f"wrote {csv_path}{_replacing(old)}")
 
 
-
 def _duration(seconds):
     minutes = round(seconds / 60)
     return f"{minutes // 60} h {minutes % 60} min" if minutes >= 60 else f"{minutes} min"
@@ -757,7 +756,7 @@ def results(runs, markdown):
     table = [("run", "model", "task", "settings", "iterations", "time", "split", "last",
               "best")] + [
         (r["name"], r["model"], r["task"], r["settings"],
-         f"{r['reached']:,} of {r['planned']:,}" if r["planned"] else f"{r['reached']:,}",
+         f"{r['reached']:,}" + ("" if r["planned"] is None else f" of {r['planned']:,}"),
          "-" if r["time"] is None else _duration(r["time"]), r["split"], _at(r["last"]),
          _at(r["best"])) for r in rows]
     if not markdown:
@@ -767,6 +766,7 @@ def results(runs, markdown):
     click.echo("|" + "---|" * len(table[0]))
     for row in table[1:]:
         click.echo("| " + " | ".join(row) + " |")
+
 
 # ----------------------------------------------------------------------------------------------
 # train, eval: the experiments of section 5 (settings of Appendix C); see nprnn/train.py

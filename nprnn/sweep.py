@@ -953,7 +953,7 @@ def report(folder, png=None, echo=print):
              + f"; run folder {trial_folder(folder, chosen['number'])}")
         iterations, commands = final_commands(folder, spec, chosen)
         echo(f"to train it to {iterations:,} iterations on the whole training set, one run per "
-             f"seed:")
+             "seed:")
         for command in commands:
             echo(f"  {command}")
     stopped = [str(n) for n in sorted(r["number"] for r in rows if r["state"] == "stopped")]
