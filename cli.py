@@ -750,7 +750,7 @@ def results(runs, markdown):
     settings, the iterations logged of those asked for, its wall time so far, and the last and
     the best accuracy on its evaluation split (test; valid for a run with --valid-size)."""
     try:
-        rows = [analysis.run_summary(r) for r in analysis.read_runs(runs)]
+        rows = [analysis.run_summary(r) for r in analysis.read_runs(runs, empty_ok=True)]
     except (OSError, ValueError) as e:
         raise click.ClickException(str(e)) from None
     table = [("run", "model", "task", "settings", "iterations", "time", "split", "last",

@@ -79,7 +79,7 @@ from .cells import CELLS
 from .checkpoint import CheckpointError, load_checkpoint, load_params_into
 from .files import written_atomically
 from .model import make_model
-from .train import build_model
+from .train import DEFAULTS, build_model
 
 # ----------------------------------------------------------------------------------------------
 # Section 4: the setup
@@ -525,7 +525,7 @@ def ode_jacobian_real_parts(model, x):
     xt = np.ascontiguousarray(x[:, None, :], dtype=model.dtype)                # (T, B = 1, m)
     _, cache = model.cell.forward(model.cell_params(), xt, np.zeros((1, n), model.dtype),
                                   **model.hyper)
-    hs = np.array(cache["hs"][:, 0])     # h_0..h_T, copied: the next forward reuses the buffer
+    hs = cache["hs"][:, 0]                                                     # h_0..h_T
     top = np.empty(len(x))
     for t in range(len(x)):
         J = end_to_end_jacobian(model, x[t:t + 1], h0=hs[t])     # J_t, with h_0 = h_{t-1}
@@ -653,10 +653,11 @@ def gate_segments(stats, image_steps):
 EVAL_SPLITS = ("test", "valid")
 
 
-def read_run(path):
+def read_run(path, empty_ok=False):
     """One run folder -> dict(name, path, model, task, label, records, config, time), records
     being a list of dict(iteration, split, loss, accuracy) in file order (loss/accuracy None where
-    absent), time the last "time" logged (the run's wall time so far) or None."""
+    absent), time the last "time" logged (the run's wall time so far) or None. An empty
+    metrics.jsonl (a run that has just started) is a ValueError unless `empty_ok`."""
     config_path = os.path.join(path, "config.json")
     metrics_path = os.path.join(path, "metrics.jsonl")
     for p in (config_path, metrics_path):
@@ -697,7 +698,7 @@ def read_run(path):
             records.append(dict(iteration=it, split=split, **values))
             if isinstance(rec.get("time"), (int, float)) and not isinstance(rec["time"], bool):
                 elapsed = float(rec["time"])             # the run's wall time at this record
-    if not records:
+    if not records and not empty_ok:
         raise ValueError(f"{metrics_path} holds no records")
     name = os.path.basename(os.path.normpath(path))
     return dict(name=name, path=path, model=str(config["model"]), task=str(config["task"]),
@@ -705,10 +706,10 @@ def read_run(path):
                 time=elapsed)
 
 
-def read_runs(paths):
+def read_runs(paths, empty_ok=False):
     """read_run for each path, named by `distinct_names` (ValueError for a path given twice);
     labels made unique by appending that name where two runs share model and task."""
-    runs = [read_run(p) for p in paths]
+    runs = [read_run(p, empty_ok) for p in paths]
     for r, name in zip(runs, distinct_names(paths)):
         r["name"] = name
     labels = [r["label"] for r in runs]
@@ -718,8 +719,9 @@ def read_runs(paths):
     return runs
 
 
-# a results table's settings: these always, and init or clip where they are not the default
+# a results table's settings: these always, and any other that is not train's default
 SUMMARY_SETTINGS = ("hidden", "T", "eps", "gamma", "sigma_w", "optimizer", "lr", "seed")
+OTHER_SETTINGS = ("init", "clip", "momentum", "batch_size", "perm_seed", "dtype")
 
 
 def run_summary(run):
@@ -733,11 +735,11 @@ def run_summary(run):
     evals = [(r["iteration"], r["accuracy"]) for r in run["records"]
              if r["split"] == split and r["accuracy"] is not None]
     shown = [k for k in SUMMARY_SETTINGS if config.get(k) is not None]
-    shown += [k for k, usual in (("init", "paper"), ("clip", 0)) if config.get(k, usual) != usual]
-    settings = ", ".join(f"{k} {config[k]:g}" if isinstance(config[k], float) else
+    shown += [k for k in OTHER_SETTINGS if config.get(k, DEFAULTS[k]) != DEFAULTS[k]]
+    settings = ", ".join(f"{k} {config[k]:.12g}" if isinstance(config[k], float) else
                          f"{k} {config[k]}" for k in shown)
     return dict(name=run["name"], model=run["model"], task=run["task"], settings=settings,
-                reached=max(r["iteration"] for r in run["records"]),
+                reached=max((r["iteration"] for r in run["records"]), default=0),
                 planned=config.get("iterations"), time=run["time"],
                 split=split, last=evals[-1] if evals else None,
                 best=max(evals, key=lambda e: (e[1], -e[0])) if evals else None)

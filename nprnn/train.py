@@ -148,6 +148,12 @@ OPTIONS = dict(
                               "shows runs side by side.", "flag", on_resume=True),
 )
 DEFAULTS = {name: option.default for name, option in OPTIONS.items()}
+CHANGEABLE_ON_RESUME = tuple(name for name, option in OPTIONS.items() if option.on_resume)
+
+METRICS = "metrics.jsonl"
+CONFIG = "config.json"
+BEST = "best.h5"
+LOCK = ".lock"
 
 
 def flag(name):
@@ -170,12 +176,6 @@ def train_command(config, out, always=()):
         else:
             words += [flag(name), str(value)]
     return shlex.join(words + ["--out", str(out)])
-CHANGEABLE_ON_RESUME = tuple(name for name, option in OPTIONS.items() if option.on_resume)
-
-METRICS = "metrics.jsonl"
-CONFIG = "config.json"
-BEST = "best.h5"
-LOCK = ".lock"
 
 
 class TrainError(Exception):

@@ -381,7 +381,6 @@ def test_read_runs(tmp_path):
                                                 "split", "loss", "accuracy"}
 
 
-
 def test_results_give_each_runs_settings_reach_and_last_and_best_accuracy(tmp_path):
     """`results` on an unfinished run evaluated on the test split and on a sweep trial evaluated
     on valid (whose final test evaluation is not its split): iterations logged of those asked
@@ -394,8 +393,8 @@ def test_results_give_each_runs_settings_reach_and_last_and_best_accuracy(tmp_pa
     trial = make_run(tmp_path, "0007", iterations=(0, 10, 20, 30))
     (trial / "config.json").write_text(json.dumps(dict(
         model="antisym", task="mnist-noise", hidden=16, T=28, eps=0.1, gamma=0.01, sigma_w=1.0,
-        optimizer="adagrad", lr=0.2, seed=0, init="paper", clip=1.0, iterations=30,
-        valid_size=50)))
+        optimizer="adagrad", lr=0.123456789, seed=0, init="paper", clip=1.0, iterations=30,
+        valid_size=50, batch_size=20, dtype="float32")))
     with open(trial / "metrics.jsonl", "a") as f:
         for it, acc in ((10, 0.5), (20, 0.7), (30, 0.7)):
             f.write(json.dumps(dict(iteration=it, split="valid", accuracy=acc, time=60.0 * it))
@@ -407,10 +406,11 @@ def test_results_give_each_runs_settings_reach_and_last_and_best_accuracy(tmp_pa
                      reached=20, planned=50000, time=None, split="test",
                      last=(20, 0.1 + 20 / 30), best=(20, 0.1 + 20 / 30))
     assert t["settings"] == ("hidden 16, T 28, eps 0.1, gamma 0.01, sigma_w 1, optimizer "
-                             "adagrad, lr 0.2, seed 0, clip 1")
+                             "adagrad, lr 0.123456789, seed 0, clip 1, batch_size 20")
     assert (t["split"], t["last"], t["best"], t["time"]) == ("valid", (30, 0.7), (20, 0.7), 1900)
 
-    out = run_cli(["results", str(gated), str(trial)]).splitlines()
+    fresh = make_run(tmp_path, "fresh", iterations=())        # started: nothing logged yet
+    out = run_cli(["results", str(gated), str(trial), str(fresh)]).splitlines()
     assert out[0].split() == ["run", "model", "task", "settings", "iterations", "time", "split",
                               "last", "best"]
     assert re.split(r"\s{2,}", out[1])[4:] == ["20 of 50,000", "-", "test", "76.67% at 20",
@@ -418,13 +418,14 @@ def test_results_give_each_runs_settings_reach_and_last_and_best_accuracy(tmp_pa
     assert re.split(r"\s{2,}", out[2]) == [
         "0007", "antisym", "mnist-noise", t["settings"], "30 of 30", "32 min", "valid",
         "70.00% at 30", "70.00% at 20"]
+    assert re.split(r"\s{2,}", out[3])[4:] == ["0", "-", "test", "-", "-"]
     md = run_cli(["results", "--markdown", str(trial)]).splitlines()
     assert md[1] == "|---|---|---|---|---|---|---|---|---|" and md[2] == (
-        "| 0007 | antisym | mnist-noise | hidden 16, T 28, eps 0.1, gamma 0.01, sigma_w 1, "
-        "optimizer adagrad, lr 0.2, seed 0, clip 1 | 30 of 30 | 32 min | valid | 70.00% at 30 | "
-        "70.00% at 20 |")
+        f"| 0007 | antisym | mnist-noise | {t['settings']} | 30 of 30 | 32 min | valid | "
+        "70.00% at 30 | 70.00% at 20 |")
     result = CliRunner().invoke(cli, ["results", str(tmp_path)])      # not a run folder
     assert result.exit_code == 1 and "config.json not found" in result.output
+
 
 @pytest.mark.parametrize("extra, match", [
     ("not json\n", "line 7 is not valid JSON"),

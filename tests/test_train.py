@@ -399,7 +399,6 @@ def test_crash_between_checkpoints_then_resume_is_bit_identical(tmp_path, refere
     assert records(tmp_path) == records(reference_run["sgd"])
 
 
-
 def test_an_evaluation_cut_short_is_logged_once_however_often_the_run_resumes(tmp_path,
                                                                             reference_run):
     """SIGINT lands as the evaluation at iteration 10 (or at the last one, 26) begins, so the
@@ -655,7 +654,6 @@ def test_cli_train_then_eval(tmp_path, toy_get_task):
     assert "iteration 45: test loss" in r.output and "[#" not in r.output
 
 
-
 @pytest.mark.parametrize("given", [
     dict(model="antisym-gated", task="mnist", eps=0.01, gamma=0.1, sigma_w=2.0, lr=0.4,
          iterations=50_000, seed=1),
@@ -673,6 +671,7 @@ def test_train_command_gives_back_the_run_it_was_made_from(given):
     parsed = cli.train.make_context("train", words[3:]).params
     assert parsed.pop("out") == "runs/x y"
     assert resolve_config(**{k: parsed[k] for k in nprnn.train.DEFAULTS}) == config
+
 
 def test_the_permutation_seed_reaches_the_task_and_is_not_the_training_seed(tmp_path,
                                                                            toy_get_task):
