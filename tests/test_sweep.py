@@ -424,11 +424,13 @@ SWEEP_ARGS = ("--model", "rnn", "--task", "mnist-noise", "--T", "28", "--hidden"
 def test_the_cli_runs_is_interrupted_continues_and_reports(tmp_path, fake_mnist_dir):
     """`sweep run` stopped by Ctrl-C (SIGINT to its process group, as a terminal sends it: the
     workers leave it to the driver) exits 130 with its trials checkpointed; run again with
-    --out alone it continues; `sweep report` prints the table and draws the PNG."""
+    --out alone it continues; `sweep report` prints the table and draws the PNG. (A trial runs
+    about 700 iterations a second here: long enough that Ctrl-C finds trial 0 unfinished on a
+    loaded machine.)"""
     out = tmp_path / "sweeps" / "toy"
     proc = subprocess.Popen([sys.executable, "cli.py", "sweep", "run", "--out", str(out),
                              "--data-dir", str(fake_mnist_dir), *SWEEP_ARGS,
-                             "--iterations", "1500", "--eval-every", "500",
+                             "--iterations", "6000", "--eval-every", "2000",
                              "--checkpoint-every", "50", "--param", "lr=0.1,0.05"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
@@ -445,14 +447,19 @@ def test_the_cli_runs_is_interrupted_continues_and_reports(tmp_path, fake_mnist_
     assert f"continue with: python cli.py sweep run --out {out}" in stdout
     assert "Traceback" not in stderr, stderr
 
+    running = [n for n, (s, _) in recorded(out).items() if s == TrialState.RUNNING]
+    assert 0 in running, stdout
+
     r = _cli("sweep", "run", "--out", str(out))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "taking over trials 0" in r.stdout and "all 2 trials recorded" in r.stdout
-    assert "resuming rnn on mnist-noise" in (out / "trials" / "0000" / "train.log").read_text()
+    assert (f"taking over trials {', '.join(map(str, running))}, left unfinished" in r.stdout
+            and "all 2 trials recorded" in r.stdout), r.stdout
+    for n in running:
+        assert "resuming rnn on mnist-noise" in lines(out, n)
 
     r = _cli("sweep", "report", str(out))
     assert r.returncode == 0, r.stderr
-    assert "rnn on mnist-noise, 1500 iterations, chosen on 50 validation examples" in r.stdout
+    assert "rnn on mnist-noise, 6000 iterations, chosen on 50 validation examples" in r.stdout
     assert sum(line.split()[2:3] == ["complete"] for line in r.stdout.splitlines()) == 2
     assert "chosen on validation: trial" in r.stdout and (out / "sweep.png").is_file()
 
