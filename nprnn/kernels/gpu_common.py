@@ -261,9 +261,21 @@ def fill_kernel(a, value):
         a[i] = value
 
 
+def threads_for(size, most=256):
+    """Threads per block of a one-thread-per-element launch over `size` elements: `most`, or
+    whole warps enough for a small array (no block of idle threads; the simulator runs each)."""
+    return min(most, round_up(max(size, 1), WARP))
+
+
+def block_for(rows, cols, most=(16, 16)):
+    """The (columns, rows) block of a one-thread-per-element launch over a rows x cols matrix:
+    `most`, or sides of 8 enough for a small matrix."""
+    return (min(most[0], round_up(max(cols, 1), 8)), min(most[1], round_up(max(rows, 1), 8)))
+
+
 def fill(a, value):
     """Set every element of the C-contiguous device array `a` to `value`, on the GPU."""
-    threads = min(256, round_up(a.size, WARP))
+    threads = threads_for(a.size)
     fill_kernel[cdiv(a.size, threads), threads](a.reshape(a.size), a.dtype.type(value))
 
 
@@ -359,6 +371,7 @@ def transpose_kernel(out, a):
 def transpose_gpu(out, a, *, block=(16, 16)):
     """out = a^T (written, =) for device arrays a (R, C), out (C, R)."""
     R, C = a.shape
+    block = block_for(R, C, block)
     transpose_kernel[(cdiv(C, block[0]), cdiv(R, block[1])), block](out, a)
 
 
@@ -602,6 +615,7 @@ def input_projection_kernel(u, x, V, b):
 
 def input_projection_gpu(u, x, V, b, *, threads=256):
     """u = x V^T + b for every step (written, =); see input_projection_kernel."""
+    threads = threads_for(u.size, threads)
     input_projection_kernel[max(1, cdiv(u.size, threads)), threads](u, x, V, b)
 
 

@@ -35,7 +35,7 @@ import math
 import numpy as np
 
 from .common import njit, njit_inline
-from .gpu_common import cdiv, cuda, scratch
+from .gpu_common import WARP, cdiv, cuda, scratch, threads_for
 
 # record_step's running totals: stats[k] for these k (float64 (STATS,)); reset by the caller
 STAT_NAMES = ("steps", "count", "correct", "loss_sum", "grad_norm_sum", "first_bad", "bad_loss",
@@ -224,6 +224,7 @@ def sum_squares_gpu(out, g, *, threads=256):
     """Twin of sum_squares_cpu: out[0] += sum_i g_i**2. out (1,) float64, g (N,) (device)."""
     if threads & (threads - 1):
         raise ValueError(f"threads must be a power of two, got {threads}")
+    threads = min(threads, max(WARP, 1 << (g.shape[0] - 1).bit_length()))   # a small g: fewer
     blocks = max(1, min(SUM_BLOCKS, cdiv(g.shape[0], threads)))
     block_sums = scratch("sum_squares", (blocks,), out.dtype)
     sum_squares_block_kernel[blocks, threads, 0, threads * out.dtype.itemsize](block_sums, g)
@@ -259,12 +260,14 @@ def record_step_kernel(stats, scale, losses, logits, y, total, clip):
 
 def sgd_momentum_gpu(p, v, g, lr, momentum, scale, *, threads=256):
     """Twin of sgd_momentum_cpu (device arrays): p, v (N,) updated in place."""
+    threads = threads_for(p.shape[0], threads)
     sgd_momentum_kernel[max(1, cdiv(p.shape[0], threads)), threads](p, v, g, lr, momentum,
                                                                     scale)
 
 
 def adagrad_gpu(p, G, g, lr, delta, scale, *, threads=256):
     """Twin of adagrad_cpu (device arrays): p, G (N,) updated in place."""
+    threads = threads_for(p.shape[0], threads)
     adagrad_kernel[max(1, cdiv(p.shape[0], threads)), threads](p, G, g, lr, delta, scale)
 
 
