@@ -282,9 +282,13 @@ def test_a_trial_whose_folder_another_process_holds_is_tried_again(tmp_path, mon
     sweep.open_sweep(folder, toy_config(), grid(f"lr={GOOD}"), "grid", task=task)
     lock = RunLock(sweep.trial_folder(folder, 0))
     lock.__enter__()
-    threading.Timer(4.0, lock.__exit__, (None, None, None)).start()
     said = []
-    assert sweep.run(folder, workers=1, task=task, echo=said.append)["complete"]
+
+    def echo(line):              # the other process lets go once the worker has found it busy
+        said.append(line)
+        if ": busy" in line and not any(": busy" in s for s in said[:-1]):
+            lock.__exit__(None, None, None)
+    assert sweep.run(folder, workers=1, task=task, echo=echo)["complete"]
     states = [line.split(": ")[1].split(",")[0] for line in said[1:]]
     assert states[0] == "busy" and states[-1] == "complete" and set(states) == {"busy",
                                                                                "complete"}
