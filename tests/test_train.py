@@ -522,7 +522,8 @@ CHILD = textwrap.dedent("""
 
     def report(it, loss):
         print("iteration", it, flush=True)
-        time.sleep(0.05)       # pace the steps so that the parent's signal lands mid-run
+        time.sleep(0.2)        # pace the steps so that the parent's signal lands mid-run,
+                               # 7 s before step 40 for a parent slowed by a loaded machine
         if it == 40:           # never reached: the parent's SIGTERM comes first
             sys.exit("no SIGTERM arrived")
 
