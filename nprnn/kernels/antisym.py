@@ -43,11 +43,11 @@ from numba import prange
 from .common import (Twins, dsigmoid_from_y, dtanh_from_y, flush_denormals, matmul_nt_rows,
                      matmul_tn_rows, njit, njit_inline, njit_parallel, num_slices,
                      restore_fp_mode, row_slice, sigmoid, sum_rows, tanh)
-from .gpu_common import (SHARED_BYTES_MAX, TILE, block_for, cdiv, column_sums_gpu, cuda,
+from .gpu_common import (SHARED_BYTES_MAX, TILE, column_sums_gpu, cuda,
                          input_projection_gpu, lane_dot, lane_sum, load_block_rows,
-                         load_lane_values, load_padded_rows, matmul_tn_gpu, persistent_grid,
-                         persistent_kernel, scratch, split_bound, split_kernel, split_pass,
-                         step_grid, transposed, zero_shared)
+                         load_lane_values, load_padded_rows, matmul_tn_gpu, matrix_launch,
+                         persistent_grid, persistent_kernel, scratch, split_bound, split_kernel,
+                         split_pass, step_grid, transposed, zero_shared)
 
 
 # ------------------------------------------------------------------------------------------
@@ -346,23 +346,20 @@ def antisym_dW_kernel(dW, dA):
 def antisym_matrix_gpu(A, W, gamma, *, block=(16, 16)):
     """Twin of antisym_matrix_cpu (device arrays): A = W - W^T - gamma I (written, =)."""
     n = W.shape[0]
-    block = block_for(n, n, block)
-    antisym_matrix_kernel[(cdiv(n, block[0]), cdiv(n, block[1])), block](A, W, gamma)
+    antisym_matrix_kernel[matrix_launch(n, n, block)](A, W, gamma)
 
 
 def shifted_matrix_gpu(A, W, gamma, *, block=(16, 16)):
     """Twin of shifted_matrix_cpu (device arrays): A = W - gamma I (written, =)."""
     n = W.shape[0]
-    block = block_for(n, n, block)
-    shifted_matrix_kernel[(cdiv(n, block[0]), cdiv(n, block[1])), block](A, W, gamma)
+    shifted_matrix_kernel[matrix_launch(n, n, block)](A, W, gamma)
 
 
 def antisym_dW_gpu(dW, dA, *, block=(16, 16)):
     """Twin of antisym_dW_cpu (device arrays): dW = dA - dA^T on the strict upper triangle, 0
     elsewhere (written, =)."""
     n = dA.shape[0]
-    block = block_for(n, n, block)
-    antisym_dW_kernel[(cdiv(n, block[0]), cdiv(n, block[1])), block](dW, dA)
+    antisym_dW_kernel[matrix_launch(n, n, block)](dW, dA)
 
 
 # -- version 1: one thread per (b, i), one launch per step ----------------------------------

@@ -261,22 +261,24 @@ def fill_kernel(a, value):
         a[i] = value
 
 
-def threads_for(size, most=256):
-    """Threads per block of a one-thread-per-element launch over `size` elements: `most`, or
-    whole warps enough for a small array (no block of idle threads; the simulator runs each)."""
-    return min(most, round_up(max(size, 1), WARP))
+def line_launch(size, most=256):
+    """(blocks, threads) of a 1-d launch with one thread per element of `size`: blocks of `most`
+    threads, or of whole warps enough for a small array (no block of idle threads; the simulator
+    runs each thread)."""
+    threads = min(most, round_up(max(size, 1), WARP))
+    return max(1, cdiv(size, threads)), threads
 
 
-def block_for(rows, cols, most=(16, 16)):
-    """The (columns, rows) block of a one-thread-per-element launch over a rows x cols matrix:
-    `most`, or sides of 8 enough for a small matrix."""
-    return (min(most[0], round_up(max(cols, 1), 8)), min(most[1], round_up(max(rows, 1), 8)))
+def matrix_launch(rows, cols, most=(16, 16)):
+    """(grid, block) of a 2-d launch with one thread per element (c, r) of a rows x cols matrix:
+    (columns, rows) blocks of `most`, or of sides of 8 enough for a small matrix."""
+    block = (min(most[0], round_up(max(cols, 1), 8)), min(most[1], round_up(max(rows, 1), 8)))
+    return (cdiv(cols, block[0]), cdiv(rows, block[1])), block
 
 
 def fill(a, value):
     """Set every element of the C-contiguous device array `a` to `value`, on the GPU."""
-    threads = threads_for(a.size)
-    fill_kernel[cdiv(a.size, threads), threads](a.reshape(a.size), a.dtype.type(value))
+    fill_kernel[line_launch(a.size)](a.reshape(a.size), a.dtype.type(value))
 
 
 # ------------------------------------------------------------------------------------------
@@ -371,8 +373,7 @@ def transpose_kernel(out, a):
 def transpose_gpu(out, a, *, block=(16, 16)):
     """out = a^T (written, =) for device arrays a (R, C), out (C, R)."""
     R, C = a.shape
-    block = block_for(R, C, block)
-    transpose_kernel[(cdiv(C, block[0]), cdiv(R, block[1])), block](out, a)
+    transpose_kernel[matrix_launch(R, C, block)](out, a)
 
 
 def transposed(a, purpose="transposed"):
@@ -615,8 +616,7 @@ def input_projection_kernel(u, x, V, b):
 
 def input_projection_gpu(u, x, V, b, *, threads=256):
     """u = x V^T + b for every step (written, =); see input_projection_kernel."""
-    threads = threads_for(u.size, threads)
-    input_projection_kernel[max(1, cdiv(u.size, threads)), threads](u, x, V, b)
+    input_projection_kernel[line_launch(u.size, threads)](u, x, V, b)
 
 
 def stacked_param_grads_gpu(dW_ih, dW_hh, db_ih, db_hh, dgi, dgh, hs, x, *, tile=TILE):

@@ -13,7 +13,7 @@ import math
 import numba
 
 from .common import njit_parallel
-from .gpu_common import cdiv, cuda, threads_for
+from .gpu_common import cuda, line_launch
 
 
 # ------------------------------------------------------------------------------------------
@@ -58,8 +58,7 @@ def time_major_kernel(out, x):
 
 def time_major_gpu(out, x, *, threads=256):
     """out (T, B, m) = x (B, T, m) with its first two axes swapped (written, =), on the device."""
-    threads = threads_for(out.size, threads)
-    time_major_kernel[max(1, cdiv(out.size, threads)), threads](out, x)
+    time_major_kernel[line_launch(out.size, threads)](out, x)
 
 
 @cuda.jit
@@ -75,5 +74,4 @@ def copy_leading_steps_kernel(x, head):
 
 def copy_leading_steps_gpu(x, head, *, threads=256):
     """x[:, :t0] = head (written, =) for device arrays head (B, t0, m), x (B, T, m)."""
-    threads = threads_for(head.size, threads)
-    copy_leading_steps_kernel[max(1, cdiv(head.size, threads)), threads](x, head)
+    copy_leading_steps_kernel[line_launch(head.size, threads)](x, head)

@@ -35,7 +35,7 @@ import math
 import numpy as np
 
 from .common import njit, njit_inline
-from .gpu_common import WARP, cdiv, cuda, scratch, threads_for
+from .gpu_common import WARP, cdiv, cuda, line_launch, scratch
 
 # record_step's running totals: stats[k] for these k (float64 (STATS,)); reset by the caller
 STAT_NAMES = ("steps", "count", "correct", "loss_sum", "grad_norm_sum", "first_bad", "bad_loss",
@@ -260,15 +260,12 @@ def record_step_kernel(stats, scale, losses, logits, y, total, clip):
 
 def sgd_momentum_gpu(p, v, g, lr, momentum, scale, *, threads=256):
     """Twin of sgd_momentum_cpu (device arrays): p, v (N,) updated in place."""
-    threads = threads_for(p.shape[0], threads)
-    sgd_momentum_kernel[max(1, cdiv(p.shape[0], threads)), threads](p, v, g, lr, momentum,
-                                                                    scale)
+    sgd_momentum_kernel[line_launch(p.shape[0], threads)](p, v, g, lr, momentum, scale)
 
 
 def adagrad_gpu(p, G, g, lr, delta, scale, *, threads=256):
     """Twin of adagrad_cpu (device arrays): p, G (N,) updated in place."""
-    threads = threads_for(p.shape[0], threads)
-    adagrad_kernel[max(1, cdiv(p.shape[0], threads)), threads](p, G, g, lr, delta, scale)
+    adagrad_kernel[line_launch(p.shape[0], threads)](p, G, g, lr, delta, scale)
 
 
 def record_step_gpu(stats, scale, losses, logits, y, total, clip):
