@@ -382,7 +382,8 @@ def whole_image(images):
 
 def head_then_noise(head, T, keys):
     """x[:, :t0] = head (B, t0, m), then x[b, t] ~ N(0, I) for t0 <= t < T from the stream of
-    keys[b]. -> float32 (B, T, m). (`nprnn.noise.head_then_noise_device` is the same on the device.)"""
+    keys[b]. -> float32 (B, T, m). (`nprnn.noise.head_then_noise_device` is the same on the
+    device.)"""
     B, t0, m = head.shape
     x = np.empty((B, T, m), dtype=np.float32)
     x[:, :t0] = head

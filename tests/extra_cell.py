@@ -1,6 +1,7 @@
 """A cell that nprnn does not register, declared from one spec: the gated feedback RNN
 
-    z_t = sigma(W h_{t-1} + V_z x_t + b_z);  h_t = h_{t-1} + eps z_t o tanh(W h_{t-1} + V_h x_t + b_h)
+    z_t = sigma(W h_{t-1} + V_z x_t + b_z)
+    h_t = h_{t-1} + eps z_t o tanh(W h_{t-1} + V_h x_t + b_h)
 
 (eq. 13 with neither W - W^T nor the diffusion gamma I: an `EulerCell` on the kernels of
 kernels/antisym.py, with its own float64 reference below). Registering it is all that it takes

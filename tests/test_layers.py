@@ -55,7 +55,8 @@ def imports(path, name, known):
             if node.level:
                 up = package.split(".")[:len(package.split(".")) - (node.level - 1)]
                 base = ".".join(up + ([node.module] if node.module else []))
-            # "from . import noise" imports the module nprnn.noise; "from .cells import X" nprnn.cells
+            # "from . import noise" imports the module nprnn.noise;
+            # "from .cells import X" imports nprnn.cells
             targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base
                        for a in node.names]
         else:

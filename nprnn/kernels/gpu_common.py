@@ -85,6 +85,10 @@ PERSISTENT_THREADS = 512
 MAX_GRID_Y = 65535              # blocks in a grid's second dimension (the first: 2**31 - 1)
 TILE = 16                       # matmul_tn_gpu: (TILE x TILE) threads per block
 TARGET_BLOCKS = 512             # matmul_tn_gpu, peephole_grads_gpu: ~132 SMs filled a few times
+# line_launch: a 1-d element-wise launch's blocks at most (x 256 threads: 1M, several waves of an
+# H100; larger arrays loop). The GPU tests set 2, so that every loop takes several rounds, and
+# the simulator, which runs each GPU thread in Python, runs few threads.
+LINE_BLOCKS = 4096
 
 
 def is_device_array(a):
@@ -255,18 +259,18 @@ def ones(N, dtype):
 
 @cuda.jit
 def fill_kernel(a, value):
-    """a[i] = value for every i of the flat view a (written, =). One thread per element."""
-    i = cuda.grid(1)
-    if i < a.shape[0]:
+    """a[i] = value for every i of the flat view a (written, =). Grid-stride loop."""
+    for i in range(cuda.grid(1), a.shape[0], cuda.gridsize(1)):
         a[i] = value
 
 
 def line_launch(size, most=256):
-    """(blocks, threads) of a 1-d launch with one thread per element of `size`: blocks of `most`
-    threads, or of whole warps enough for a small array (no block of idle threads; the simulator
-    runs each thread)."""
+    """(blocks, threads) of a 1-d launch over `size` elements, for a kernel that visits them in a
+    grid-stride loop, `for i in range(cuda.grid(1), size, cuda.gridsize(1))`: blocks of `most`
+    threads, or of whole warps enough for a small array, and at most LINE_BLOCKS blocks, each
+    thread taking every (blocks * threads)-th element beyond them."""
     threads = min(most, round_up(max(size, 1), WARP))
-    return max(1, cdiv(size, threads)), threads
+    return max(1, min(LINE_BLOCKS, cdiv(size, threads))), threads
 
 
 def matrix_launch(rows, cols, most=(16, 16)):
@@ -601,11 +605,10 @@ def load_padded_rows(buf, src, b0, rows, stride):
 @cuda.jit
 def input_projection_kernel(u, x, V, b):
     """u[t, r, i] = sum_k V[i, k] x[t, r, k] + b[i] (written, =): the input part of every
-    step's pre-activations at once, u (T, B, N), x (T, B, m), V (N, m), b (N,); one thread per
-    element of u, in its memory order."""
-    e = cuda.grid(1)
+    step's pre-activations at once, u (T, B, N), x (T, B, m), V (N, m), b (N,); the elements of
+    u in their memory order, in a grid-stride loop (line_launch)."""
     T, B, N = u.shape
-    if e < T * B * N:
+    for e in range(cuda.grid(1), T * B * N, cuda.gridsize(1)):
         t, rest = e // (B * N), e % (B * N)
         r, i = rest // N, rest % N
         acc = b[i]

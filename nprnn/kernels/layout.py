@@ -5,8 +5,9 @@ twins.
     time_major_cpu       out[t, b, j] = x[b, t, j], counting the non-finite values on the way
                          (the model refuses a NaN or Inf in its input)
     time_major_gpu       the same on the device (device inputs are not scanned)
-    copy_leading_steps_gpu   x[:, :t0] = head: the image part of a noise-padded batch made on the
-                         device, before its noise is drawn there (nprnn.noise.head_then_noise_device)
+    copy_leading_steps_gpu   x[:, :t0] = head: the image part of a noise-padded batch made on
+                         the device, before its noise is drawn there
+                         (nprnn.noise.head_then_noise_device)
 """
 import math
 
@@ -42,16 +43,16 @@ def time_major_cpu(out, x):
 # GPU twins
 # ------------------------------------------------------------------------------------------
 
-# One thread per element of the array written, over a 1-d grid: a grid's second and third
-# dimensions stop at 65,535 blocks on a GPU (not in the simulator), which T or B could exceed.
+# The elements of the array written in its memory order, in a grid-stride loop over a 1-d grid
+# (line_launch): a grid's second and third dimensions stop at 65,535 blocks on a GPU (not in the
+# simulator), which T or B could exceed.
 
 @cuda.jit
 def time_major_kernel(out, x):
     """out[t, b, j] = x[b, t, j] (written, =; converted to out's dtype): x (B, T, m), out
-    (T, B, m). One thread per element of out, in out's memory order (coalesced writes)."""
-    i = cuda.grid(1)
+    (T, B, m). Out's elements in its memory order (coalesced writes)."""
     T, B, m = out.shape
-    if i < T * B * m:
+    for i in range(cuda.grid(1), T * B * m, cuda.gridsize(1)):
         t, r = i // (B * m), i % (B * m)
         out[t, r // m, r % m] = x[r // m, t, r % m]
 
@@ -64,10 +65,9 @@ def time_major_gpu(out, x, *, threads=256):
 @cuda.jit
 def copy_leading_steps_kernel(x, head):
     """x[b, t, j] = head[b, t, j] for t < t0 (written, =): head (B, t0, m) into x (B, T, m).
-    One thread per element of head, in its memory order."""
-    i = cuda.grid(1)
+    Head's elements in its memory order."""
     B, t0, m = head.shape
-    if i < B * t0 * m:
+    for i in range(cuda.grid(1), B * t0 * m, cuda.gridsize(1)):
         b, r = i // (t0 * m), i % (t0 * m)
         x[b, r // m, r % m] = head[b, r // m, r % m]
 

@@ -7,9 +7,9 @@ of the stream that starts at s_0 is
 
 with SplitMix64's constant gamma = 0x9E3779B97F4A7C15 and output function mix (Steele, Lea &
 Flood 2014). These are exactly the words a sequential SplitMix64 generator seeded with s_0 gives,
-but any word can be computed on its own, so the CPU loop vectorises and the GPU runs one thread
-per word. Word j becomes the pair of outputs 2j and 2j + 1 of the example's noise, by the
-Box-Muller transform (Box & Muller 1958):
+but any word can be computed on its own, so the CPU loop vectorises and the GPU's threads share
+out the words in any order. Word j becomes the pair of outputs 2j and 2j + 1 of the example's
+noise, by the Box-Muller transform (Box & Muller 1958):
 
     a = w_j mod 2^32                 u = 1 - a 2^-32  in (0, 1]       R = sqrt(-2 ln u)
     k = bits 0-29 of w_j >> 32       alpha = k (pi/2) 2^-30  in [0, pi/2)
@@ -46,7 +46,7 @@ import numba
 import numpy as np
 
 from .common import njit, njit_inline, njit_parallel
-from .gpu_common import cdiv, cuda, step_grid
+from .gpu_common import cdiv, cuda, line_launch
 
 # SplitMix64
 GAMMA = np.uint64(0x9E3779B97F4A7C15)
@@ -195,25 +195,23 @@ def gaussian_fill_cpu(x, t0, starts):
 
 @cuda.jit
 def gaussian_fill_kernel(x, t0, starts):
-    """Thread (j, b) writes noise values 2j and 2j + 1 of example b: x[b, t0:, :] in row-major
-    order, as gaussian_fill_cpu. x (B, T, m) float32, starts (B,) uint64."""
-    j, b = cuda.grid(2)
+    """Word j of example b's stream gives its noise values 2j and 2j + 1: x[b, t0:, :] in
+    row-major order, as gaussian_fill_cpu. x (B, T, m) float32, starts (B,) uint64. The (b, j)
+    in row-major order, in a grid-stride loop over a 1-d grid (line_launch)."""
     B, T, m = x.shape
     L = (T - t0) * m
-    if b >= B or 2 * j >= L:
-        return
-    # (np.uint64 around the word: the CUDA simulator hands it over as a Python int)
-    z0, z1 = gaussian_pair(np.uint64(stream_word(np.uint64(starts[b]), j)))
-    i = t0 * m + 2 * j
-    x[b, i // m, i % m] = z0
-    if 2 * j + 1 < L:
-        x[b, (i + 1) // m, (i + 1) % m] = z1
+    pairs = (L + 1) // 2
+    for e in range(cuda.grid(1), B * pairs, cuda.gridsize(1)):
+        b, j = e // pairs, e % pairs
+        # (np.uint64 around the word: the CUDA simulator hands it over as a Python int)
+        z0, z1 = gaussian_pair(np.uint64(stream_word(np.uint64(starts[b]), j)))
+        i = t0 * m + 2 * j
+        x[b, i // m, i % m] = z0
+        if 2 * j + 1 < L:
+            x[b, (i + 1) // m, (i + 1) % m] = z1
 
 
 def gaussian_fill_gpu(x, t0, starts, *, threads=256):
-    """The launch of gaussian_fill_kernel: one thread per (row, pair of values), (threads, 1)
-    blocks."""
+    """The launch of gaussian_fill_kernel: (row, pair of values) over `threads`-thread blocks."""
     B, T, m = x.shape
-    pairs = cdiv(max((T - t0) * m, 1), 2)
-    grid, block = step_grid(B, pairs, (threads, 1))
-    gaussian_fill_kernel[grid, block](x, t0, starts)
+    gaussian_fill_kernel[line_launch(B * cdiv((T - t0) * m, 2), threads)](x, t0, starts)

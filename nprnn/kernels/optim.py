@@ -233,22 +233,22 @@ def sum_squares_gpu(out, g, *, threads=256):
 
 @cuda.jit
 def sgd_momentum_kernel(p, v, g, lr, momentum, scale):
-    """sgd_momentum_element for element i = the thread's (nothing when scale[0] is NaN). One
-    thread per element; 1-d grid."""
-    i = cuda.grid(1)
+    """sgd_momentum_element for every element i (nothing when scale[0] is NaN), in a
+    grid-stride loop over a 1-d grid."""
     s = scale[0]
-    if i < p.shape[0] and not math.isnan(s):
-        sgd_momentum_element_gpu(p, v, g, i, lr, momentum, s)
+    if not math.isnan(s):
+        for i in range(cuda.grid(1), p.shape[0], cuda.gridsize(1)):
+            sgd_momentum_element_gpu(p, v, g, i, lr, momentum, s)
 
 
 @cuda.jit
 def adagrad_kernel(p, G, g, lr, delta, scale):
-    """adagrad_element for element i = the thread's (nothing when scale[0] is NaN). One thread
-    per element; 1-d grid."""
-    i = cuda.grid(1)
+    """adagrad_element for every element i (nothing when scale[0] is NaN), in a grid-stride
+    loop over a 1-d grid."""
     s = scale[0]
-    if i < p.shape[0] and not math.isnan(s):
-        adagrad_element_gpu(p, G, g, i, lr, delta, s)
+    if not math.isnan(s):
+        for i in range(cuda.grid(1), p.shape[0], cuda.gridsize(1)):
+            adagrad_element_gpu(p, G, g, i, lr, delta, s)
 
 
 @cuda.jit

@@ -16,7 +16,7 @@ def test_time_major_matches_cpu(src, dst):
     want = np.empty((5, 3, 2), dtype=dst)
     assert K.time_major_cpu(want, x) == 0
     got = dev(np.zeros((5, 3, 2), dtype=dst))
-    K.time_major_gpu(got, dev(x), threads=4)              # 6 values a step over blocks of 4
+    K.time_major_gpu(got, dev(x), threads=4)      # 30 values over 2 blocks of 4: 4 rounds
     assert np.array_equal(got.copy_to_host(), want)
     assert np.array_equal(want, x.transpose(1, 0, 2))
 

@@ -1,6 +1,6 @@
 """The GPU twin of nprnn/kernels/noise.py against the CPU twin: the same noise, value for value,
 from t0 on, with an odd count of values per example (the last pair gives one value) and more
-pairs than one block of threads holds."""
+pairs than the grid's threads (tests/gpu/conftest.py: 2 blocks), so its loop runs several rounds."""
 import numpy as np
 
 from gpu_testing import dev, requires_cuda
@@ -17,7 +17,7 @@ def test_fill_matches_cpu():
     noise.fill_gaussian(want, 1, keys)
     x_gpu = dev(x)
     starts = dev(noise.stream_starts(keys.astype(np.uint64)))
-    K.gaussian_fill_gpu(x_gpu, 1, starts, threads=4)        # 11 pairs over blocks of 4
+    K.gaussian_fill_gpu(x_gpu, 1, starts, threads=4)        # 3 x 11 pairs over 2 blocks of 4
     got = x_gpu.copy_to_host()
     assert np.all(got[:, 0] == 5.0)                         # before t0: untouched
     # a few float32 units in the last place: the GPU contracts multiply-adds into FMAs
