@@ -326,11 +326,13 @@ def matmul_tn_partial_kernel(partial, A, B):
 
 @cuda.jit
 def sum_partials_kernel(C, partial):
-    """C[p, q] = sum_s partial[s, p, q]   (written, =). One thread per (p, q); 2-d grid."""
-    q, p = cuda.grid(2)
-    if p < C.shape[0] and q < C.shape[1]:
+    """C[p, q] = sum_s partial[s, p, q]   (written, =). C's elements in its memory order, in a
+    grid-stride loop (line_launch)."""
+    S, P, Q = partial.shape
+    for e in range(cuda.grid(1), P * Q, cuda.gridsize(1)):
+        p, q = e // Q, e % Q
         acc = C.dtype.type(0)
-        for s in range(partial.shape[0]):
+        for s in range(S):
             acc += partial[s, p, q]
         C[p, q] = acc
 
@@ -352,7 +354,7 @@ def matmul_tn_gpu(C, A, B, tile=TILE, splits=None, purpose="matmul_tn"):
     shared = 2 * tile * tile * C.dtype.itemsize
     matmul_tn_partial_kernel[(cdiv(Q, tile), cdiv(P, tile), splits), (tile, tile), 0, shared](
         partial, A, B)
-    sum_partials_kernel[(cdiv(Q, tile), cdiv(P, tile)), (tile, tile)](C, partial)
+    sum_partials_kernel[line_launch(P * Q)](C, partial)
 
 
 def column_sums_gpu(db, D, tile=TILE, purpose="column_sums"):
