@@ -23,6 +23,12 @@ sweep stopped early has covered the space evenly), and claimed one at a time by 
 of the storage (WAITING -> RUNNING), so drivers on several machines sharing the storage never
 run a point twice. Random and TPE trials come from `study.ask`, up to --trials in all.
 
+Pruning (successive halving, `RungPruner`) judges a trial at each rung against the trials that
+have reached it. A trial that reaches a rung before two others while more may come pauses there
+(a checkpoint, and its worker takes the next trial); its driver resumes it once it can be judged.
+Without this, the first trial to reach a rung would always go on, and on one worker, where
+trials run one after another, a sweep's first trial would run to the end, however bad.
+
 Nothing lost. A trial writes checkpoints as any run does. A worker killed mid-trial: Dask runs
 the trial again on another worker, which resumes it from its checkpoint (its result is recorded
 once: the trial keeps its number). A driver stopped by Ctrl-C asks its trials to checkpoint and
@@ -84,6 +90,7 @@ STALE_SECONDS = 600                # a trial whose driver has not renewed it thi
 HEARTBEAT_SECONDS = 60
 CONNECT_SECONDS = 10               # to reach a --scheduler
 RETRY_SECONDS = 30                 # a trial whose folder another process holds: try again then
+REDUCTION = 3                      # successive halving keeps the best third at each rung
 FORMAT = 1
 FINAL_ITERATIONS = 50_000          # the chosen point's full runs: the length of README's results
 FINAL_SEEDS = (0, 1)
@@ -309,15 +316,52 @@ def open_storage(folder, url):
                          f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
 
 
+class RungPruner(optuna.pruners.BasePruner):
+    """Asynchronous successive halving on the validation accuracy, rungs at `first`, 3 x, 9 x ...
+    iterations: at a rung a trial goes on only if it is in the best third of the trials with a
+    value there (every trial that has reached it: gone on, pruned, or paused there), and while
+    fewer than three have one, only if it is the best of them. (Optuna's
+    SuccessiveHalvingPruner counts only the trials it has judged at the rung, and a paused trial
+    has not been judged.)"""
+
+    def __init__(self, first):
+        self.first = first
+
+    def is_rung(self, step):
+        rung = self.first
+        while rung < step:
+            rung *= REDUCTION
+        return rung == step
+
+    def prune(self, study, trial):
+        step = trial.last_step
+        if step is None or not self.is_rung(step):
+            return False
+        value = trial.intermediate_values[step]
+        there = sorted((t.intermediate_values[step] for t in study.get_trials(deepcopy=False)
+                        if step in t.intermediate_values), reverse=True)
+        return value < there[max(1, len(there) // REDUCTION) - 1]
+
+
 def make_pruner(spec):
-    """Successive halving on the validation accuracy, with rungs at eval_every, 3 x, 9 x ...
-    iterations: at each rung a trial goes on only if it is in the best third of the trials
-    that have reached it so far; of the first two, only if it is the best of them (so the
-    first trial to reach a rung always goes on: a sweep's first trial runs to the end)."""
     if not spec["prune"]:
         return optuna.pruners.NopPruner()
-    return optuna.pruners.SuccessiveHalvingPruner(
-        min_resource=spec["fixed"]["eval_every"], reduction_factor=3)
+    return RungPruner(spec["fixed"]["eval_every"])
+
+
+def waits_at_rung(study, spec, number, step):
+    """Whether trial `number`, at rung `step`, waits for others before it is judged there: while
+    fewer than three trials have a value at the rung, and another may still reach it (a trial
+    not started, or running below the rung), a verdict would let it go on as the best of too few
+    (the first trial to reach a rung would run to the end, however bad)."""
+    trials = study.get_trials(deepcopy=False)
+    if sum(step in t.intermediate_values for t in trials) >= REDUCTION:
+        return False
+    started = [t for t in trials if t.state != TrialState.WAITING]
+    if spec["sampler"] != "grid" and len(started) < spec["trials"]:
+        return True                                      # trials yet to be drawn
+    return any(t.number != number and (t.state == TrialState.WAITING or (
+        t.state == TrialState.RUNNING and (t.last_step or 0) < step)) for t in trials)
 
 
 def make_sampler(spec):
@@ -469,12 +513,17 @@ def run_trial(folder, number, driver, task=None, threads=None):
             return dict(result, state="busy", message=str(e))
     config = dict(spec["fixed"], **params, keep_best=True)
     stop_event = Event(f"nprnn-stop-{driver}")
-    pruned, last_look = [], [0.0]
+    pruned, paused, last_look = [], [], [0.0]
 
-    def report(iteration, accuracy):
+    def report(iteration, accuracy, judge=True):
         if iteration not in trial.storage.get_trial(trial_id).intermediate_values:
             trial.report(accuracy, iteration)
-        if not pruned and trial.should_prune():
+        if not judge or pruned or paused:
+            return
+        if (spec["prune"] and study.pruner.is_rung(iteration)
+                and waits_at_rung(study, spec, number, iteration)):
+            paused.append(iteration)
+        elif trial.should_prune():
             pruned.append(iteration)
 
     def on_evaluation(iteration, split, metrics):
@@ -484,6 +533,8 @@ def run_trial(folder, number, driver, task=None, threads=None):
     def should_stop():
         if pruned:
             return "the sweep's pruner"
+        if paused:
+            return "the sweep (waiting for other trials at this rung)"
         now = time.monotonic()
         if now - last_look[0] >= 0.5:            # a round trip to the scheduler
             last_look[0] = now
@@ -491,11 +542,12 @@ def run_trial(folder, number, driver, task=None, threads=None):
                 return "the sweep's stop"
         return None
 
-    if resume:         # what the checkpoint holds was reported before, unless a kill lost it
+    if resume:         # what the checkpoint holds was reported before, unless a kill lost it;
+        # an evaluation at the checkpoint (where a trial waits at its rung) is judged again
         saved_at = load_checkpoint(out / FILENAME)["progress"]["iteration"]
         for iteration, accuracy in _valid_records(out / METRICS):
             if iteration <= saved_at:
-                report(iteration, accuracy)
+                report(iteration, accuracy, judge=iteration == saved_at)
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "train.log", "a") as log:
         def echo(message):
@@ -518,6 +570,9 @@ def run_trial(folder, number, driver, task=None, threads=None):
     if pruned:
         study.tell(number, state=TrialState.PRUNED, skip_if_finished=True)
         return dict(result, state="pruned")
+    if paused:
+        return dict(result, state="paused", message="judged at this rung once three trials "
+                    "have reached it, or no other trial can")
     if not summary["completed"]:                 # stopped by the driver: resumed later
         return dict(result, state="stopped")
     test = _test_of_best(out, valid, summary, task, config["device"])
@@ -601,6 +656,7 @@ class Driver:
         self.stop_event = Event(f"nprnn-stop-{self.id}", client=client)
         self.running = {}                  # future -> trial number
         self.later = []                    # (time, number): busy elsewhere, tried again then
+        self.paused = []                   # (number, rung): waiting for other trials there
         self.adopted = []                  # taken over, not yet submitted
         self.beat = self.looked = 0.0
         self.distributions = {n: Param.from_json(n, d).distribution()
@@ -608,7 +664,8 @@ class Driver:
 
     def held(self):
         """The numbers of the trials this driver holds, in flight or not."""
-        return list(self.running.values()) + [n for _, n in self.later] + self.adopted
+        return (list(self.running.values()) + [n for _, n in self.later] + self.adopted
+                + [n for n, _ in self.paused])
 
     def _set(self, number, key, value):
         """A user attribute of a trial, unless it has finished meanwhile (its worker told)."""
@@ -628,6 +685,10 @@ class Driver:
         for i, (when, number) in enumerate(self.later):
             if when <= now:
                 del self.later[i]
+                return number
+        for i, (number, rung) in enumerate(self.paused):
+            if not waits_at_rung(self.study, self.spec, number, rung):
+                del self.paused[i]
                 return number
         if self.adopted:
             return self.adopted.pop(0)
@@ -696,7 +757,7 @@ class Driver:
                 if number is None:
                     break
                 self.submit(number)
-            if not self.running and not self.later:
+            if not self.running and not self.later and not self.paused:
                 return True
             if not self.running:
                 time.sleep(1.0)
@@ -731,6 +792,8 @@ class Driver:
             return dict(number=number, state="fail", message=message)
         if result["state"] in ("busy", "stopped"):   # held elsewhere; or stopped by another
             self.later.append((time.time() + RETRY_SECONDS, number))   # driver's stop
+        elif result["state"] == "paused":
+            self.paused.append((number, result["iteration"]))
         return result
 
     def stop(self, wait_seconds):

@@ -260,6 +260,29 @@ def test_pruning_stops_a_trial_that_trails_at_the_first_evaluation(tmp_path):
     assert any(line.startswith(f"trial 1 (lr={BAD:g}): pruned, iteration 10") for line in said)
 
 
+def test_a_trial_alone_at_a_rung_pauses_until_it_can_be_judged(tmp_path):
+    """One worker, the bad learning rate first: it reaches the first rung alone and pauses
+    there while the good one runs (a verdict then would let it go on to the end); judged once
+    no other trial can reach the rung, it is pruned there. The good one, alone at the second
+    rung while the bad one is below it, pauses too, then goes on and completes."""
+    space = grid(f"lr={GOOD},{BAD}")
+    seed = next(s for s in range(50)
+                if [p["lr"] for p in sweep.grid_points(space, seed=s)] == [BAD, GOOD])
+    folder, said = tmp_path / "s", []
+    sweep.run(folder, toy_config(iterations=40), space, "grid", prune=True, seed=seed,
+              workers=1, task=toy_task(), echo=said.append)
+    trials = recorded(folder)
+    assert [(s, p["lr"]) for s, p in trials.values()] == [(TrialState.PRUNED, BAD),
+                                                           (TrialState.COMPLETE, GOOD)]
+    pause = "stopped by the sweep (waiting for other trials at this rung) at iteration"
+    assert f"{pause} 10" in lines(folder, 0) and f"{pause} 30" in lines(folder, 1)
+    assert [line.split(",")[0:2] for line in said[1:]] == [             # after the header
+        [f"trial 0 (lr={BAD:g}): paused", " iteration 10"],
+        [f"trial 1 (lr={GOOD:g}): paused", " iteration 30"],
+        [f"trial 0 (lr={BAD:g}): pruned", " iteration 10"],
+        [f"trial 1 (lr={GOOD:g}): complete", " iteration 40"]]
+
+
 def test_a_trial_folder_left_without_a_checkpoint_starts_afresh(tmp_path):
     """A trial killed while its kernels compiled left config.json and metrics.jsonl but no
     checkpoint: its rerun starts the run afresh (train would refuse the folder)."""
