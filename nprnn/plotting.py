@@ -296,15 +296,17 @@ SWEEP_STYLES = {"complete": dict(marker="o", color="C0", label="complete"),
                                label="pruned (value when stopped)"),
                 "running": dict(marker="^", facecolors="none", edgecolors="C2",
                                 label="running (best so far)"),
+                "paused": dict(marker=">", facecolors="none", edgecolors="C4",
+                               label="paused at a rung (best so far)"),
                 "stopped": dict(marker="v", facecolors="none", edgecolors="C3",
                                 label="stopped, to resume (best so far)")}
 
 
 def plot_sweep(rows, space, path, title=""):
     """A sweep's best validation accuracy against each searched hyperparameter, a panel each:
-    one marker per trial (complete, pruned, running, stopped; the chosen trial starred; those
-    without an accuracy counted in the title). `space`:
-    {name: its grid values, or (low, high, log) for a range}; each axis spans the whole space,
+    one marker per trial (complete, pruned, running, paused, stopped; the chosen trial starred;
+    those without an accuracy counted in the title). `space`: {name: its grid values, or
+    (low, high, log) for a range}; each axis spans the whole space,
     ticked at the grid's values. Numbers spanning a decade or more (or a log range) are on a
     log axis, where 0 sits at the left edge; choices are evenly spaced, and trials at one value
     jittered a little so that they stay apart."""

@@ -689,6 +689,7 @@ class Driver:
         for i, (number, rung) in enumerate(self.paused):
             if not waits_at_rung(self.study, self.spec, number, rung):
                 del self.paused[i]
+                self._set(number, "paused_at", None)
                 return number
         if self.adopted:
             return self.adopted.pop(0)
@@ -794,6 +795,7 @@ class Driver:
             self.later.append((time.time() + RETRY_SECONDS, number))   # driver's stop
         elif result["state"] == "paused":
             self.paused.append((number, result["iteration"]))
+            self._set(number, "paused_at", result["iteration"])
         return result
 
     def stop(self, wait_seconds):
@@ -901,9 +903,9 @@ def _reached(out):
 def trial_rows(folder):
     """(spec, rows, waiting): a row per trial that has started, best validation accuracy first,
     the chosen one (the best complete trial) marked; and how many trials wait. A row: number,
-    params, state (complete, pruned, fail, running, or stopped: left unfinished with no driver
-    holding it), iteration, valid (best validation accuracy so far), test (of best.h5, for
-    complete trials), chosen, error."""
+    params, state (complete, pruned, fail, running, paused at a rung, or stopped: left
+    unfinished with no driver holding it), iteration, valid (best validation accuracy so far),
+    test (of best.h5, for complete trials), chosen, error."""
     spec, _, study = open_sweep(folder)
     rows, waiting, now = [], 0, time.time()
     for t in study.get_trials(deepcopy=False):
@@ -915,6 +917,8 @@ def trial_rows(folder):
         state = t.state.name.lower()
         if t.state == TrialState.RUNNING and _free(t, now):
             state = "stopped"             # no driver holds it: the next `sweep run` resumes it
+        elif t.state == TrialState.RUNNING and t.user_attrs.get("paused_at") is not None:
+            state = "paused"              # at a rung, until others reach it
         rows.append(dict(number=t.number, params=dict(t.params), state=state,
                          iteration=_reached(trial_folder(folder, t.number)), valid=valid,
                          test=t.user_attrs.get("test_accuracy"), chosen=False,

@@ -268,9 +268,15 @@ def test_a_trial_alone_at_a_rung_pauses_until_it_can_be_judged(tmp_path):
     space = grid(f"lr={GOOD},{BAD}")
     seed = next(s for s in range(50)
                 if [p["lr"] for p in sweep.grid_points(space, seed=s)] == [BAD, GOOD])
-    folder, said = tmp_path / "s", []
+    folder, said, reported = tmp_path / "s", [], []
+
+    def echo(line):
+        said.append(line)
+        if line.startswith("trial 0") and "paused" in line:          # what the report says then
+            reported.extend((r["number"], r["state"]) for r in sweep.trial_rows(folder)[1])
     sweep.run(folder, toy_config(iterations=40), space, "grid", prune=True, seed=seed,
-              workers=1, task=toy_task(), echo=said.append)
+              workers=1, task=toy_task(), echo=echo)
+    assert reported == [(0, "paused")]
     trials = recorded(folder)
     assert [(s, p["lr"]) for s, p in trials.values()] == [(TrialState.PRUNED, BAD),
                                                            (TrialState.COMPLETE, GOOD)]
@@ -507,11 +513,12 @@ def test_the_sweep_figure_draws_every_state_that_has_an_accuracy(tmp_path, monke
     made = []
     figure = plotting._figure
     monkeypatch.setattr(plotting, "_figure", lambda **kw: made.append(figure(**kw)) or made[-1])
-    states = ["complete", "pruned", "running", "stopped"]
+    states = ["complete", "pruned", "running", "paused", "stopped"]
     rows = [dict(number=k, params=dict(lr=0.1 * (k + 1)), state=s, valid=0.5 + 0.1 * k,
                  chosen=s == "complete") for k, s in enumerate(states)]
-    rows.append(dict(number=4, params=dict(lr=0.5), state="fail", valid=None, chosen=False))
-    plotting.plot_sweep(rows, dict(lr=[0.1, 0.2, 0.3, 0.4, 0.5]), tmp_path / "s.png", title="t")
+    rows.append(dict(number=5, params=dict(lr=0.6), state="fail", valid=None, chosen=False))
+    plotting.plot_sweep(rows, dict(lr=[0.1, 0.2, 0.3, 0.4, 0.5, 0.6]), tmp_path / "s.png",
+                        title="t")
     (ax,) = [a for a in made[-1].axes if a.get_visible()]
     labels = ax.get_legend_handles_labels()[1] if ax.get_legend() else [
         t.get_text() for a in made[-1].legends for t in a.get_texts()]
