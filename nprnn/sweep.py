@@ -364,15 +364,20 @@ def waits_at_rung(study, spec, number, step):
         t.state == TrialState.RUNNING and (t.last_step or 0) < step)) for t in trials)
 
 
-def make_sampler(spec):
+def make_sampler(spec, drawn=0):
+    """The sampler of `sweep run`, seeded by the sampler seed and how many trials the study
+    holds (`drawn`): a sweep continued draws on where it stopped, not the points it began with."""
+    seed = int(np.random.SeedSequence([spec["sampler_seed"], drawn]).generate_state(1)[0])
     if spec["sampler"] == "tpe":
-        return optuna.samplers.TPESampler(seed=spec["sampler_seed"])
-    return optuna.samplers.RandomSampler(seed=spec["sampler_seed"])  # grid: trials are enqueued
+        return optuna.samplers.TPESampler(seed=seed)
+    return optuna.samplers.RandomSampler(seed=seed)         # grid: trials are enqueued
 
 
 def load_study(spec, storage):
-    return optuna.load_study(study_name=spec["study"], storage=storage,
-                             sampler=make_sampler(spec), pruner=make_pruner(spec))
+    study = optuna.load_study(study_name=spec["study"], storage=storage,
+                              pruner=make_pruner(spec))
+    study.sampler = make_sampler(spec, len(study.get_trials(deepcopy=False)))
+    return study
 
 
 def open_sweep(folder, fixed=None, space=None, sampler=None, trials=None, prune=False, seed=0,

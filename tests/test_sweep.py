@@ -242,6 +242,19 @@ def test_sampled_points_of_a_range_run_as_many_trials_as_asked(tmp_path, sampler
     assert again["done"] == 3 and len(recorded(folder)) == 3      # nothing more to run
 
 
+def test_a_sampled_sweep_continued_draws_new_points(tmp_path):
+    """The sampler is seeded by the sampler seed and the trials drawn so far, so a sweep stopped
+    after one trial and continued does not draw its first point again."""
+    folder, said = tmp_path / "s", []
+    space = grid("lr=0.01:0.5:log")
+    first = sweep.run(folder, toy_config(iterations=10), space, "random", trials=2, workers=1,
+                      task=toy_task(), echo=said.append, stop=lambda: len(said) > 1)
+    assert first["done"] == 1 and first["stopped"]
+    sweep.run(folder, workers=1, task=toy_task(), echo=lambda s: None)
+    lrs = [p["lr"] for _, p in recorded(folder).values()]
+    assert len(lrs) == 2 and lrs[0] != lrs[1]
+
+
 def test_pruning_stops_a_trial_that_trails_at_the_first_evaluation(tmp_path):
     """Successive halving, one worker: the good learning rate runs first (the grid's order for
     sampler seed 0 is checked), so the bad one is below it at the first rung and is stopped
