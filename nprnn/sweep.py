@@ -509,6 +509,9 @@ def run_trial(folder, number, driver, task=None, threads=None):
     # returns them)
     params = {name: Param.from_json(name, d).suggest(trial) for name, d in spec["space"].items()}
     result["params"] = params
+    twin = _finished_twin(study, number, params)
+    if twin is not None:
+        return _take_result_of(twin, study, store, trial, result)
     out = trial_folder(folder, number)
     resume = (out / FILENAME).is_file()
     if not resume:
@@ -585,6 +588,34 @@ def run_trial(folder, number, driver, task=None, threads=None):
     store.set_trial_user_attr(trial_id, "test_accuracy", test)
     study.tell(number, best, skip_if_finished=True)
     return dict(result, state="complete")
+
+
+def _finished_twin(study, number, params):
+    """A finished trial (complete, pruned or failed) at the same point as trial `number`, or None.
+    A sampler may draw a point again (TPE over a grid's values often does); all else is held
+    fixed and training is deterministic, so running it again would repeat that trial exactly."""
+    return next((t for t in study.get_trials(deepcopy=False, states=(
+        TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL))
+        if t.number != number and t.params == params), None)
+
+
+def _take_result_of(twin, study, store, trial, result):
+    """Record `trial` as its twin was recorded, without training: its validation accuracies,
+    iteration, test accuracy or error, and state. Returns run_trial's dict."""
+    for step, value in sorted(twin.intermediate_values.items()):
+        trial.report(value, step)
+    for key in ("iteration", "test_accuracy", "error"):
+        if key in twin.user_attrs:
+            store.set_trial_user_attr(trial._trial_id, key, twin.user_attrs[key])
+    store.set_trial_user_attr(trial._trial_id, "twin_of", twin.number)
+    complete = twin.state == TrialState.COMPLETE
+    study.tell(trial.number, twin.value if complete else None, state=twin.state,
+               skip_if_finished=True)
+    best = twin.value if complete else max(twin.intermediate_values.values(), default=None)
+    return dict(result, state=twin.state.name.lower(), value=best,
+                iteration=twin.user_attrs.get("iteration"),
+                test_accuracy=twin.user_attrs.get("test_accuracy"),
+                message=f"the point of trial {twin.number} again: its result, not trained again")
 
 
 def _test_of_best(out, valid, summary, task, device):
@@ -925,7 +956,8 @@ def trial_rows(folder):
         elif t.state == TrialState.RUNNING and t.user_attrs.get("paused_at") is not None:
             state = "paused"              # at a rung, until others reach it
         rows.append(dict(number=t.number, params=dict(t.params), state=state,
-                         iteration=_reached(trial_folder(folder, t.number)), valid=valid,
+                         iteration=(_reached(trial_folder(folder, t.number))
+                                    or t.user_attrs.get("iteration")), valid=valid,
                          test=t.user_attrs.get("test_accuracy"), chosen=False,
                          error=t.user_attrs.get("error")))
     complete = [r for r in rows if r["state"] == "complete" and r["valid"] is not None]

@@ -255,6 +255,29 @@ def test_a_sampled_sweep_continued_draws_new_points(tmp_path):
     assert len(lrs) == 2 and lrs[0] != lrs[1]
 
 
+def test_a_point_drawn_again_takes_its_twins_result_without_training(tmp_path):
+    """Four random draws from two points: each point drawn again is recorded as the trial that
+    ran it was (state, validation accuracies, test accuracy), and gets no run folder."""
+    folder, said = tmp_path / "s", []
+    sweep.run(folder, toy_config(iterations=20), grid(f"lr={GOOD},{BAD}"), "random", trials=4,
+              workers=1, task=toy_task(), echo=said.append)
+    _, _, study = sweep.open_sweep(folder)
+    trials = study.get_trials()
+    assert len(trials) == 4 and all(t.state == TrialState.COMPLETE for t in trials)
+    ran = {}
+    for t in trials:
+        twin = ran.setdefault(t.params["lr"], t)
+        assert sweep.trial_folder(folder, t.number).is_dir() == (twin is t)
+        if twin is not t:
+            assert (t.value, t.intermediate_values, t.user_attrs["test_accuracy"]) == (
+                twin.value, twin.intermediate_values, twin.user_attrs["test_accuracy"])
+            assert any(line.startswith(f"trial {t.number} ") and
+                       f"the point of trial {twin.number} again" in line for line in said)
+    assert len(ran) < 4
+    rows = sweep.trial_rows(folder)[1]
+    assert all(r["iteration"] == 20 for r in rows)
+
+
 def test_pruning_stops_a_trial_that_trails_at_the_first_evaluation(tmp_path):
     """Successive halving, one worker: the good learning rate runs first (the grid's order for
     sampler seed 0 is checked), so the bad one is below it at the first rung and is stopped
