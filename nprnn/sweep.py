@@ -511,7 +511,7 @@ def run_trial(folder, number, driver, task=None, threads=None):
     result["params"] = params
     twin = _finished_twin(study, number, params)
     if twin is not None:
-        return _take_result_of(twin, study, store, trial, result)
+        return _take_result_of(twin, study, store, trial, trial_id, result)
     out = trial_folder(folder, number)
     resume = (out / FILENAME).is_file()
     if not resume:
@@ -599,15 +599,15 @@ def _finished_twin(study, number, params):
         if t.number != number and t.params == params), None)
 
 
-def _take_result_of(twin, study, store, trial, result):
+def _take_result_of(twin, study, store, trial, trial_id, result):
     """Record `trial` as its twin was recorded, without training: its validation accuracies,
     iteration, test accuracy or error, and state. Returns run_trial's dict."""
     for step, value in sorted(twin.intermediate_values.items()):
         trial.report(value, step)
     for key in ("iteration", "test_accuracy", "error"):
         if key in twin.user_attrs:
-            store.set_trial_user_attr(trial._trial_id, key, twin.user_attrs[key])
-    store.set_trial_user_attr(trial._trial_id, "twin_of", twin.number)
+            store.set_trial_user_attr(trial_id, key, twin.user_attrs[key])
+    store.set_trial_user_attr(trial_id, "twin_of", twin.number)
     complete = twin.state == TrialState.COMPLETE
     study.tell(trial.number, twin.value if complete else None, state=twin.state,
                skip_if_finished=True)
