@@ -941,7 +941,8 @@ def trial_rows(folder):
     the chosen one (the best complete trial) marked; and how many trials wait. A row: number,
     params, state (complete, pruned, fail, running, paused at a rung, or stopped: left
     unfinished with no driver holding it), iteration, valid (best validation accuracy so far),
-    test (of best.h5, for complete trials), chosen, error."""
+    test (of best.h5, for complete trials), chosen, error, twin_of (the trial whose result a
+    point drawn again took, or None)."""
     spec, _, study = open_sweep(folder)
     rows, waiting, now = [], 0, time.time()
     for t in study.get_trials(deepcopy=False):
@@ -959,7 +960,7 @@ def trial_rows(folder):
                          iteration=(_reached(trial_folder(folder, t.number))
                                     or t.user_attrs.get("iteration")), valid=valid,
                          test=t.user_attrs.get("test_accuracy"), chosen=False,
-                         error=t.user_attrs.get("error")))
+                         error=t.user_attrs.get("error"), twin_of=t.user_attrs.get("twin_of")))
     complete = [r for r in rows if r["state"] == "complete" and r["valid"] is not None]
     if complete:
         max(complete, key=lambda r: (r["valid"], -r["number"]))["chosen"] = True
@@ -1065,6 +1066,10 @@ def report(folder, png=None, echo=print):
         echo(f"{_trials(stopped)} left unfinished: `sweep run --out {folder}` resumes "
              f"{'them' if len(stopped) > 1 else 'it'} (from the last checkpoint, where there is "
              f"one)")
+    twins = sorted((r["number"], r["twin_of"]) for r in rows if r.get("twin_of") is not None)
+    if twins:
+        echo("points drawn again, given the result of the trial that ran them (not trained "
+             "again): " + ", ".join(f"trial {n} = trial {m}" for n, m in twins))
     for line in coverage(spec, rows):
         echo(line)
     for cause, group in _failures(rows):

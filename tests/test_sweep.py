@@ -276,6 +276,12 @@ def test_a_point_drawn_again_takes_its_twins_result_without_training(tmp_path):
     assert len(ran) < 4
     rows = sweep.trial_rows(folder)[1]
     assert all(r["iteration"] == 20 for r in rows)
+    twins = sorted((t.number, ran[t.params["lr"]].number) for t in trials
+                   if ran[t.params["lr"]] is not t)
+    report = []
+    sweep.report(folder, echo=report.append)
+    assert ("points drawn again, given the result of the trial that ran them (not trained "
+            "again): " + ", ".join(f"trial {n} = trial {m}" for n, m in twins)) in report
 
 
 def test_pruning_stops_a_trial_that_trails_at_the_first_evaluation(tmp_path):
