@@ -509,11 +509,13 @@ def run_trial(folder, number, driver, task=None, threads=None):
     # returns them)
     params = {name: Param.from_json(name, d).suggest(trial) for name, d in spec["space"].items()}
     result["params"] = params
-    twin = _finished_twin(study, number, params)
-    if twin is not None:
-        return _take_result_of(twin, study, store, trial, trial_id, result)
     out = trial_folder(folder, number)
     resume = (out / FILENAME).is_file()
+    # a point drawn again takes its twin's result, unless it has trained already (drawn while
+    # its twin ran, and resumed now): then it goes on by itself
+    twin = None if resume else _finished_twin(study, number, params)
+    if twin is not None:
+        return _take_result_of(twin, study, store, trial, trial_id, result)
     if not resume:
         try:
             _clear_unstarted(out)
