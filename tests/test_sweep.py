@@ -284,6 +284,35 @@ def test_a_point_drawn_again_takes_its_twins_result_without_training(tmp_path):
             "again): " + ", ".join(f"trial {n} = trial {m}" for n, m in twins)) in report
 
 
+def test_a_trial_that_has_trained_goes_on_though_its_twin_finished(tmp_path):
+    """Trial 0 stopped with a checkpoint and held by a driver elsewhere; trial 1, drawn at its
+    point meanwhile, trains and completes. Trial 0, taken over then, resumes from its
+    checkpoint and trains to the end: it does not take trial 1's result."""
+    folder, task = tmp_path / "s", toy_task(T=30)
+    config = toy_config(iterations=2000, hidden=32, checkpoint_every=50, eval_every=1000)
+    run0 = sweep.trial_folder(folder, 0)
+    first = sweep.run(folder, config, grid(f"lr={GOOD}"), "random", trials=2, workers=1,
+                      task=task, echo=lambda s: None, stop=lambda: _saved_iteration(run0) >= 50)
+    assert first["stopped"] and list(recorded(folder)) == [0]
+    spec, store, _ = sweep.open_sweep(folder)
+    tid = store.get_trial_id_from_study_id_trial_number(
+        store.get_study_id_from_name(spec["study"]), 0)
+    store.set_trial_user_attr(tid, "driver", "elsewhere:1:x")          # alive, not this host's
+    store.set_trial_user_attr(tid, "heartbeat", time.time())
+    sweep.run(folder, workers=1, task=task, echo=lambda s: None)
+    assert {n: s for n, (s, _) in recorded(folder).items()} == {0: TrialState.RUNNING,
+                                                               1: TrialState.COMPLETE}
+    store.set_trial_user_attr(tid, "driver", "")                        # released
+    said = []
+    assert sweep.run(folder, workers=1, task=task, echo=said.append)["complete"]
+    _, _, study = sweep.open_sweep(folder)
+    t0, t1 = study.get_trials()
+    assert t0.state == TrialState.COMPLETE and "twin_of" not in t0.user_attrs
+    assert "resuming rnn on toy" in lines(folder, 0)
+    assert "final test accuracy after 2000 iterations" in lines(folder, 0)
+    assert not any("the point of trial" in line for line in said)
+
+
 def test_pruning_stops_a_trial_that_trails_at_the_first_evaluation(tmp_path):
     """Successive halving, one worker: the good learning rate runs first (the grid's order for
     sampler seed 0 is checked), so the bad one is below it at the first rung and is stopped
