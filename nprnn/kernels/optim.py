@@ -27,8 +27,8 @@ No step waits for the GPU. A NaN s means "skip this step": record_step writes it
 step whose loss or gradient is not finite, so no such step reaches the parameters.
 
 Argument order is the project's: outputs first (updated in place), then inputs, then scalars, so
-the GPU twins below (one thread per element) take exactly the same arguments. The per-element
-math is written once and compiled for both twins.
+the GPU twins below (grid-stride loops over the elements) take exactly the same arguments. The
+per-element math is written once and compiled for both twins.
 """
 import math
 
@@ -177,7 +177,7 @@ def record_step_cpu(stats, scale, losses, logits, y, total, clip):
 
 
 # ------------------------------------------------------------------------------------------
-# GPU twins: one thread per element for the updates; the norm as a two-pass reduction
+# GPU twins: grid-stride loops for the updates; the norm as a two-pass reduction
 # ------------------------------------------------------------------------------------------
 # Host functions take the CPU twins' arguments (device arrays; out is a float64 (1,) device
 # array) and keyword-only launch options. The reduction uses a fixed number of blocks, so the
