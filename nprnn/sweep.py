@@ -63,14 +63,15 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
-from . import datasets, plotting
+from . import plotting
 from .checkpoint import FILENAME, load_checkpoint
 from .device import DeviceUnavailable, resolve_device
 from .files import pid_alive, temporary_name, written_atomically
 from .model import make_model
+from .sources import DataError
 from .train import (BEST, CONFIG, METRICS, OPTIONS, RunInUse, RunLock, TrainError,
-                    TrainingDiverged, check_options_used, evaluate_checkpoint, resolve_config,
-                    train, train_command)
+                    TrainingDiverged, check_options_used, evaluate_checkpoint, load_task,
+                    resolve_config, train, train_command)
 
 # Appendix C of Chang et al. (2019): the grid searched for the Euler cells
 SPACES = {
@@ -194,6 +195,11 @@ def make_space(space=None, params=()):
         if space not in SPACES:
             raise SweepError(f"unknown space {space!r}; known: {', '.join(SPACES)}")
         out = {k: Param(k, values=tuple(v)) for k, v in SPACES[space].items()}
+    names = [p.name for p in params]
+    twice = next((n for n in names if names.count(n) > 1), None)
+    if twice is not None:
+        raise SweepError(f"--param {twice} is given more than once: give all its values in one, "
+                         f"--param {twice}=v1,v2,...")
     for p in params:
         out[p.name] = p
     if not out:
@@ -214,16 +220,23 @@ def grid_points(space, seed):
 def check_space(fixed, space, task=None):
     """Refuse, before any trial, a space whose values a run would refuse: every value of every
     axis (the others at their first value; a range at both ends) goes through resolve_config,
-    check_options_used and make_model, as a trial's run would."""
+    check_options_used and make_model, as a trial's run would; and a task that its runs could
+    not load (`task`: an in-memory one, else the named one is loaded here)."""
     if "momentum" in space and any(
             v == "adagrad" for v in (space["optimizer"].values if "optimizer" in space
                                      else [fixed["optimizer"]])):
         raise SweepError("momentum is SGD's alone: a space that runs adagrad cannot search it")
     if fixed["valid_size"] <= 0:
         raise SweepError("a sweep chooses on the validation split: --valid-size must be > 0")
-    if task is None:
-        spec = datasets.task_spec(fixed["task"])
-        m, classes = spec.shape(fixed["T"])[1], spec.num_classes
+    if fixed["iterations"] < 1:
+        raise SweepError("a sweep judges its trials on the validation split after training: "
+                         "--iterations must be at least 1")
+    if task is None:     # the named task, its cache built here if need be, once for all trials
+        try:
+            with load_task(fixed) as named:
+                m, classes = named.m, named.num_classes
+        except (ValueError, OSError, DataError) as e:
+            raise SweepError(f"task {fixed['task']}: {e}") from None
     else:
         m, classes = task.m, task.num_classes
     first = {n: (p.low if p.is_range else p.values[0]) for n, p in space.items()}
@@ -403,7 +416,6 @@ def open_sweep(folder, fixed=None, space=None, sampler=None, trials=None, prune=
             raise SweepError(f"--sampler {sampler} needs --trials (how many points to try)")
         if trials < 1:
             raise SweepError(f"--trials must be at least 1, got {trials}")
-        check_space(fixed, space, task)
         given = definition(fixed, space, sampler, trials, prune, seed)
     if path.exists():
         spec = read_sweep(folder)
@@ -426,6 +438,7 @@ def open_sweep(folder, fixed=None, space=None, sampler=None, trials=None, prune=
                          f"--model, --task and --space or --param")
     if folder.exists() and not folder.is_dir():
         raise SweepError(f"{folder} is a file, not a folder")
+    check_space(fixed, space, task)          # a study continued was checked when it was made
     folder.mkdir(parents=True, exist_ok=True)
     spec = dict(given, format=FORMAT, storage=storage,
                 study=f"{folder.resolve().name}-{uuid.uuid4().hex[:8]}")
@@ -888,7 +901,7 @@ def run(folder, fixed=None, space=None, sampler=None, trials=None, prune=False, 
     if scheduler is not None:
         try:
             client = Client(scheduler, timeout=CONNECT_SECONDS, set_as_default=False)
-        except (OSError, TimeoutError) as e:
+        except (OSError, TimeoutError, ValueError) as e:    # ValueError: a malformed address
             raise SweepError(f"cannot reach the Dask scheduler at {scheduler}: {e}") from None
         cluster = None
     else:

@@ -100,6 +100,7 @@ def test_a_bad_param_is_named(text, match):
     ({}, "lr=0.1:1", "grid", None, "the grid sampler needs lists of values; lr is a range"),
     ({}, "lr=0.1:1", "tpe", None, "--sampler tpe needs --trials"),
     (dict(valid_size=0), "lr=0.1", "grid", None, "--valid-size must be > 0"),
+    (dict(iterations=0), "lr=0.1", "grid", None, "--iterations must be at least 1"),
     ({}, "momentum=0.5,0.9", "grid", None, None),
 ])
 def test_a_space_that_runs_would_refuse_is_refused_before_any_trial(tmp_path, fixed, space,
@@ -112,6 +113,33 @@ def test_a_space_that_runs_would_refuse_is_refused_before_any_trial(tmp_path, fi
         sweep.open_sweep(tmp_path / "s", toy_config(**fixed), sweep.make_space(params=params),
                          sampler, trials, task=toy_task())
     assert not (tmp_path / "s").exists()
+
+
+def test_a_param_given_twice_is_refused():
+    with pytest.raises(sweep.SweepError, match=r"--param lr is given more than once: give all "
+                                               r"its values in one, --param lr=v1,v2,..."):
+        sweep.make_space("appendix-c", [sweep.parse_param("lr=0.1"),
+                                        sweep.parse_param("lr=0.2,0.3")])
+
+
+def test_a_named_task_that_trials_could_not_load_is_refused_before_any_trial(tmp_path,
+                                                                           fake_mnist_dir):
+    """The task a sweep names is loaded (its cache built if need be) when the sweep is made:
+    a validation split as large as the training set, or data that is not there, is one error
+    then, not a failure of every trial."""
+    fixed = dict(task="mnist-noise", T=28, data_dir=str(fake_mnist_dir))
+    with pytest.raises(sweep.SweepError, match=r"^task mnist-noise: valid_size=300 leaves no "
+                                               r"training examples: the training set has 300"):
+        sweep.open_sweep(tmp_path / "s", toy_config(**fixed, valid_size=300), grid("lr=0.1"),
+                         "grid")
+    with pytest.raises(sweep.SweepError, match=r"^task mnist-noise: fake MNIST: .* not found in "):
+        sweep.open_sweep(tmp_path / "s", toy_config(**dict(fixed, data_dir=str(tmp_path / "no")),
+                                                    valid_size=50),
+                         grid("lr=0.1"), "grid")
+    assert not (tmp_path / "s").exists()
+    spec, _, _ = sweep.open_sweep(tmp_path / "s", toy_config(**fixed, valid_size=50),
+                                  grid("lr=0.1"), "grid")
+    assert spec["fixed"]["task"] == "mnist-noise"
 
 
 def test_a_folder_holding_another_study_or_none_is_refused(tmp_path):
@@ -134,6 +162,10 @@ def test_a_storage_or_scheduler_that_cannot_be_reached_is_named(tmp_path, monkey
                                                "sqlite:////no/such/folder/x.db"):
         sweep.open_sweep(tmp_path / "s", toy_config(), grid("lr=0.1"), "grid",
                          storage="sqlite:////no/such/folder/x.db", task=toy_task())
+    with pytest.raises(sweep.SweepError, match="cannot reach the Dask scheduler at foo: "
+                                               "missing port number"):
+        sweep.run(tmp_path / "t", toy_config(), grid("lr=0.1"), "grid", scheduler="foo",
+                  task=toy_task())
     with pytest.raises(sweep.SweepError, match="cannot reach the Dask scheduler at "
                                                "tcp://127.0.0.1:9"):
         sweep.run(tmp_path / "t", toy_config(), grid("lr=0.1"), "grid",
