@@ -427,6 +427,9 @@ def open_sweep(folder, fixed=None, space=None, sampler=None, trials=None, prune=
                 raise SweepError(f"{folder} holds another study ({'; '.join(diff)}): continue "
                                  f"it with `sweep run --out {folder}` alone, or choose another "
                                  f"--out")
+        if spec["storage"] is None and not (folder / JOURNAL).is_file():
+            raise SweepError(f"{folder} has {SWEEP} but no {JOURNAL}, the record of its "
+                             f"trials: put it back, or start the sweep in another --out")
         store = open_storage(folder, spec["storage"])
         try:
             return spec, store, load_study(spec, store)

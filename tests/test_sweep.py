@@ -154,6 +154,11 @@ def test_a_folder_holding_another_study_or_none_is_refused(tmp_path):
     assert len(study.get_trials(states=(TrialState.WAITING,))) == 2
     with pytest.raises(sweep.SweepError, match="is not a sweep folder: it has no sweep.json"):
         sweep.open_sweep(tmp_path)
+    (folder / "study.journal").rename(tmp_path / "moved")
+    with pytest.raises(sweep.SweepError, match="has sweep.json but no study.journal, the record "
+                                               "of its trials"):
+        sweep.open_sweep(folder)
+    assert not (folder / "study.journal").exists()
 
 
 def test_a_storage_or_scheduler_that_cannot_be_reached_is_named(tmp_path, monkeypatch):
