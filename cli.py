@@ -1164,18 +1164,20 @@ def sweep_run(out, space, params, sampler, trials, prune, sampler_seed, workers,
     """Run (or continue) the sweep in --out on a Dask cluster: each trial trains a run with the
     options given here held fixed (--valid-size defaults to 5000) and the searched ones set, and
     is recorded in an Optuna study. Ctrl-C asks the trials to checkpoint and stop; running
-    `sweep run --out` again continues."""
+    `sweep run --out` again continues, with --device and --data-dir if its trials are to run
+    elsewhere from now on (e.g. --device cuda)."""
     sw = _sweep_module()
     ctx = click.get_current_context()
     source = ctx.get_parameter_source
     given = {k: options[k] for k in options
              if source(k) == click.core.ParameterSource.COMMANDLINE}
-    defined = given or any(source(k) == click.core.ParameterSource.COMMANDLINE
-                           for k in SWEEP_DEFINITION)
+    defined = any(k not in sw.WHERE for k in given) or any(
+        source(k) == click.core.ParameterSource.COMMANDLINE for k in SWEEP_DEFINITION)
     stop = training.StopSignals(click.echo)      # a first signal stops, a second aborts
     try:
+        fixed = training.resolve_config(**dict({"valid_size": sw.VALID_SIZE}, **given))
+        where = {k: fixed[k] for k in sw.WHERE if k in given}
         if defined or not (Path(out) / sw.SWEEP).exists():
-            fixed = training.resolve_config(**dict({"valid_size": sw.VALID_SIZE}, **given))
             the_space = sw.make_space(space, [sw.parse_param(p) for p in params])
             both = sorted(set(the_space) & set(given))
             if both:
@@ -1191,7 +1193,7 @@ def sweep_run(out, space, params, sampler, trials, prune, sampler_seed, workers,
         with stop:
             result = sw.run(out, workers=workers, scheduler=scheduler, echo=bar.message,
                             stop=lambda: stop.stopping() is not None, progress=bar,
-                            **args)
+                            where=where, **args)
         bar.close()
     except (sw.SweepError, training.TrainError, ValueError, OSError) as e:
         raise click.ClickException(str(e)) from None

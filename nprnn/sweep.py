@@ -16,6 +16,10 @@ Every trial is chosen on the validation split (valid_size > 0 is required): its 
 best validation accuracy, best.h5 keeps that checkpoint, and the test accuracy of best.h5 is
 measured once the trial is complete, for the report alone.
 
+Where trials run (WHERE: the device, the data folder) is not part of what a study is: `sweep run`
+on a study begun on the CPU may go on with `--device cuda` (another machine, its data elsewhere:
+`--data-dir`), and its unfinished trials resume there from their checkpoints.
+
 Who does what. The driver (`run`, one per `sweep run` process) claims trials and hands them to
 Dask workers; `run_trial` trains one on a worker and records its result in the study. Grid
 points are all enqueued when the study is created, in an order shuffled by the sampler seed (a
@@ -95,6 +99,8 @@ REDUCTION = 3                      # successive halving keeps the best third at 
 FORMAT = 1
 FINAL_ITERATIONS = 50_000          # the chosen point's full runs: the length of README's results
 FINAL_SEEDS = (0, 1)
+# options that say where trials run, not what they are: a study continued may change them
+WHERE = ("device", "data_dir")
 
 
 class SweepError(Exception):
@@ -217,6 +223,18 @@ def grid_points(space, seed):
     return [points[i] for i in order]
 
 
+def task_shape(fixed, task=None):
+    """(m, classes) of `task`, or of the task `fixed` names, which is loaded here (its cache
+    built if need be, once for all trials): what its runs would say of it is a SweepError."""
+    if task is not None:
+        return task.m, task.num_classes
+    try:
+        with load_task(fixed) as named:
+            return named.m, named.num_classes
+    except (ValueError, OSError, DataError) as e:
+        raise SweepError(f"task {fixed['task']}: {e}") from None
+
+
 def check_space(fixed, space, task=None):
     """Refuse, before any trial, a space whose values a run would refuse: every value of every
     axis (the others at their first value; a range at both ends) goes through resolve_config,
@@ -231,14 +249,7 @@ def check_space(fixed, space, task=None):
     if fixed["iterations"] < 1:
         raise SweepError("a sweep judges its trials on the validation split after training: "
                          "--iterations must be at least 1")
-    if task is None:     # the named task, its cache built here if need be, once for all trials
-        try:
-            with load_task(fixed) as named:
-                m, classes = named.m, named.num_classes
-        except (ValueError, OSError, DataError) as e:
-            raise SweepError(f"task {fixed['task']}: {e}") from None
-    else:
-        m, classes = task.m, task.num_classes
+    m, classes = task_shape(fixed, task)
     first = {n: (p.low if p.is_range else p.values[0]) for n, p in space.items()}
     for name, p in space.items():
         for value in ((p.low, p.high) if p.is_range else p.values):
@@ -304,14 +315,15 @@ def _shown(value):
 
 def _differences(saved, given):
     """"name: X there, Y given" for each setting of two study definitions that differs (the
-    fixed options and the space's axes one by one)."""
+    fixed options but WHERE, and the space's axes, one by one)."""
     out = []
     for key in sorted(set(saved) | set(given)):
         a, b = saved.get(key), given.get(key)
         if key in ("fixed", "space"):
             a, b = a or {}, b or {}
             out += [f"{sub}: {_shown(a.get(sub))} there, {_shown(b.get(sub))} given"
-                    for sub in sorted(set(a) | set(b)) if a.get(sub) != b.get(sub)]
+                    for sub in sorted(set(a) | set(b)) if a.get(sub) != b.get(sub)
+                    and not (key == "fixed" and sub in WHERE)]
         elif a != b:
             out.append(f"{key}: {_shown(a)} there, {_shown(b)} given")
     return out
@@ -499,11 +511,12 @@ def _clear_unstarted(out):
                 (out / name).unlink(missing_ok=True)
 
 
-def run_trial(folder, number, driver, task=None, threads=None):
+def run_trial(folder, number, driver, task=None, threads=None, where=None):
     """Train trial `number` of the sweep in `folder` (a fresh run, or its checkpoint resumed),
     report each validation accuracy to the study, and record the result there. Called on a
     Dask worker; `threads`: numba threads for it (a local cluster's share of the cores; numba
-    counts them per calling thread, and this is the worker's task thread). Returns
+    counts them per calling thread, and this is the worker's task thread); `where`: WHERE
+    options that replace the study's. Returns
     dict(number, params, state, value, iteration, test_accuracy, message)."""
     if threads is not None:
         numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
@@ -537,7 +550,8 @@ def run_trial(folder, number, driver, task=None, threads=None):
             _clear_unstarted(out)
         except RunInUse as e:
             return dict(result, state="busy", message=str(e))
-    config = dict(spec["fixed"], **params, keep_best=True)
+    where = where or {}
+    config = dict(spec["fixed"], **params, **where, keep_best=True)
     stop_event = Event(f"nprnn-stop-{driver}")
     pruned, paused, last_look = [], [], [0.0]
 
@@ -580,7 +594,7 @@ def run_trial(folder, number, driver, task=None, threads=None):
             log.write(f"{message}\n")
             log.flush()
         try:
-            summary = train(None if resume else config, out, resume=resume, given={},
+            summary = train(None if resume else config, out, resume=resume, given=where,
                             task=task, echo=echo, progress=False, should_stop=should_stop,
                             on_evaluation=on_evaluation)
         except TrainingDiverged as e:
@@ -702,9 +716,9 @@ def _free(trial, now):
 class Driver:
     """Claims the study's trials and keeps the workers busy with them (see the module)."""
 
-    def __init__(self, folder, spec, store, study, client, task, threads):
+    def __init__(self, folder, spec, store, study, client, task, threads, where):
         self.folder, self.spec, self.store, self.study = folder, spec, store, study
-        self.client, self.task, self.threads = client, task, threads
+        self.client, self.task, self.threads, self.where = client, task, threads, where
         self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.study_id = store.get_study_id_from_name(spec["study"])
         self.stop_event = Event(f"nprnn-stop-{self.id}", client=client)
@@ -781,7 +795,7 @@ class Driver:
         # holds, whose result would be read again
         key = f"trial-{self.spec['study']}-{number}-{uuid.uuid4().hex[:8]}"
         future = self.client.submit(run_trial, str(self.folder), number, self.id, self.task,
-                                    self.threads, key=key, pure=False)
+                                    self.threads, self.where, key=key, pure=False)
         self.running[future] = number
 
     def tend(self):
@@ -888,18 +902,28 @@ def _device(fixed):
 
 def run(folder, fixed=None, space=None, sampler=None, trials=None, prune=False, seed=0,
         storage=None, workers=None, scheduler=None, task=None, echo=print, stop=None,
-        progress=None):
+        progress=None, where=None):
     """Run the sweep in `folder` (created from the definition given, or continued), until every
     trial is recorded or `stop()` says to stop. `task`: an in-memory task shipped to the
     workers instead of the named one (tests). `progress(done, total)` after each trial.
-    Returns dict(done, total, complete (bool), stopped (bool))."""
+    `where`: {WHERE option: value} for the trials from now on, in place of the study's (e.g.
+    device "cuda" for a study begun on the CPU). Returns dict(done, total, complete (bool),
+    stopped (bool))."""
     folder = Path(folder)
     stop = stop or (lambda: False)
+    where = dict(where or {})
+    if set(where) - set(WHERE):
+        raise SweepError(f"only {', '.join(WHERE)} may change where a study's trials run; got "
+                         f"{', '.join(sorted(set(where) - set(WHERE)))}")
     if fixed is not None:                # no GPU for --device cuda: said before any work
-        _device(fixed)
+        _device(dict(fixed, **where))
     spec, store, study = open_sweep(folder, fixed, space, sampler, trials, prune, seed, storage,
                                     task)
-    device = _device(spec["fixed"])
+    here = dict(spec["fixed"], **where)
+    device = _device(here)
+    changed = {k: v for k, v in where.items() if v != spec["fixed"][k]}
+    if changed:                          # the task must load from there too
+        task_shape(here, task)
     threads = None                       # another cluster's workers: as they were started
     if scheduler is not None:
         try:
@@ -916,8 +940,11 @@ def run(folder, fixed=None, space=None, sampler=None, trials=None, prune=False, 
         echo(f"sweep {spec['study']} in {folder}: {spec['trials']} trials, {spec['sampler']} "
              f"sampler{', pruned by successive halving' if spec['prune'] else ''}; "
              f"{len(client.nthreads())} workers ({client.scheduler.address})")
-        driver = Driver(folder, spec, store, study, client, task,
-                        threads)
+        if changed:
+            echo("trials run with " + ", ".join(f"{k} {v}" for k, v in changed.items())
+                 + " (the study began with "
+                 + ", ".join(f"{k} {spec['fixed'][k]}" for k in changed) + ")")
+        driver = Driver(folder, spec, store, study, client, task, threads, where)
 
         def counted():
             return len(study.get_trials(deepcopy=False, states=(

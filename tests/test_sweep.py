@@ -511,6 +511,40 @@ def test_a_stopped_sweep_continues_where_it_stopped(tmp_path):
         assert "resuming rnn on toy" in lines(folder, n)
 
 
+def test_a_study_continued_elsewhere_takes_its_trials_there(tmp_path, fake_mnist_dir):
+    """Where trials run (device, data folder) is not what a study is: continued with another
+    --data-dir, its trials, resumed or new, run with it; a device or data folder they could
+    not use, or another option, is refused before any trial."""
+    folder, task = tmp_path / "s", toy_task(T=30)
+    config = toy_config(iterations=2000, hidden=32, checkpoint_every=50, eval_every=1000)
+    run0 = sweep.trial_folder(folder, 0)
+    first = sweep.run(folder, config, grid(f"lr={GOOD},0.05"), "grid", workers=1, task=task,
+                      echo=lambda s: None, stop=lambda: _saved_iteration(run0) >= 50)
+    assert first["stopped"] and recorded(folder)[1][0] == TrialState.WAITING
+    elsewhere = str(tmp_path / "data-elsewhere")
+    said = []
+    second = sweep.run(folder, workers=1, task=task, echo=said.append,
+                       where=dict(data_dir=elsewhere))
+    assert second["complete"] and (f"trials run with data_dir {elsewhere} (the study began "
+                                   f"with data_dir None)") in said
+    for n in (0, 1):
+        saved = json.loads((sweep.trial_folder(folder, n) / "config.json").read_text())
+        assert saved["data_dir"] == elsewhere
+    assert f"resume: data_dir: None -> {elsewhere!r}" in lines(folder, 0)
+    with pytest.raises(sweep.SweepError, match="only device, data_dir may change where a "
+                                               "study's trials run; got lr"):
+        sweep.run(folder, task=task, where=dict(lr=0.1))
+    if not cuda_available()[0]:
+        with pytest.raises(sweep.SweepError, match="device 'cuda' was requested but no GPU"):
+            sweep.run(folder, task=task, where=dict(device="cuda"))
+    named = tmp_path / "named"                 # a named task: it must load from the new folder
+    sweep.open_sweep(named, toy_config(task="mnist-noise", T=28, data_dir=str(fake_mnist_dir),
+                                       valid_size=50), grid("lr=0.1"), "grid")
+    with pytest.raises(sweep.SweepError, match=r"^task mnist-noise: fake MNIST: .* not found in "
+                                               + re.escape(str(tmp_path / "no"))):
+        sweep.run(named, where=dict(data_dir=str(tmp_path / "no")))
+
+
 def test_two_drivers_on_one_study_split_the_points(tmp_path):
     """Two drivers on one sweep folder (as on two machines sharing it), one cluster: each point
     runs once."""
