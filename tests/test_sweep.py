@@ -60,6 +60,17 @@ def lines(folder, number):
     return (sweep.trial_folder(folder, number) / "train.log").read_text()
 
 
+@pytest.fixture
+def one_worker():
+    """The address of a Dask cluster of one worker thread in this process: for tests that run
+    several sweeps in a row, each of which would otherwise start a cluster of its own (seconds
+    for each worker process)."""
+    from distributed import LocalCluster
+    with LocalCluster(processes=False, n_workers=1, threads_per_worker=1,
+                      dashboard_address=None) as cluster:
+        yield cluster.scheduler_address
+
+
 # ----------------------------------------------------------------------------------------------
 # the space and bad input, before any trial
 # ----------------------------------------------------------------------------------------------
@@ -262,10 +273,11 @@ def test_the_report_says_what_each_value_covered_and_groups_failures_by_cause():
 
 
 @pytest.mark.parametrize("sampler", ["random", "tpe"])
-def test_sampled_points_of_a_range_run_as_many_trials_as_asked(tmp_path, sampler):
+def test_sampled_points_of_a_range_run_as_many_trials_as_asked(tmp_path, sampler, one_worker):
     folder = tmp_path / "s"
     result = sweep.run(folder, toy_config(iterations=10), grid("lr=0.01:0.5:log", "hidden=4,8"),
-                       sampler, trials=3, workers=1, task=toy_task(), echo=lambda s: None)
+                       sampler, trials=3, scheduler=one_worker, task=toy_task(),
+                       echo=lambda s: None)
     assert result == dict(done=3, total=3, complete=True, stopped=False)
     trials = recorded(folder)
     assert len(trials) == 3 and all(s == TrialState.COMPLETE for s, _ in trials.values())
@@ -275,19 +287,20 @@ def test_sampled_points_of_a_range_run_as_many_trials_as_asked(tmp_path, sampler
     rows = sweep.report(folder, echo=lambda s: None)
     assert sorted(r["params"]["lr"] for r in rows) == sorted(lrs)
     assert (folder / "sweep.png").is_file()
-    again = sweep.run(folder, workers=1, task=toy_task(), echo=lambda s: None)
+    again = sweep.run(folder, scheduler=one_worker, task=toy_task(), echo=lambda s: None)
     assert again["done"] == 3 and len(recorded(folder)) == 3      # nothing more to run
 
 
-def test_a_sampled_sweep_continued_draws_new_points(tmp_path):
+def test_a_sampled_sweep_continued_draws_new_points(tmp_path, one_worker):
     """The sampler is seeded by the sampler seed and the trials drawn so far, so a sweep stopped
     after one trial and continued does not draw its first point again."""
     folder, said = tmp_path / "s", []
     space = grid("lr=0.01:0.5:log")
-    first = sweep.run(folder, toy_config(iterations=10), space, "random", trials=2, workers=1,
-                      task=toy_task(), echo=said.append, stop=lambda: len(said) > 1)
+    first = sweep.run(folder, toy_config(iterations=10), space, "random", trials=2,
+                      scheduler=one_worker, task=toy_task(), echo=said.append,
+                      stop=lambda: len(said) > 1)
     assert first["done"] == 1 and first["stopped"]
-    sweep.run(folder, workers=1, task=toy_task(), echo=lambda s: None)
+    sweep.run(folder, scheduler=one_worker, task=toy_task(), echo=lambda s: None)
     lrs = [p["lr"] for _, p in recorded(folder).values()]
     assert len(lrs) == 2 and lrs[0] != lrs[1]
 
@@ -321,27 +334,28 @@ def test_a_point_drawn_again_takes_its_twins_result_without_training(tmp_path):
             "again): " + ", ".join(f"trial {n} = trial {m}" for n, m in twins)) in report
 
 
-def test_a_trial_that_has_trained_goes_on_though_its_twin_finished(tmp_path):
+def test_a_trial_that_has_trained_goes_on_though_its_twin_finished(tmp_path, one_worker):
     """Trial 0 stopped with a checkpoint and held by a driver elsewhere; trial 1, drawn at its
     point meanwhile, trains and completes. Trial 0, taken over then, resumes from its
     checkpoint and trains to the end: it does not take trial 1's result."""
     folder, task = tmp_path / "s", toy_task(T=30)
     config = toy_config(iterations=2000, hidden=32, checkpoint_every=50, eval_every=1000)
     run0 = sweep.trial_folder(folder, 0)
-    first = sweep.run(folder, config, grid(f"lr={GOOD}"), "random", trials=2, workers=1,
-                      task=task, echo=lambda s: None, stop=lambda: _saved_iteration(run0) >= 50)
+    first = sweep.run(folder, config, grid(f"lr={GOOD}"), "random", trials=2,
+                      scheduler=one_worker, task=task, echo=lambda s: None,
+                      stop=lambda: _saved_iteration(run0) >= 50)
     assert first["stopped"] and list(recorded(folder)) == [0]
     spec, store, _ = sweep.open_sweep(folder)
     tid = store.get_trial_id_from_study_id_trial_number(
         store.get_study_id_from_name(spec["study"]), 0)
     store.set_trial_user_attr(tid, "driver", "elsewhere:1:x")          # alive, not this host's
     store.set_trial_user_attr(tid, "heartbeat", time.time())
-    sweep.run(folder, workers=1, task=task, echo=lambda s: None)
+    sweep.run(folder, scheduler=one_worker, task=task, echo=lambda s: None)
     assert {n: s for n, (s, _) in recorded(folder).items()} == {0: TrialState.RUNNING,
                                                                1: TrialState.COMPLETE}
     store.set_trial_user_attr(tid, "driver", "")                        # released
     said = []
-    assert sweep.run(folder, workers=1, task=task, echo=said.append)["complete"]
+    assert sweep.run(folder, scheduler=one_worker, task=task, echo=said.append)["complete"]
     _, _, study = sweep.open_sweep(folder)
     t0, t1 = study.get_trials()
     assert t0.state == TrialState.COMPLETE and "twin_of" not in t0.user_attrs
@@ -511,19 +525,20 @@ def test_a_stopped_sweep_continues_where_it_stopped(tmp_path):
         assert "resuming rnn on toy" in lines(folder, n)
 
 
-def test_a_study_continued_elsewhere_takes_its_trials_there(tmp_path, fake_mnist_dir):
+def test_a_study_continued_elsewhere_takes_its_trials_there(tmp_path, fake_mnist_dir,
+                                                           one_worker):
     """Where trials run (device, data folder) is not what a study is: continued with another
     --data-dir, its trials, resumed or new, run with it; a device or data folder they could
     not use, or another option, is refused before any trial."""
     folder, task = tmp_path / "s", toy_task(T=30)
     config = toy_config(iterations=2000, hidden=32, checkpoint_every=50, eval_every=1000)
     run0 = sweep.trial_folder(folder, 0)
-    first = sweep.run(folder, config, grid(f"lr={GOOD},0.05"), "grid", workers=1, task=task,
-                      echo=lambda s: None, stop=lambda: _saved_iteration(run0) >= 50)
+    first = sweep.run(folder, config, grid(f"lr={GOOD},0.05"), "grid", scheduler=one_worker,
+                      task=task, echo=lambda s: None, stop=lambda: _saved_iteration(run0) >= 50)
     assert first["stopped"] and recorded(folder)[1][0] == TrialState.WAITING
     elsewhere = str(tmp_path / "data-elsewhere")
     said = []
-    second = sweep.run(folder, workers=1, task=task, echo=said.append,
+    second = sweep.run(folder, scheduler=one_worker, task=task, echo=said.append,
                        where=dict(data_dir=elsewhere))
     assert second["complete"] and (f"trials run with data_dir {elsewhere} (the study began "
                                    f"with data_dir None)") in said
