@@ -63,6 +63,8 @@ import optuna
 from numba import cuda
 from distributed import (Client, Event, Nanny, Scheduler, SpecCluster, TimeoutError,
                          WorkerPlugin)
+from distributed.comm.addressing import parse_address, parse_host_port
+from distributed.comm.registry import get_backend
 from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
@@ -893,6 +895,19 @@ def describe(result):
     return ", ".join(parts)
 
 
+def _check_address(address):
+    """Raise ValueError unless `address` is one Dask can dial (SCHEME://HOST:PORT, HOST:PORT, or
+    inproc://...). Said before Client is made: given an address without a port, it sometimes
+    waits for ever instead of raising (distributed 2026.8)."""
+    scheme, location = parse_address(address)
+    get_backend(scheme)
+    if scheme != "inproc":
+        try:
+            parse_host_port(location)
+        except ValueError:
+            raise ValueError(f"{address!r} is not an address of the form tcp://HOST:PORT") from None
+
+
 def _device(fixed):
     try:
         return resolve_device(fixed["device"])
@@ -927,8 +942,9 @@ def run(folder, fixed=None, space=None, sampler=None, trials=None, prune=False, 
     threads = None                       # another cluster's workers: as they were started
     if scheduler is not None:
         try:
+            _check_address(scheduler)
             client = Client(scheduler, timeout=CONNECT_SECONDS, set_as_default=False)
-        except (OSError, TimeoutError, ValueError) as e:    # ValueError: a malformed address
+        except (OSError, TimeoutError, ValueError) as e:
             raise SweepError(f"cannot reach the Dask scheduler at {scheduler}: {e}") from None
         cluster = None
     else:

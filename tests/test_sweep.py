@@ -178,10 +178,13 @@ def test_a_storage_or_scheduler_that_cannot_be_reached_is_named(tmp_path, monkey
                                                "sqlite:////no/such/folder/x.db"):
         sweep.open_sweep(tmp_path / "s", toy_config(), grid("lr=0.1"), "grid",
                          storage="sqlite:////no/such/folder/x.db", task=toy_task())
-    with pytest.raises(sweep.SweepError, match="cannot reach the Dask scheduler at foo: "
-                                               "missing port number"):
-        sweep.run(tmp_path / "t", toy_config(), grid("lr=0.1"), "grid", scheduler="foo",
-                  task=toy_task())
+    for address, says in [("foo", "'foo' is not an address of the form tcp://HOST:PORT"),
+                          ("tcp://:", "'tcp://:' is not an address of the form"),
+                          ("abc://h:1", "unknown address scheme 'abc'")]:
+        with pytest.raises(sweep.SweepError, match=f"cannot reach the Dask scheduler at "
+                                                   f"{re.escape(address)}: {re.escape(says)}"):
+            sweep.run(tmp_path / "t", toy_config(), grid("lr=0.1"), "grid", scheduler=address,
+                      task=toy_task())
     with pytest.raises(sweep.SweepError, match="cannot reach the Dask scheduler at "
                                                "tcp://127.0.0.1:9"):
         sweep.run(tmp_path / "t", toy_config(), grid("lr=0.1"), "grid",
