@@ -18,7 +18,8 @@ measured once the trial is complete, for the report alone.
 
 Where trials run (WHERE: the device, the data folder) is not part of what a study is: `sweep run`
 on a study begun on the CPU may go on with `--device cuda` (another machine, its data elsewhere:
-`--data-dir`), and its unfinished trials resume there from their checkpoints.
+`--data-dir`), and its unfinished trials resume there from their checkpoints. Each `sweep run`
+runs its trials, new or resumed, where it says, or where the study began where it says nothing.
 
 Who does what. The driver (`run`, one per `sweep run` process) claims trials and hands them to
 Dask workers; `run_trial` trains one on a worker and records its result in the study. Grid
@@ -960,7 +961,10 @@ def run(folder, fixed=None, space=None, sampler=None, trials=None, prune=False, 
             echo("trials run with " + ", ".join(f"{k} {v}" for k, v in changed.items())
                  + " (the study began with "
                  + ", ".join(f"{k} {spec['fixed'][k]}" for k in changed) + ")")
-        driver = Driver(folder, spec, store, study, client, task, threads, where)
+        # every trial this driver runs, new or resumed, runs here: a trial that another
+        # driver ran on its GPU resumes on this one's CPU unless this one says cuda too
+        driver = Driver(folder, spec, store, study, client, task, threads,
+                        {k: here[k] for k in WHERE})
 
         def counted():
             return len(study.get_trials(deepcopy=False, states=(

@@ -338,16 +338,16 @@ def test_a_point_drawn_again_takes_its_twins_result_without_training(tmp_path):
 
 
 def test_a_trial_that_has_trained_goes_on_though_its_twin_finished(tmp_path, one_worker):
-    """Trial 0 stopped with a checkpoint and held by a driver elsewhere; trial 1, drawn at its
-    point meanwhile, trains and completes. Trial 0, taken over then, resumes from its
-    checkpoint and trains to the end: it does not take trial 1's result."""
-    folder, task = tmp_path / "s", toy_task(T=30)
-    config = toy_config(iterations=2000, hidden=32, checkpoint_every=50, eval_every=1000)
-    run0 = sweep.trial_folder(folder, 0)
-    first = sweep.run(folder, config, grid(f"lr={GOOD}"), "random", trials=2,
-                      scheduler=one_worker, task=task, echo=lambda s: None,
-                      stop=lambda: _saved_iteration(run0) >= 50)
-    assert first["stopped"] and list(recorded(folder)) == [0]
+    """Trial 0 stopped with a checkpoint (paused at the first rung, alone there while trial 1
+    is to be drawn) and held by a driver elsewhere; trial 1, drawn at its point meanwhile,
+    trains and completes. Trial 0, taken over then, resumes from its checkpoint and trains to
+    the end: it does not take trial 1's result."""
+    folder, task, said = tmp_path / "s", toy_task(), []
+    first = sweep.run(folder, toy_config(iterations=20), grid(f"lr={GOOD}"), "random",
+                      trials=2, prune=True, scheduler=one_worker, task=task, echo=said.append,
+                      stop=lambda: any(": paused" in line for line in said))
+    assert first["stopped"] and list(recorded(folder)) == [0] and _saved_iteration(
+        sweep.trial_folder(folder, 0)) == 10
     spec, store, _ = sweep.open_sweep(folder)
     tid = store.get_trial_id_from_study_id_trial_number(
         store.get_study_id_from_name(spec["study"]), 0)
@@ -363,7 +363,7 @@ def test_a_trial_that_has_trained_goes_on_though_its_twin_finished(tmp_path, one
     t0, t1 = study.get_trials()
     assert t0.state == TrialState.COMPLETE and "twin_of" not in t0.user_attrs
     assert "resuming rnn on toy" in lines(folder, 0)
-    assert "final test accuracy after 2000 iterations" in lines(folder, 0)
+    assert "final test accuracy after 20 iterations" in lines(folder, 0)
     assert not any("the point of trial" in line for line in said)
 
 
@@ -531,24 +531,29 @@ def test_a_stopped_sweep_continues_where_it_stopped(tmp_path):
 def test_a_study_continued_elsewhere_takes_its_trials_there(tmp_path, fake_mnist_dir,
                                                            one_worker):
     """Where trials run (device, data folder) is not what a study is: continued with another
-    --data-dir, its trials, resumed or new, run with it; a device or data folder they could
-    not use, or another option, is refused before any trial."""
-    folder, task = tmp_path / "s", toy_task(T=30)
-    config = toy_config(iterations=2000, hidden=32, checkpoint_every=50, eval_every=1000)
-    run0 = sweep.trial_folder(folder, 0)
-    first = sweep.run(folder, config, grid(f"lr={GOOD},0.05"), "grid", scheduler=one_worker,
-                      task=task, echo=lambda s: None, stop=lambda: _saved_iteration(run0) >= 50)
+    --data-dir, its trials, resumed or new, run with it; continued again without, a trial
+    resumes where the study began. A device or data folder they could not use, or another
+    option, is refused before any trial."""
+    folder, task, said = tmp_path / "s", toy_task(), []
+    run0, run1 = sweep.trial_folder(folder, 0), sweep.trial_folder(folder, 1)
+
+    def paused(times):               # trials pause at the first rung while others are to come
+        return lambda: sum(": paused" in line for line in said) >= times
+    first = sweep.run(folder, toy_config(), grid(f"lr={GOOD},0.05,0.02"), "grid", prune=True,
+                      scheduler=one_worker, task=task, echo=said.append, stop=paused(1))
     assert first["stopped"] and recorded(folder)[1][0] == TrialState.WAITING
     elsewhere = str(tmp_path / "data-elsewhere")
-    said = []
+    said.clear()
     second = sweep.run(folder, scheduler=one_worker, task=task, echo=said.append,
-                       where=dict(data_dir=elsewhere))
-    assert second["complete"] and (f"trials run with data_dir {elsewhere} (the study began "
-                                   f"with data_dir None)") in said
-    for n in (0, 1):
-        saved = json.loads((sweep.trial_folder(folder, n) / "config.json").read_text())
-        assert saved["data_dir"] == elsewhere
-    assert f"resume: data_dir: None -> {elsewhere!r}" in lines(folder, 0)
+                       where=dict(data_dir=elsewhere), stop=paused(2))
+    assert second["stopped"] and (f"trials run with data_dir {elsewhere} (the study began "
+                                  f"with data_dir None)") in said
+    for run in (run0, run1):
+        assert json.loads((run / "config.json").read_text())["data_dir"] == elsewhere
+    assert f"resume: data_dir: None -> {elsewhere!r}" in (run0 / "train.log").read_text()
+    assert sweep.run(folder, scheduler=one_worker, task=task, echo=lambda s: None)["complete"]
+    assert json.loads((run1 / "config.json").read_text())["data_dir"] is None
+    assert f"resume: data_dir: {elsewhere!r} -> None" in (run1 / "train.log").read_text()
     with pytest.raises(sweep.SweepError, match="only device, data_dir may change where a "
                                                "study's trials run; got lr"):
         sweep.run(folder, task=task, where=dict(lr=0.1))
