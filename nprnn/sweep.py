@@ -789,6 +789,7 @@ class Driver:
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             if t.number not in held and _free(t, now):
                 self._own(t.number)
+                self._set(t.number, "paused_at", None)    # resumed: judged again at its rung
                 taken.append(t.number)
         self.adopted += taken
         return taken

@@ -544,8 +544,15 @@ def test_a_study_continued_elsewhere_takes_its_trials_there(tmp_path, fake_mnist
     assert first["stopped"] and recorded(folder)[1][0] == TrialState.WAITING
     elsewhere = str(tmp_path / "data-elsewhere")
     said.clear()
-    second = sweep.run(folder, scheduler=one_worker, task=task, echo=said.append,
+    seen = []
+
+    def echo(line):                  # trial 0, paused when its driver stopped, taken over
+        said.append(line)
+        if line.startswith("taking over"):
+            seen.extend(r["state"] for r in sweep.trial_rows(folder)[1] if r["number"] == 0)
+    second = sweep.run(folder, scheduler=one_worker, task=task, echo=echo,
                        where=dict(data_dir=elsewhere), stop=paused(2))
+    assert seen == ["running"]
     assert second["stopped"] and (f"trials run with data_dir {elsewhere} (the study began "
                                   f"with data_dir None)") in said
     for run in (run0, run1):
