@@ -959,9 +959,11 @@ def run(folder, fixed=None, space=None, sampler=None, trials=None, prune=False, 
              f"sampler{', pruned by successive halving' if spec['prune'] else ''}; "
              f"{len(client.nthreads())} workers ({client.scheduler.address})")
         if changed:
-            echo("trials run with " + ", ".join(f"{k} {v}" for k, v in changed.items())
+            def said(k, v):            # data_dir None: $NPRNN_DATA_DIR, else ./data
+                return f"{k} {'the default' if v is None else v}"
+            echo("trials run with " + ", ".join(said(k, v) for k, v in changed.items())
                  + " (the study began with "
-                 + ", ".join(f"{k} {spec['fixed'][k]}" for k in changed) + ")")
+                 + ", ".join(said(k, spec["fixed"][k]) for k in changed) + ")")
         # every trial this driver runs, new or resumed, runs here: a trial that another
         # driver ran on its GPU resumes on this one's CPU unless this one says cuda too
         driver = Driver(folder, spec, store, study, client, task, threads,

@@ -554,7 +554,7 @@ def test_a_study_continued_elsewhere_takes_its_trials_there(tmp_path, fake_mnist
                        where=dict(data_dir=elsewhere), stop=paused(2))
     assert seen == ["running"]
     assert second["stopped"] and (f"trials run with data_dir {elsewhere} (the study began "
-                                  f"with data_dir None)") in said
+                                  f"with data_dir the default)") in said
     for run in (run0, run1):
         assert json.loads((run / "config.json").read_text())["data_dir"] == elsewhere
     assert f"resume: data_dir: None -> {elsewhere!r}" in (run0 / "train.log").read_text()
