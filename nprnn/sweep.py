@@ -514,6 +514,15 @@ def _clear_unstarted(out):
                 (out / name).unlink(missing_ok=True)
 
 
+def share_cores(threads):
+    """Let this thread's numba kernels use `threads` threads (None: as the process started).
+    numba counts them per calling thread; its pool has one thread per core (NUMBA_NUM_THREADS
+    is left alone: a Dask nanny sets its workers' environment after their Python has imported
+    numba, and numba refuses to compile once the two disagree and its threads have started)."""
+    if threads is not None:
+        numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
+
+
 def run_trial(folder, number, driver, task=None, threads=None, where=None):
     """Train trial `number` of the sweep in `folder` (a fresh run, or its checkpoint resumed),
     report each validation accuracy to the study, and record the result there. Called on a
@@ -521,8 +530,7 @@ def run_trial(folder, number, driver, task=None, threads=None, where=None):
     counts them per calling thread, and this is the worker's task thread); `where`: WHERE
     options that replace the study's. Returns
     dict(number, params, state, value, iteration, test_accuracy, message)."""
-    if threads is not None:
-        numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
+    share_cores(threads)
     folder = Path(folder)
     spec = read_sweep(folder)
     store = open_storage(folder, spec["storage"])
@@ -669,8 +677,8 @@ def _test_of_best(out, valid, summary, task, device):
 def local_cluster(device, workers=None):
     """(a Dask cluster on this machine, numba threads per trial): one worker per GPU for cuda
     (each seeing its own; threads None), or `workers` on the CPU (default: one per two cores)
-    sharing the cores, each trial with its share (run_trial sets it; the environment says it
-    to what the trial starts)."""
+    sharing the cores, each trial with its share (`share_cores`; the environment says it to
+    the BLAS and OpenMP libraries a trial loads)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     threads = None
     if device == "cuda":
@@ -680,8 +688,8 @@ def local_cluster(device, workers=None):
     else:
         workers = workers or max(1, cores // 2)
         threads = max(1, cores // workers)
-        envs = [dict(NUMBA_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads),
-                     OPENBLAS_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))] * workers
+        envs = [dict(OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads),
+                     MKL_NUM_THREADS=str(threads))] * workers
     specs = {f"trainer-{i}": dict(cls=Nanny, options=dict(
         nthreads=1, env=env, memory_limit=0, dashboard=False, silence_logs=logging.ERROR))
              for i, env in enumerate(envs)}

@@ -465,6 +465,48 @@ def _saved_iteration(run):
         return 0
 
 
+PROBE_WORKER = """
+import json
+import numba, numpy as np                    # imported by the main module, as cli.py does:
+from distributed import Client               # the workers import it again before their nanny
+from nprnn import sweep                      # sets their environment
+
+def trial_like(threads):
+    sweep.share_cores(threads)                                  # as run_trial starts
+
+    @numba.njit(parallel=True)              # new: compiled on the worker, not read from a cache
+    def total(a):
+        s = 0.0
+        for i in numba.prange(a.size):
+            s += a[i]
+        return s
+
+    return total(np.ones(100)), numba.get_num_threads()
+
+if __name__ == "__main__":
+    cluster, threads = sweep.local_cluster("cpu", workers=2)
+    with cluster, Client(cluster) as client:
+        total, used = client.submit(trial_like, threads, pure=False).result(timeout=120)
+        print(json.dumps(dict(total=total, used=used, share=threads)))
+"""
+
+
+def test_a_local_workers_trial_compiles_kernels_with_its_share_of_the_cores(tmp_path):
+    """A kernel compiled on a local cluster's worker, after its numba threads started, compiles
+    and runs on the worker's share of the cores. (Workers given NUMBA_NUM_THREADS by the nanny,
+    which sets it after their Python has imported numba through cli.py, failed every trial
+    whose kernels were not yet in numba's cache: numba refused to compile.)"""
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE_WORKER)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("NUMBA_NUM_THREADS", None)
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = json.loads(done.stdout)
+    assert got["total"] == 100.0 and got["used"] == got["share"] >= 1
+
+
 def test_a_worker_killed_mid_trial_is_resumed_and_recorded_once(tmp_path):
     """kill -9 of the worker training a trial: Dask runs the trial again on a worker (the
     nanny's new one, or the other), which resumes it from its checkpoint. (About 1,200
