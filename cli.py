@@ -1150,6 +1150,9 @@ SWEEP_DEFINITION = ("space", "params", "sampler", "trials", "prune", "sampler_se
               help="Stop trials early by successive halving on the validation accuracy.")
 @click.option("--sampler-seed", type=SEED, default=0, show_default=True,
               help="Seed of the grid's order and of the random and tpe samplers.")
+@click.option("--enqueue", "points", multiple=True, metavar="NAME=V,NAME=V,...",
+              help="Run this point before any the sampler draws (repeatable; random and tpe; "
+                   "a value for every searched option), e.g. a known good one.")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Workers of the local cluster [default: one per GPU with --device cuda, "
                    "else one per two cores].")
@@ -1159,8 +1162,8 @@ SWEEP_DEFINITION = ("space", "params", "sampler", "trials", "prune", "sampler_se
               help="An Optuna storage URL (e.g. postgresql://...) [default: study.journal in "
                    "the sweep folder].")
 @_run_options
-def sweep_run(out, space, params, sampler, trials, prune, sampler_seed, workers, scheduler,
-              storage, **options):
+def sweep_run(out, space, params, sampler, trials, prune, sampler_seed, points, workers,
+              scheduler, storage, **options):
     """Run (or continue) the sweep in --out on a Dask cluster: each trial trains a run with the
     options given here held fixed (--valid-size defaults to 5000) and the searched ones set, and
     is recorded in an Optuna study. Ctrl-C asks the trials to checkpoint and stop; running
@@ -1193,7 +1196,7 @@ def sweep_run(out, space, params, sampler, trials, prune, sampler_seed, workers,
         with stop:
             result = sw.run(out, workers=workers, scheduler=scheduler, echo=bar.message,
                             stop=lambda: stop.stopping() is not None, progress=bar,
-                            where=where, **args)
+                            where=where, enqueue_points=points, **args)
         bar.close()
     except (sw.SweepError, training.TrainError, ValueError, OSError) as e:
         raise click.ClickException(str(e)) from None

@@ -26,7 +26,8 @@ Dask workers; `run_trial` trains one on a worker and records its result in the s
 points are all enqueued when the study is created, in an order shuffled by the sampler seed (a
 sweep stopped early has covered the space evenly), and claimed one at a time by an atomic step
 of the storage (WAITING -> RUNNING), so drivers on several machines sharing the storage never
-run a point twice. Random and TPE trials come from `study.ask`, up to --trials in all.
+run a point twice. Random and TPE trials come from `study.ask`, up to --trials in all, after
+any points given with --enqueue (enqueued and claimed as a grid's are).
 
 Pruning (successive halving, `RungPruner`) judges a trial at each rung against the trials that
 have reached it. A trial that reaches a rung before two others while more may come pauses there
@@ -195,6 +196,64 @@ def parse_param(text):
         raise SweepError(f"--param {text!r}: no values")
     values = tuple(dict.fromkeys(_value(name, v) for v in values))     # in order, once each
     return Param(name, values=values)
+
+
+def parse_point(text, space):
+    """An --enqueue value, NAME=VALUE,NAME=VALUE,... with a value for every searched option,
+    each one of its axis's values or inside its range: {name: value}."""
+    point = {}
+    for item in (i.strip() for i in text.split(",") if i.strip()):
+        name, sep, value = item.partition("=")
+        name = name.strip().replace("-", "_")
+        if not sep or not value.strip():
+            raise SweepError(f"--enqueue {text!r}: write NAME=VALUE,NAME=VALUE,... for "
+                             f"{', '.join(space)}")
+        if name not in space:
+            raise SweepError(f"--enqueue {text!r}: {name!r} is not searched by this sweep; it "
+                             f"searches {', '.join(space)}")
+        if name in point:
+            raise SweepError(f"--enqueue {text!r}: {name} is given twice")
+        v, axis = _value(name, value.strip()), space[name]
+        if axis.is_range and not axis.low <= v <= axis.high:
+            raise SweepError(f"--enqueue {text!r}: {name}={value.strip()} is outside the "
+                             f"searched range [{axis.low}, {axis.high}]")
+        if not axis.is_range and v not in axis.values:
+            raise SweepError(f"--enqueue {text!r}: {name}={value.strip()} is not one of the "
+                             f"searched values {', '.join(map(str, axis.values))}")
+        point[name] = v if axis.is_range else axis.values[axis.values.index(v)]
+    missing = [n for n in space if n not in point]
+    if missing:
+        raise SweepError(f"--enqueue {text!r}: give {', '.join(missing)} too (a point names "
+                         f"every searched option)")
+    return point
+
+
+def parse_points(sampler, space, texts, trials=None):
+    """The --enqueue values `texts` of a study of `sampler` over `space`, as points; refused for
+    a grid, or beyond `trials`."""
+    if texts and sampler == "grid":
+        raise SweepError("--enqueue is for the random and tpe samplers: a grid study runs all "
+                         "its points already")
+    if trials is not None and len(texts) > trials:
+        raise SweepError(f"--enqueue gives {len(texts)} points, more than --trials {trials}")
+    return [parse_point(t, space) for t in texts]
+
+
+def enqueue(study, spec, points, echo=print):
+    """Put `points` first in the queue of a random or TPE study, each unless the study has it
+    already (any trial with that point, finished or not); they count among its trials."""
+    room = spec["trials"] - len(study.get_trials(deepcopy=False))
+    if len(points) > room:
+        raise SweepError(f"--enqueue gives {len(points)} points; the study has room for "
+                         f"{max(room, 0)} more of its {spec['trials']} trials")
+    for point in points:
+        before = len(study.get_trials(deepcopy=False))
+        study.enqueue_trial(point, skip_if_exists=True)
+        shown = ", ".join(f"{k} {v}" for k, v in point.items())
+        if len(study.get_trials(deepcopy=False)) > before:
+            echo(f"trial {before} enqueued: {shown}")
+        else:
+            echo(f"not enqueued, the study has this point already: {shown}")
 
 
 def make_space(space=None, params=()):
@@ -545,8 +604,8 @@ def run_trial(folder, number, driver, task=None, threads=None, where=None):
     if frozen.state != TrialState.RUNNING:       # recorded already (a rerun after a kill)
         return result
     trial = optuna.Trial(study, trial_id)
-    # the point: an enqueued grid point's values, or those study.ask drew (suggesting again
-    # returns them)
+    # the point: an enqueued one's values (a grid's, --enqueue's), or those study.ask drew
+    # (suggesting again returns them)
     params = {name: Param.from_json(name, d).suggest(trial) for name, d in spec["space"].items()}
     result["params"] = params
     out = trial_folder(folder, number)
@@ -782,9 +841,7 @@ class Driver:
                 self._own(t.number)
                 return t.number
         if self.spec["sampler"] != "grid":
-            counted = self.study.get_trials(deepcopy=False, states=(
-                TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING))
-            if len(counted) < self.spec["trials"]:
+            if len(self.study.get_trials(deepcopy=False)) < self.spec["trials"]:
                 number = self.study.ask(self.distributions).number
                 self._own(number)
                 return number
@@ -927,28 +984,33 @@ def _device(fixed):
 
 def run(folder, fixed=None, space=None, sampler=None, trials=None, prune=False, seed=0,
         storage=None, workers=None, scheduler=None, task=None, echo=print, stop=None,
-        progress=None, where=None):
+        progress=None, where=None, enqueue_points=()):
     """Run the sweep in `folder` (created from the definition given, or continued), until every
     trial is recorded or `stop()` says to stop. `task`: an in-memory task shipped to the
     workers instead of the named one (tests). `progress(done, total)` after each trial.
     `where`: {WHERE option: value} for the trials from now on, in place of the study's (e.g.
-    device "cuda" for a study begun on the CPU). Returns dict(done, total, complete (bool),
-    stopped (bool))."""
+    device "cuda" for a study begun on the CPU). `enqueue_points`: --enqueue values, their
+    points run first. Returns dict(done, total, complete (bool), stopped (bool))."""
     folder = Path(folder)
     stop = stop or (lambda: False)
     where = dict(where or {})
     if set(where) - set(WHERE):
         raise SweepError(f"only {', '.join(WHERE)} may change where a study's trials run; got "
                          f"{', '.join(sorted(set(where) - set(WHERE)))}")
-    if fixed is not None:                # no GPU for --device cuda: said before any work
-        _device(dict(fixed, **where))
+    if fixed is not None:                # no GPU for --device cuda, bad points: said before
+        _device(dict(fixed, **where))    # the folder is made
+        points = parse_points(sampler, space, enqueue_points, trials)
     spec, store, study = open_sweep(folder, fixed, space, sampler, trials, prune, seed, storage,
                                     task)
+    if fixed is None:
+        points = parse_points(spec["sampler"], {n: Param.from_json(n, d) for n, d in
+                                                spec["space"].items()}, enqueue_points)
     here = dict(spec["fixed"], **where)
     device = _device(here)
     changed = {k: v for k, v in where.items() if v != spec["fixed"][k]}
     if changed:                          # the task must load from there too
         task_shape(here, task)
+    enqueue(study, spec, points, echo)
     threads = None                       # another cluster's workers: as they were started
     if scheduler is not None:
         try:

@@ -308,6 +308,57 @@ def test_a_sampled_sweep_continued_draws_new_points(tmp_path, one_worker):
     assert len(lrs) == 2 and lrs[0] != lrs[1]
 
 
+def test_enqueued_points_run_first_and_count_among_the_trials(tmp_path, one_worker):
+    """--enqueue: the points given run before any the sampler draws, once each (a point the
+    study has already is not enqueued again, on a new study or a continued one), within
+    --trials."""
+    folder, said = tmp_path / "s", []
+    space = grid("lr=0.01:0.5:log", "optimizer=sgd,adagrad")
+    result = sweep.run(folder, toy_config(iterations=10), space, "tpe", trials=3,
+                       scheduler=one_worker, task=toy_task(), echo=said.append,
+                       enqueue_points=["lr=0.3,optimizer=adagrad", "optimizer=sgd, lr=0.02",
+                                       "lr=0.3,optimizer=adagrad"])
+    assert result["complete"] and result["done"] == 3
+    trials = recorded(folder)
+    assert [trials[0][1], trials[1][1]] == [dict(lr=0.3, optimizer="adagrad"),
+                                           dict(lr=0.02, optimizer="sgd")]
+    assert trials[2][1] not in (trials[0][1], trials[1][1])        # drawn by TPE
+    assert said[:3] == ["trial 0 enqueued: lr 0.3, optimizer adagrad",
+                         "trial 1 enqueued: optimizer sgd, lr 0.02",
+                         "not enqueued, the study has this point already: lr 0.3, optimizer "
+                         "adagrad"]
+    with pytest.raises(sweep.SweepError, match="the study has room for 0 more of its 3 trials"):
+        sweep.run(folder, scheduler=one_worker, task=toy_task(), echo=lambda s: None,
+                  enqueue_points=["lr=0.1,optimizer=sgd"])
+
+
+@pytest.mark.parametrize("text, match", [
+    ("lr=0.3", "give optimizer too"),
+    ("lr=0.3,optimizer=adam", "optimizer=adam is not one of the searched values sgd, adagrad"),
+    ("lr=0.9,optimizer=sgd", r"lr=0.9 is outside the searched range \[0.01, 0.5\]"),
+    ("lr=0.3,optimizer=sgd,hidden=4", "'hidden' is not searched by this sweep; it searches lr, "
+                                      "optimizer"),
+    ("lr=0.3,lr=0.2,optimizer=sgd", "lr is given twice"),
+    ("lr=fast,optimizer=sgd", "'fast' is not a number"),
+    ("lr 0.3", "write NAME=VALUE,NAME=VALUE,... for lr, optimizer"),
+])
+def test_a_bad_enqueued_point_is_refused_before_the_sweep_is_made(tmp_path, text, match):
+    with pytest.raises(sweep.SweepError, match=match):
+        sweep.run(tmp_path / "s", toy_config(), grid("lr=0.01:0.5:log", "optimizer=sgd,adagrad"),
+                  "tpe", trials=3, task=toy_task(), enqueue_points=[text])
+    assert not (tmp_path / "s").exists()
+
+
+def test_enqueue_is_refused_for_a_grid_and_beyond_the_trials(tmp_path):
+    with pytest.raises(sweep.SweepError, match="--enqueue is for the random and tpe samplers"):
+        sweep.run(tmp_path / "s", toy_config(), grid("lr=0.1,0.2"), "grid", task=toy_task(),
+                  enqueue_points=["lr=0.1"])
+    with pytest.raises(sweep.SweepError, match="--enqueue gives 2 points, more than --trials 1"):
+        sweep.run(tmp_path / "s", toy_config(), grid("lr=0.1,0.2"), "random", trials=1,
+                  task=toy_task(), enqueue_points=["lr=0.1", "lr=0.2"])
+    assert not (tmp_path / "s").exists()
+
+
 def test_a_point_drawn_again_takes_its_twins_result_without_training(tmp_path):
     """Four random draws from two points: each point drawn again is recorded as the trial that
     ran it was (state, validation accuracies, test accuracy), and gets no run folder."""
@@ -715,6 +766,8 @@ def test_the_cli_runs_is_interrupted_continues_and_reports(tmp_path, fake_mnist_
     r = _cli("sweep", "run", "--out", str(out), *SWEEP_ARGS, "--param", "lr=0.3")
     assert r.returncode == 1 and "holds another study" in r.stderr
     assert r.stderr.count("\n") == 1                                  # one line
+    r = _cli("sweep", "run", "--out", str(out), "--enqueue", "lr=0.1")    # continued: a grid
+    assert r.returncode == 1 and "--enqueue is for the random and tpe samplers" in r.stderr
     r = _cli("sweep", "run", "--out", str(tmp_path / "x"), "--lr", "0.1", "--param", "lr=0.2")
     assert r.returncode == 1 and "--lr is both searched and held fixed" in r.stderr
 
