@@ -152,8 +152,9 @@ class Param:
         return cls(name, low=d["low"], high=d["high"], log=d["log"])
 
 
-def _value(name, text):
-    """One value of option `name` from the command line, as the option's kind reads it."""
+def _value(name, text, flag="--param"):
+    """One value of option `name` from the command line (`flag`), as the option's kind reads
+    it."""
     kind = OPTIONS[name].kind
     try:
         if kind == "int":
@@ -162,7 +163,7 @@ def _value(name, text):
             return float(text)
     except ValueError:
         what = "an integer" if kind == "int" else "a number"
-        raise SweepError(f"--param {name}: {text!r} is not {what}") from None
+        raise SweepError(f"{flag} {name}: {text!r} is not {what}") from None
     return text
 
 
@@ -213,7 +214,7 @@ def parse_point(text, space):
                              f"searches {', '.join(space)}")
         if name in point:
             raise SweepError(f"--enqueue {text!r}: {name} is given twice")
-        v, axis = _value(name, value.strip()), space[name]
+        v, axis = _value(name, value.strip(), "--enqueue"), space[name]
         if axis.is_range and not axis.low <= v <= axis.high:
             raise SweepError(f"--enqueue {text!r}: {name}={value.strip()} is outside the "
                              f"searched range [{axis.low}, {axis.high}]")

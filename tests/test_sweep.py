@@ -339,7 +339,7 @@ def test_enqueued_points_run_first_and_count_among_the_trials(tmp_path, one_work
     ("lr=0.3,optimizer=sgd,hidden=4", "'hidden' is not searched by this sweep; it searches lr, "
                                       "optimizer"),
     ("lr=0.3,lr=0.2,optimizer=sgd", "lr is given twice"),
-    ("lr=fast,optimizer=sgd", "'fast' is not a number"),
+    ("lr=fast,optimizer=sgd", "--enqueue lr: 'fast' is not a number"),
     ("lr 0.3", "write NAME=VALUE,NAME=VALUE,... for lr, optimizer"),
 ])
 def test_a_bad_enqueued_point_is_refused_before_the_sweep_is_made(tmp_path, text, match):
