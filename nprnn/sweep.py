@@ -339,6 +339,11 @@ def definition(fixed, space, sampler, trials, prune, seed):
                 sampler=sampler, trials=trials, prune=prune, sampler_seed=seed)
 
 
+def space_of(spec):
+    """The searched options of a sweep.json spec, name -> Param."""
+    return {name: Param.from_json(name, d) for name, d in spec["space"].items()}
+
+
 def read_sweep(folder):
     path = Path(folder) / SWEEP
     try:
@@ -607,7 +612,7 @@ def run_trial(folder, number, driver, task=None, threads=None, where=None):
     trial = optuna.Trial(study, trial_id)
     # the point: an enqueued one's values (a grid's, --enqueue's), or those study.ask drew
     # (suggesting again returns them)
-    params = {name: Param.from_json(name, d).suggest(trial) for name, d in spec["space"].items()}
+    params = {name: p.suggest(trial) for name, p in space_of(spec).items()}
     result["params"] = params
     out = trial_folder(folder, number)
     resume = (out / FILENAME).is_file()
@@ -798,8 +803,7 @@ class Driver:
         self.paused = []                   # (number, rung): waiting for other trials there
         self.adopted = []                  # taken over, not yet submitted
         self.beat = self.looked = 0.0
-        self.distributions = {n: Param.from_json(n, d).distribution()
-                              for n, d in spec["space"].items()}
+        self.distributions = {n: p.distribution() for n, p in space_of(spec).items()}
 
     def held(self):
         """The numbers of the trials this driver holds, in flight or not."""
@@ -1004,8 +1008,7 @@ def run(folder, fixed=None, space=None, sampler=None, trials=None, prune=False, 
     spec, store, study = open_sweep(folder, fixed, space, sampler, trials, prune, seed, storage,
                                     task)
     if fixed is None:
-        points = parse_points(spec["sampler"], {n: Param.from_json(n, d) for n, d in
-                                                spec["space"].items()}, enqueue_points)
+        points = parse_points(spec["sampler"], space_of(spec), enqueue_points)
     here = dict(spec["fixed"], **where)
     device = _device(here)
     changed = {k: v for k, v in where.items() if v != spec["fixed"][k]}
@@ -1130,8 +1133,7 @@ def coverage(spec, rows):
     lines = []
     grid = spec["sampler"] == "grid"
     if grid:                      # the points queued: all of the grid, or --trials of its order
-        space = {n: Param.from_json(n, d) for n, d in spec["space"].items()}
-        queued = grid_points(space, spec["sampler_seed"])[:spec["trials"]]
+        queued = grid_points(space_of(spec), spec["sampler_seed"])[:spec["trials"]]
     for name, d in sorted(spec["space"].items()):
         if "values" not in d:
             continue
