@@ -25,14 +25,16 @@ def small_blocks(monkeypatch):
 
 
 class FakeTimer:
-    """A Tuner's `measure`: runs the call once (so a kernel that cannot run still fails) and
+    """A Tuner's `measure`: runs the call once (so a kernel that cannot run still fails; with
+    run=False not even that, where a test is about the choices' file, not the kernels) and
     returns the milliseconds `times` gives for (option token, backward)."""
 
-    def __init__(self, times):
-        self.times, self.timed = times, []
+    def __init__(self, times, run=True):
+        self.times, self.timed, self.run = times, [], run
 
     def __call__(self, run, kernels, backward):
-        run()
+        if self.run:
+            run()
         self.timed.append((kernels.token, backward))
         return self.times[kernels.token, backward]
 
@@ -80,7 +82,7 @@ def test_the_fastest_option_of_each_pass_is_chosen_and_kept(tmp_path):
     for args, gpu_name in (((model(), 2 * gt.B, gt.T), "Fake GPU (sm_90)"),
                            ((model(dtype="float32"), gt.B, gt.T), "Fake GPU (sm_90)"),
                            ((model(), gt.B, gt.T), "Other GPU (sm_80)")):
-        timer = FakeTimer(TIMES)
+        timer = FakeTimer(TIMES, run=False)
         assert autotune.Tuner(path, timer, gpu=gpu_name).choose(*args).how == "timed"
         assert len(timer.timed) == OPTIONS
     assert len(json.loads(path.read_text())["choices"]) == 4
@@ -88,26 +90,26 @@ def test_the_fastest_option_of_each_pass_is_chosen_and_kept(tmp_path):
 
 def test_choices_of_other_kernels_or_a_damaged_file_are_timed_again(tmp_path, monkeypatch):
     path = tmp_path / "choices.json"
-    autotune.Tuner(path, FakeTimer(TIMES), gpu="G").choose(model(), gt.B, gt.T)
+    autotune.Tuner(path, FakeTimer(TIMES, run=False), gpu="G").choose(model(), gt.B, gt.T)
     monkeypatch.setattr(autotune, "kernels_digest", lambda: "kernels-changed")
-    assert autotune.Tuner(path, FakeTimer(TIMES), gpu="G").choose(
+    assert autotune.Tuner(path, FakeTimer(TIMES, run=False), gpu="G").choose(
         model(), gt.B, gt.T).how == "timed"
     for damaged in ("{", "[]", '{"format": 1, "kernels": "kernels-changed", "choices": 3}'):
         path.write_text(damaged)
-        assert autotune.Tuner(path, FakeTimer(TIMES), gpu="G").choose(
+        assert autotune.Tuner(path, FakeTimer(TIMES, run=False), gpu="G").choose(
             model(), gt.B, gt.T).how == "timed"
     # a cached option that no longer fits (here: a token no kernel has) is timed again
     saved = json.loads(path.read_text())
     saved["choices"]["G | antisym | n=6 | B=3 | float64"]["forward"] = "persistent/tiled"
     path.write_text(json.dumps(saved))
-    assert autotune.Tuner(path, FakeTimer(TIMES), gpu="G").choose(
+    assert autotune.Tuner(path, FakeTimer(TIMES, run=False), gpu="G").choose(
         model(), gt.B, gt.T).how == "timed"
 
 
 def test_a_folder_that_cannot_be_written_keeps_the_choice_in_memory(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    timer = FakeTimer(TIMES)
+    timer = FakeTimer(TIMES, run=False)
     tuner = autotune.Tuner(blocker / "choices.json", timer, gpu="G")
     first = tuner.choose(model(), gt.B, gt.T)
     assert first.how == "timed" and not blocker.is_dir()
