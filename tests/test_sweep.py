@@ -570,12 +570,12 @@ def test_a_worker_killed_mid_trial_is_resumed_and_recorded_once(tmp_path):
     try:
         result = {}
         driver = threading.Thread(target=lambda: result.update(sweep.run(
-            folder, toy_config(iterations=10000, hidden=32, checkpoint_every=50, eval_every=2500),
+            folder, toy_config(iterations=10000, hidden=32, checkpoint_every=500, eval_every=2500),
             grid(f"lr={GOOD},0.05"), "grid", scheduler=cluster.scheduler_address, task=task,
             echo=lambda s: None)))
         driver.start()
         run = sweep.trial_folder(folder, 0)
-        _wait_for(lambda: _saved_iteration(run) >= 100, what="trial 0's checkpoint")
+        _wait_for(lambda: _saved_iteration(run) >= 500, what="trial 0's checkpoint")
         processing = client.processing()
         worker = next(w for w, keys in processing.items()          # keys: trial-STUDY-0-ID
                       if any(re.search(r"-0-[0-9a-f]{8}$", k) for k in keys))
@@ -597,10 +597,10 @@ def test_a_stopped_sweep_continues_where_it_stopped(tmp_path):
     and stop, and are released; `run` again (with the folder alone: the study as recorded)
     takes them over, resumes them, runs the rest, and every point is recorded once."""
     folder, task = tmp_path / "s", toy_task(T=30)
-    config = toy_config(iterations=10000, hidden=32, checkpoint_every=50, eval_every=2500)
+    config = toy_config(iterations=10000, hidden=32, checkpoint_every=500, eval_every=2500)
     first = sweep.run(folder, config, grid(f"lr={GOOD},0.05,0.02"), "grid", workers=2,
                       task=task, echo=lambda s: None,
-                      stop=lambda: _saved_iteration(sweep.trial_folder(folder, 0)) >= 50)
+                      stop=lambda: _saved_iteration(sweep.trial_folder(folder, 0)) >= 500)
     assert first["stopped"] and not first["complete"]
     running = [n for n, (s, _) in recorded(folder).items() if s == TrialState.RUNNING]
     assert 0 in running
@@ -731,11 +731,11 @@ def test_the_cli_runs_is_interrupted_continues_and_reports(tmp_path, fake_mnist_
     proc = subprocess.Popen([sys.executable, "cli.py", "sweep", "run", "--out", str(out),
                              "--data-dir", str(fake_mnist_dir), *SWEEP_ARGS,
                              "--iterations", "6000", "--eval-every", "2000",
-                             "--checkpoint-every", "50", "--param", "lr=0.1,0.05"],
+                             "--checkpoint-every", "500", "--param", "lr=0.1,0.05"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
-        _wait_for(lambda: _saved_iteration(out / "trials" / "0000") >= 50 or proc.poll()
+        _wait_for(lambda: _saved_iteration(out / "trials" / "0000") >= 500 or proc.poll()
                   is not None, what="a checkpoint of trial 0")
         os.killpg(proc.pid, signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=180)
