@@ -26,8 +26,8 @@ Dask workers; `run_trial` trains one on a worker and records its result in the s
 points are all enqueued when the study is created, in an order shuffled by the sampler seed (a
 sweep stopped early has covered the space evenly), and claimed one at a time by an atomic step
 of the storage (WAITING -> RUNNING), so drivers on several machines sharing the storage never
-run a point twice. Random and TPE trials come from `study.ask`, up to --trials in all, after
-any points given with --enqueue (enqueued and claimed as a grid's are).
+run a point twice. Random and TPE trials are drawn (`draw`) up to --trials in all, after any
+points given with --enqueue (enqueued and claimed as a grid's are).
 
 Pruning (successive halving, `RungPruner`) judges a trial at each rung against the trials that
 have reached it. A trial that reaches a rung before two others while more may come pauses there
@@ -55,6 +55,7 @@ import socket
 import threading
 import time
 import uuid
+import warnings
 from concurrent.futures import CancelledError
 from dataclasses import dataclass
 from pathlib import Path
@@ -462,8 +463,50 @@ def make_sampler(spec, drawn=0):
     holds (`drawn`): a sweep continued draws on where it stopped, not the points it began with."""
     seed = int(np.random.SeedSequence([spec["sampler_seed"], drawn]).generate_state(1)[0])
     if spec["sampler"] == "tpe":
-        return optuna.samplers.TPESampler(seed=seed)
+        return optuna.samplers.TPESampler(seed=seed, constant_liar=True)
     return optuna.samplers.RandomSampler(seed=seed)         # grid: trials are enqueued
+
+
+REDRAWS = 10       # TPE draws, at most, of a point other than those of the unfinished trials
+
+
+def _as_the_sampler_sees(trial):
+    """An unfinished trial that has been evaluated (paused at a rung, or training past an
+    evaluation) as TPE should weigh it: pruned at its last evaluation, ranked as a pruned trial
+    is (by the iteration reached, then the accuracy there)."""
+    if trial.state != TrialState.RUNNING or not trial.intermediate_values:
+        return trial
+    return optuna.trial.create_trial(state=TrialState.PRUNED, params=trial.params,
+                                     distributions=trial.distributions,
+                                     intermediate_values=trial.intermediate_values)
+
+
+def draw(study, spec, distributions):
+    """A new trial of a random or TPE study, at a point the sampler draws.
+
+    TPE draws from a copy of the study in which each unfinished trial that has been evaluated
+    counts as pruned at its last evaluation. Left RUNNING, the leads that wait at a rung, the
+    best trials of a pruned sweep, would count among the worst (Optuna's constant liar, on by
+    default since Optuna 5) or not at all. A trial not yet evaluated stays RUNNING there, a
+    liar that keeps parallel draws apart. A point that an unfinished trial holds would train from
+    scratch beside it: TPE draws again (the point counted running once more), up to REDRAWS
+    times."""
+    trials = study.get_trials(deepcopy=False)
+    sampler = make_sampler(spec, len(trials))
+    if spec["sampler"] == "tpe":
+        view = optuna.create_study(directions=study.directions, sampler=sampler)
+        view.add_trials([_as_the_sampler_sees(t) for t in trials
+                         if t.state != TrialState.WAITING])
+        held = [t.params for t in trials if t.state == TrialState.RUNNING]
+        for _ in range(REDRAWS):             # each point drawn stays in the view, running
+            params = view.ask(distributions).params
+            if params not in held:
+                break
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            sampler = optuna.samplers.PartialFixedSampler(params, sampler)
+    study.sampler = sampler
+    return study.ask(distributions)
 
 
 def load_study(spec, storage):
@@ -847,7 +890,7 @@ class Driver:
                 return t.number
         if self.spec["sampler"] != "grid":
             if len(self.study.get_trials(deepcopy=False)) < self.spec["trials"]:
-                number = self.study.ask(self.distributions).number
+                number = draw(self.study, self.spec, self.distributions).number
                 self._own(number)
                 return number
         return None

@@ -20,6 +20,7 @@ pytest.importorskip("optuna", reason="the sweep extra is not installed (pip inst
 pytest.importorskip("distributed", reason="the sweep extra is not installed (pip install -e "
                                           "'.[sweep]')")
 
+import optuna                                                         # noqa: E402
 from optuna.trial import TrialState                                   # noqa: E402
 
 import fake_data as fd                                                # noqa: E402
@@ -386,6 +387,50 @@ def test_a_point_drawn_again_takes_its_twins_result_without_training(tmp_path):
     sweep.report(folder, echo=report.append)
     assert ("points drawn again, given the result of the trial that ran them (not trained "
             "again): " + ", ".join(f"trial {n} = trial {m}" for n, m in twins)) in report
+
+
+class Scripted(optuna.samplers.BaseSampler):
+    """A sampler that draws the given points in turn, and keeps what each draw saw of the study:
+    {trial number: (state, intermediate values)}."""
+
+    def __init__(self, *points):
+        self.points, self.seen = list(points), []
+
+    def before_trial(self, study, trial):
+        self.seen.append({t.number: (t.state, t.intermediate_values)
+                          for t in study.get_trials(deepcopy=False) if t.number != trial.number})
+
+    def infer_relative_search_space(self, study, trial):
+        return {}
+
+    def sample_relative(self, study, trial, search_space):
+        return {}
+
+    def sample_independent(self, study, trial, name, distribution):
+        return self.points[len(self.seen) - 1][name]
+
+
+def test_tpe_draws_seeing_unfinished_evaluated_trials_as_pruned_there(monkeypatch):
+    """A trial paused at a rung (RUNNING, evaluated) counts as pruned at its last evaluation,
+    as TPE ranks pruned trials, not as a running one (Optuna's constant liar would count it among
+    the worst); one not yet evaluated stays running. A point that an unfinished trial holds is
+    drawn again."""
+    space = {"lr": optuna.distributions.CategoricalDistribution((0.1, 0.2, 0.3))}
+    study = optuna.create_study(direction="maximize")
+    study.add_trial(optuna.trial.create_trial(state=TrialState.PRUNED, params={"lr": 0.1},
+                                              distributions=space, intermediate_values={10: .5}))
+    for lr, values in ((0.2, {10: 0.8, 30: 0.9}), (0.3, {})):          # paused; training
+        study.add_trial(optuna.trial.create_trial(state=TrialState.RUNNING, params={"lr": lr},
+                                                  distributions=space, intermediate_values=values))
+    scripted = Scripted({"lr": 0.2}, {"lr": 0.3}, {"lr": 0.1})
+    monkeypatch.setattr(sweep, "make_sampler", lambda spec, drawn: scripted)
+    trial = sweep.draw(study, dict(sampler="tpe"), space)
+    assert scripted.seen[0] == {0: (TrialState.PRUNED, {10: 0.5}),
+                                1: (TrialState.PRUNED, {10: 0.8, 30: 0.9}),
+                                2: (TrialState.RUNNING, {})}
+    assert scripted.seen[1][3] == (TrialState.RUNNING, {})        # the first point drawn
+    assert trial.params == {"lr": 0.1} and trial.number == 3
+    assert study.get_trials()[1].state == TrialState.RUNNING       # the study is not changed
 
 
 def test_a_trial_that_has_trained_goes_on_though_its_twin_finished(tmp_path, one_worker):
