@@ -467,7 +467,7 @@ def make_sampler(spec, drawn=0):
     return optuna.samplers.RandomSampler(seed=seed)         # grid: trials are enqueued
 
 
-REDRAWS = 10       # TPE draws, at most, of a point other than those of the unfinished trials
+REDRAWS = 10       # TPE draws, at most, for a point the study does not hold
 
 
 def _as_the_sampler_sees(trial):
@@ -488,16 +488,17 @@ def draw(study, spec, distributions):
     counts as pruned at its last evaluation. Left RUNNING, the leads that wait at a rung, the
     best trials of a pruned sweep, would count among the worst (Optuna's constant liar, on by
     default since Optuna 5) or not at all. A trial not yet evaluated stays RUNNING there, a
-    liar that keeps parallel draws apart. A point that an unfinished trial holds would train from
-    scratch beside it: TPE draws again (the point counted running once more), up to REDRAWS
-    times."""
+    liar that keeps parallel draws apart. TPE draws again (the point counted running once
+    more), up to REDRAWS times, rather than take a point the study holds: one that finished
+    would teach nothing new (its trial would take that result), one that has not would train
+    from scratch beside it."""
     trials = study.get_trials(deepcopy=False)
     sampler = make_sampler(spec, len(trials))
     if spec["sampler"] == "tpe":
         view = optuna.create_study(directions=study.directions, sampler=sampler)
         view.add_trials([_as_the_sampler_sees(t) for t in trials
                          if t.state != TrialState.WAITING])
-        held = [t.params for t in trials if t.state == TrialState.RUNNING]
+        held = [t.params for t in trials]
         for _ in range(REDRAWS):             # each point drawn stays in the view, running
             params = view.ask(distributions).params
             if params not in held:
@@ -743,7 +744,7 @@ def run_trial(folder, number, driver, task=None, threads=None, where=None):
 
 def _finished_twin(study, number, params):
     """A finished trial (complete, pruned or failed) at the same point as trial `number`, or None.
-    A sampler may draw a point again (TPE over a grid's values often does); all else is held
+    A sampler may draw a point again (random sampling over a grid's values may); all else is held
     fixed and training is deterministic, so running it again would repeat that trial exactly."""
     return next((t for t in study.get_trials(deepcopy=False, states=(
         TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL))

@@ -413,23 +413,26 @@ class Scripted(optuna.samplers.BaseSampler):
 def test_tpe_draws_seeing_unfinished_evaluated_trials_as_pruned_there(monkeypatch):
     """A trial paused at a rung (RUNNING, evaluated) counts as pruned at its last evaluation,
     as TPE ranks pruned trials, not as a running one (Optuna's constant liar would count it among
-    the worst); one not yet evaluated stays running. A point that an unfinished trial holds is
-    drawn again."""
-    space = {"lr": optuna.distributions.CategoricalDistribution((0.1, 0.2, 0.3))}
+    the worst); one not yet evaluated stays running. A point the study holds, finished or not,
+    is drawn again."""
+    space = {"lr": optuna.distributions.CategoricalDistribution((0.1, 0.2, 0.3, 0.4))}
     study = optuna.create_study(direction="maximize")
     study.add_trial(optuna.trial.create_trial(state=TrialState.PRUNED, params={"lr": 0.1},
                                               distributions=space, intermediate_values={10: .5}))
     for lr, values in ((0.2, {10: 0.8, 30: 0.9}), (0.3, {})):          # paused; training
         study.add_trial(optuna.trial.create_trial(state=TrialState.RUNNING, params={"lr": lr},
                                                   distributions=space, intermediate_values=values))
-    scripted = Scripted({"lr": 0.2}, {"lr": 0.3}, {"lr": 0.1})
+    scripted = Scripted({"lr": 0.2}, {"lr": 0.1}, {"lr": 0.3}, {"lr": 0.4})
     monkeypatch.setattr(sweep, "make_sampler", lambda spec, drawn: scripted)
     trial = sweep.draw(study, dict(sampler="tpe"), space)
     assert scripted.seen[0] == {0: (TrialState.PRUNED, {10: 0.5}),
                                 1: (TrialState.PRUNED, {10: 0.8, 30: 0.9}),
                                 2: (TrialState.RUNNING, {})}
-    assert scripted.seen[1][3] == (TrialState.RUNNING, {})        # the first point drawn
-    assert trial.params == {"lr": 0.1} and trial.number == 3
+    # each point drawn in vain stays in the view, running (the view's trials 3, 4 and 5)
+    assert [len(seen) for seen in scripted.seen[:4]] == [3, 4, 5, 6]
+    assert all(seen[n][0] == TrialState.RUNNING for seen in scripted.seen[1:4] for n in seen
+               if n >= 3)
+    assert trial.params == {"lr": 0.4} and trial.number == 3
     assert study.get_trials()[1].state == TrialState.RUNNING       # the study is not changed
 
 
