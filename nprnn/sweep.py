@@ -463,7 +463,9 @@ def make_sampler(spec, drawn=0):
     holds (`drawn`): a sweep continued draws on where it stopped, not the points it began with."""
     seed = int(np.random.SeedSequence([spec["sampler_seed"], drawn]).generate_state(1)[0])
     if spec["sampler"] == "tpe":
-        return optuna.samplers.TPESampler(seed=seed, constant_liar=True)
+        with warnings.catch_warnings():      # Optuna 4 calls constant_liar experimental
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.samplers.TPESampler(seed=seed, constant_liar=True)
     return optuna.samplers.RandomSampler(seed=seed)         # grid: trials are enqueued
 
 
@@ -506,8 +508,11 @@ def draw(study, spec, distributions):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             sampler = optuna.samplers.PartialFixedSampler(params, sampler)
-    study.sampler = sampler
-    return study.ask(distributions)
+    kept, study.sampler = study.sampler, sampler
+    try:
+        return study.ask(distributions)
+    finally:
+        study.sampler = kept
 
 
 def load_study(spec, storage):
@@ -744,7 +749,8 @@ def run_trial(folder, number, driver, task=None, threads=None, where=None):
 
 def _finished_twin(study, number, params):
     """A finished trial (complete, pruned or failed) at the same point as trial `number`, or None.
-    A sampler may draw a point again (random sampling over a grid's values may); all else is held
+    A sampler may draw a point again (random sampling over a grid's values; TPE once all its
+    draws are points the study holds, as in a grid smaller than --trials); all else is held
     fixed and training is deterministic, so running it again would repeat that trial exactly."""
     return next((t for t in study.get_trials(deepcopy=False, states=(
         TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL))

@@ -424,6 +424,7 @@ def test_tpe_draws_seeing_unfinished_evaluated_trials_as_pruned_there(monkeypatc
                                                   distributions=space, intermediate_values=values))
     scripted = Scripted({"lr": 0.2}, {"lr": 0.1}, {"lr": 0.3}, {"lr": 0.4})
     monkeypatch.setattr(sweep, "make_sampler", lambda spec, drawn: scripted)
+    kept = study.sampler
     trial = sweep.draw(study, dict(sampler="tpe"), space)
     assert scripted.seen[0] == {0: (TrialState.PRUNED, {10: 0.5}),
                                 1: (TrialState.PRUNED, {10: 0.8, 30: 0.9}),
@@ -434,6 +435,7 @@ def test_tpe_draws_seeing_unfinished_evaluated_trials_as_pruned_there(monkeypatc
                if n >= 3)
     assert trial.params == {"lr": 0.4} and trial.number == 3
     assert study.get_trials()[1].state == TrialState.RUNNING       # the study is not changed
+    assert study.sampler is kept                                   # nor its sampler
 
 
 def test_a_trial_that_has_trained_goes_on_though_its_twin_finished(tmp_path, one_worker):
