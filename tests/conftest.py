@@ -13,35 +13,6 @@ def private_kernel_choices(tmp_path_factory):
     mp.undo()
 
 
-SIMULATED = "test_gpu_tests_pass_under_the_cuda_simulator"       # tests/test_cuda.py's
-
-
-def pytest_collection_modifyitems(config, items):
-    """The run of tests/gpu under the CUDA simulator goes last: it waits for its processes,
-    started beside the other tests (below)."""
-    items.sort(key=lambda item: item.name == SIMULATED)
-
-
-def pytest_collection_finish(session):
-    """Start the simulator's processes now, where that test is selected among others, on one core
-    fewer than it would take alone, so that the rest of the suite runs beside them. Not in a
-    pytest-xdist worker: each would start its own."""
-    sim = [item for item in session.items if item.name == SIMULATED]
-    if not sim or len(session.items) == 1 or hasattr(session.config, "workerinput"):
-        return
-    module = sim[0].module
-    if module.why_not_simulate() is None:
-        module.SimulatorRuns.start(max(1, module.simulator_workers() - 1))
-
-
-def pytest_sessionfinish(session):
-    """Kill the simulator's processes still going (a session stopped early: -x, Ctrl-C)."""
-    for item in getattr(session, "items", []):           # none where collection failed
-        if item.name == SIMULATED and item.module.SimulatorRuns.started:
-            item.module.SimulatorRuns.started.stop()
-            break
-
-
 def pytest_terminal_summary(terminalreporter, config):
     """The skipped tests, one line per reason with its count (pytest's -rs gives a line per
     place, 191 on a machine without a GPU, most of them saying the same); and what ptxas said of

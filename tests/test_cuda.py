@@ -29,18 +29,6 @@ ROOT = Path(__file__).resolve().parents[1]
 HAS_GPU = device.cuda_available()[0] and not device.simulator_enabled()
 
 
-def why_not_simulate():
-    """Why tests/gpu do not run under the simulator here, or None when they do."""
-    if HAS_GPU:
-        return "a GPU is present: tests/gpu run on it in this process"
-    if device.simulator_enabled():
-        return "already running under the simulator"
-    if importlib.util.find_spec("numba_cuda") is None:
-        return ("numba-cuda is not installed (pip install -e '.[cuda]'): no CUDA target to "
-                "simulate")
-    return None
-
-
 def simulator_workers():
     """How many simulator processes run at once: one per CPU this process may use, at most 4
     (each holds its own numba and test data)."""
@@ -48,79 +36,40 @@ def simulator_workers():
     return max(1, min(4, cpus or 1))
 
 
-def gpu_test_files():
-    """tests/gpu's files, the largest first (so that the last to finish is a short one), less
-    test_gpu_sweep.py where the sweep extra is missing (it would skip whole)."""
-    files = sorted((ROOT / "tests" / "gpu").glob("test_*.py"), key=lambda p: -p.stat().st_size)
-    assert len(files) >= 10, files
-    if not all(importlib.util.find_spec(m) for m in ("optuna", "distributed")):
-        files.remove(ROOT / "tests" / "gpu" / "test_gpu_sweep.py")
-    return files
-
-
-class SimulatorRuns:
-    """pytest on each file of tests/gpu under the simulator, `workers` processes at a time, in
-    threads of this process: started when the suite's tests are collected, beside the others,
-    and read by the test at the end (conftest.py)."""
-    started = None                       # the session's runs, once started
-
-    def __init__(self, workers):
-        self.procs, self.stopping = [], False
-        self.pool = ThreadPoolExecutor(workers)
-        self.futures = {path: self.pool.submit(self._run, path) for path in gpu_test_files()}
-
-    @classmethod
-    def start(cls, workers):
-        cls.started = cls.started or cls(workers)
-        return cls.started
-
-    def _run(self, path):
-        """(return code, output, the counts of its summary line, e.g. {"passed": 12,
-        "deselected": 1}; {} when it printed none) of one file's pytest."""
-        if self.stopping:
-            return -1, "stopped before it started", {}
-        env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
-        cmd = [sys.executable, "-m", "pytest", str(path.relative_to(ROOT)), "-q", "-p",
-               "no:cacheprovider", "--no-header", "-rfE", "-m", "not real_gpu"]
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
-        self.procs.append(proc)
-        try:
-            out, err = proc.communicate(timeout=1200)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, err = proc.communicate()
-            err += "\nkilled after 1,200 s"
-        # the summary line, e.g. "15 passed, 1 deselected in 30.2s", whatever stderr printed
-        summary = re.findall(r"^=*\s*(\d+ \w+(?:, \d+ \w+)*) in [\d.]+s", out, re.M)
-        counts = ({word: int(k) for k, word in re.findall(r"(\d+) (\w+)", summary[-1])}
-                  if summary else {})
-        return proc.returncode, out + err, counts
-
-    def results(self):
-        return {path: future.result() for path, future in self.futures.items()}
-
-    def stop(self):
-        """Kill the runs still going (a session that ends before its last test)."""
-        self.stopping = True
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-        self.pool.shutdown(wait=True)
+def run_under_the_simulator(path):
+    """pytest on one file of tests/gpu under the simulator: (its return code, its output, the
+    counts of its summary line, e.g. {"passed": 12, "deselected": 1}; {} when it printed none)."""
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    cmd = [sys.executable, "-m", "pytest", str(path.relative_to(ROOT)), "-q", "-p",
+           "no:cacheprovider", "--no-header", "-rfE", "-m", "not real_gpu"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
+    # the summary line, e.g. "15 passed, 1 deselected in 30.2s", whatever stderr printed after it
+    summary = re.findall(r"^=*\s*(\d+ \w+(?:, \d+ \w+)*) in [\d.]+s", proc.stdout, re.M)
+    counts = ({word: int(k) for k, word in re.findall(r"(\d+) (\w+)", summary[-1])}
+              if summary else {})
+    return proc.returncode, proc.stdout + proc.stderr, counts
 
 
 def test_gpu_tests_pass_under_the_cuda_simulator():
     """Every test of tests/gpu but those marked real_gpu (and test_gpu_sweep.py's without the
     sweep extra) runs and passes under the simulator.
-    Each file runs in a pytest process of its own. In a session of more tests, they start as
-    soon as the tests are collected, one core fewer than `simulator_workers()` at a time, while
-    the other tests run (conftest.py moves this test last): on CI's 2 cores the simulator's 5
-    minutes are no longer a stretch of their own. Alone (or under pytest-xdist), this test runs
-    them itself, `simulator_workers()` at a time."""
-    why = why_not_simulate()
-    if why:
-        pytest.skip(why)
-    results = SimulatorRuns.start(simulator_workers()).results()
+    Each file runs in a pytest process of its own, `simulator_workers()` at a time (the
+    simulator runs every GPU thread as a Python thread, on one core), the largest files first
+    so that the last to finish is a short one: on CI's 2 cores this halves the suite's longest
+    item."""
+    if HAS_GPU:
+        pytest.skip("a GPU is present: tests/gpu run on it in this process")
+    if device.simulator_enabled():
+        pytest.skip("already running under the simulator")
+    if importlib.util.find_spec("numba_cuda") is None:
+        pytest.skip("numba-cuda is not installed (pip install -e '.[cuda]'): no CUDA target to "
+                    "simulate")
+    files = sorted((ROOT / "tests" / "gpu").glob("test_*.py"), key=lambda p: -p.stat().st_size)
+    assert len(files) >= 10, files
+    if not all(importlib.util.find_spec(m) for m in ("optuna", "distributed")):
+        files.remove(ROOT / "tests" / "gpu" / "test_gpu_sweep.py")  # skipped whole: no .[sweep]
+    with ThreadPoolExecutor(simulator_workers()) as pool:
+        results = dict(zip(files, pool.map(run_under_the_simulator, files)))
     allowed = {"passed", "deselected", "warning", "warnings"}
     for path, (returncode, out, counts) in results.items():
         where = f"{path.relative_to(ROOT)} under the CUDA simulator (NUMBA_ENABLE_CUDASIM=1)"
