@@ -1,4 +1,6 @@
-"""Settings every test shares."""
+"""Settings every test shares, and the session's summary (with or without pytest-xdist)."""
+import os
+
 import pytest
 
 
@@ -11,6 +13,12 @@ def private_kernel_choices(tmp_path_factory):
     mp.setenv("NPRNN_CACHE_DIR", str(tmp_path_factory.mktemp("nprnn-cache")))
     yield
     mp.undo()
+
+
+def pytest_collection_modifyitems(items):
+    """The slow tests first, so that pytest-xdist's workers share them out rather than one of
+    them taking the last alone."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 def pytest_terminal_summary(terminalreporter, config):
@@ -36,6 +44,27 @@ PTXAS_REPORT = pytest.StashKey[list]()
 def ptxas_report(request):
     """The list a test appends what ptxas said of a kernel to (tests/test_ptx.py)."""
     return request.config.stash.setdefault(PTXAS_REPORT, [])
+
+
+def pytest_sessionfinish(session):
+    """An xdist worker sends its rows of the ptxas table to the controlling process."""
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["ptxas_report"] = session.config.stash.get(PTXAS_REPORT, [])
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """The controlling process gathers the workers' rows."""
+    rows = getattr(node, "workeroutput", {}).get("ptxas_report", [])
+    node.config.stash.setdefault(PTXAS_REPORT, []).extend(rows)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: one worker per CPU this process may use, at most 8 (each imports numba and
+    compiles its own kernels; the longest tests, tests/gpu under the simulator, are 13 files)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(8, cpus or 1))
 
 
 def _ptxas_table(terminalreporter, config):

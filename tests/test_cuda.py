@@ -30,16 +30,17 @@ HAS_GPU = device.cuda_available()[0] and not device.simulator_enabled()
 
 
 def simulator_workers():
-    """How many simulator processes run at once: one per CPU this process may use, at most 4
-    (each holds its own numba and test data)."""
+    """How many simulator processes run at once in a pytest process without pytest-xdist: one
+    per CPU this process may use, at most 4 (each holds its own numba and test data)."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return max(1, min(4, cpus or 1))
 
 
-def run_under_the_simulator(path):
-    """pytest on one file of tests/gpu under the simulator: (its return code, its output, the
-    counts of its summary line, e.g. {"passed": 12, "deselected": 1}; {} when it printed none)."""
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+def run_under_the_simulator(path, shard="1/1"):
+    """pytest on one file of tests/gpu, or on its `shard` ("i/n": the i-th of every n tests),
+    under the simulator: (its return code, its output, the counts of its summary line, e.g.
+    {"passed": 12, "deselected": 1}; {} when it printed none)."""
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", NPRNN_TEST_SHARD=shard)
     cmd = [sys.executable, "-m", "pytest", str(path.relative_to(ROOT)), "-q", "-p",
            "no:cacheprovider", "--no-header", "-rfE", "-m", "not real_gpu"]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
@@ -50,33 +51,69 @@ def run_under_the_simulator(path):
     return proc.returncode, proc.stdout + proc.stderr, counts
 
 
-def test_gpu_tests_pass_under_the_cuda_simulator():
-    """Every test of tests/gpu but those marked real_gpu (and test_gpu_sweep.py's without the
-    sweep extra) runs and passes under the simulator.
-    Each file runs in a pytest process of its own, `simulator_workers()` at a time (the
-    simulator runs every GPU thread as a Python thread, on one core), the largest files first
-    so that the last to finish is a short one: on CI's 2 cores this halves the suite's longest
-    item."""
+# The files of tests/gpu, the longest in shards of their tests that run in processes of their
+# own (on one core of CI's machine test_gpu_model.py alone takes 6 minutes under the simulator,
+# test_gpu_batches.py and test_gpu_euler.py 2 to 3), largest first: the order the runs start in.
+GPU_TEST_FILES = sorted((ROOT / "tests" / "gpu").glob("test_*.py"),
+                        key=lambda p: -p.stat().st_size)
+SHARDS = {"test_gpu_model.py": 4, "test_gpu_batches.py": 2, "test_gpu_euler.py": 2}
+SIMULATOR_RUNS = [(path, f"{i}/{SHARDS.get(path.name, 1)}") for path in GPU_TEST_FILES
+                  for i in range(1, SHARDS.get(path.name, 1) + 1)]
+
+
+def why_no_simulator_run(path):
+    """Why `path` is not run under the simulator here, or None."""
     if HAS_GPU:
-        pytest.skip("a GPU is present: tests/gpu run on it in this process")
+        return "a GPU is present: tests/gpu run on it in this process"
     if device.simulator_enabled():
-        pytest.skip("already running under the simulator")
+        return "already running under the simulator"
     if importlib.util.find_spec("numba_cuda") is None:
-        pytest.skip("numba-cuda is not installed (pip install -e '.[cuda]'): no CUDA target to "
-                    "simulate")
-    files = sorted((ROOT / "tests" / "gpu").glob("test_*.py"), key=lambda p: -p.stat().st_size)
-    assert len(files) >= 10, files
-    if not all(importlib.util.find_spec(m) for m in ("optuna", "distributed")):
-        files.remove(ROOT / "tests" / "gpu" / "test_gpu_sweep.py")  # skipped whole: no .[sweep]
-    with ThreadPoolExecutor(simulator_workers()) as pool:
-        results = dict(zip(files, pool.map(run_under_the_simulator, files)))
+        return "numba-cuda is not installed (pip install -e '.[cuda]'): no CUDA target to simulate"
+    if path.name == "test_gpu_sweep.py" and not all(
+            importlib.util.find_spec(m) for m in ("optuna", "distributed")):
+        return "the sweep extra is not installed (pip install -e '.[sweep]')"
+    return None
+
+
+@pytest.fixture(scope="session")
+def simulator_runs():
+    """(file, shard) -> the future of its simulator run, all started at the first request,
+    `simulator_workers()` at a time (the simulator runs every GPU thread as a Python thread, on
+    one core). Under pytest-xdist, whose workers already share the cores, None: each test runs
+    its own."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        yield None
+        return
+    pool = ThreadPoolExecutor(simulator_workers())
+    yield {(path.name, shard): pool.submit(run_under_the_simulator, path, shard)
+           for path, shard in SIMULATOR_RUNS if why_no_simulator_run(path) is None}
+    pool.shutdown(cancel_futures=True)
+
+
+def test_every_gpu_test_file_is_run_under_the_simulator():
+    assert len(GPU_TEST_FILES) >= 10, GPU_TEST_FILES
+    assert set(SHARDS) <= {path.name for path in GPU_TEST_FILES}, SHARDS
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path, shard", SIMULATOR_RUNS,
+                         ids=[f"{path.name}-{shard.replace('/', 'of')}"
+                              for path, shard in SIMULATOR_RUNS])
+def test_gpu_tests_pass_under_the_cuda_simulator(simulator_runs, path, shard):
+    """Every test of a tests/gpu file (or of its shard) but those marked real_gpu runs and
+    passes under the simulator, in a pytest process of its own."""
+    why_not = why_no_simulator_run(path)
+    if why_not:
+        pytest.skip(why_not)
+    returncode, out, counts = (simulator_runs[path.name, shard].result() if simulator_runs
+                               else run_under_the_simulator(path, shard))
+    where = (f"{path.relative_to(ROOT)} (tests {shard}) under the CUDA simulator "
+             f"(NUMBA_ENABLE_CUDASIM=1)")
+    # every test selected ran and passed: nothing skipped, failed or missing
+    assert returncode == 0, f"{where} failed:\n{out[-8000:]}"
     allowed = {"passed", "deselected", "warning", "warnings"}
-    for path, (returncode, out, counts) in results.items():
-        where = f"{path.relative_to(ROOT)} under the CUDA simulator (NUMBA_ENABLE_CUDASIM=1)"
-        # every test selected ran and passed: nothing skipped, failed or missing
-        assert returncode == 0, f"{where} failed:\n{out[-8000:]}"
-        assert counts.get("passed", 0) > 0 and set(counts) <= allowed, (
-            f"{where}: {counts or 'no pytest summary line'}\n{out[-2000:]}")
+    assert counts.get("passed", 0) > 0 and set(counts) <= allowed, (
+        f"{where}: {counts or 'no pytest summary line'}\n{out[-2000:]}")
 
 
 # -- device selection -----------------------------------------------------------------------

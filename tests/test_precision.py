@@ -106,6 +106,7 @@ def test_the_scan_finds_the_kernels(float32_kernels):
         assert expected in names, f"no float32 call of {expected}: found {sorted(names)}"
 
 
+@pytest.mark.slow
 def test_float32_kernels_do_no_float64_arithmetic_unless_on_purpose(float32_kernels):
     offenders = []
     unused = set(FLOAT64_ON_PURPOSE) & {name for name, _, _ in float32_kernels}

@@ -608,6 +608,7 @@ def test_a_local_workers_trial_compiles_kernels_with_its_share_of_the_cores(tmp_
     assert got["total"] == 100.0 and got["used"] == got["share"] >= 1
 
 
+@pytest.mark.slow
 def test_a_worker_killed_mid_trial_is_resumed_and_recorded_once(tmp_path):
     """kill -9 of the worker training a trial: Dask runs the trial again on a worker (the
     nanny's new one, or the other), which resumes it from its checkpoint. (About 1,200
@@ -642,6 +643,7 @@ def test_a_worker_killed_mid_trial_is_resumed_and_recorded_once(tmp_path):
     assert "resuming rnn on toy" in log and "final test accuracy after 10000 iterations" in log
 
 
+@pytest.mark.slow
 def test_a_stopped_sweep_continues_where_it_stopped(tmp_path):
     """A driver asked to stop once trial 0 has a checkpoint: the trials in flight checkpoint
     and stop, and are released; `run` again (with the folder alone: the study as recorded)
@@ -771,6 +773,7 @@ SWEEP_ARGS = ("--model", "rnn", "--task", "mnist-noise", "--T", "28", "--hidden"
               "--batch-size", "20", "--valid-size", "50", "--workers", "2")
 
 
+@pytest.mark.slow
 def test_the_cli_runs_is_interrupted_continues_and_reports(tmp_path, fake_mnist_dir):
     """`sweep run` stopped by Ctrl-C (SIGINT to its process group, as a terminal sends it: the
     workers leave it to the driver) exits 130 with its trials checkpointed; run again with
