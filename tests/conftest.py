@@ -17,8 +17,14 @@ def private_kernel_choices(tmp_path_factory):
 
 def pytest_collection_modifyitems(items):
     """The slow tests first, so that pytest-xdist's workers share them out rather than one of
-    them taking the last alone."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    them taking the last alone; but the simulator's runs last: by then the CPU tests have
+    compiled the CPU kernels into numba's cache, which a run started at once would compile
+    again, as would each one beside it (2 minutes a run on a fresh clone)."""
+    def rank(item):
+        if item.get_closest_marker("simulator"):
+            return 2
+        return 0 if item.get_closest_marker("slow") else 1
+    items.sort(key=rank)
 
 
 def pytest_terminal_summary(terminalreporter, config):

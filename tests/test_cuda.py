@@ -96,6 +96,7 @@ def test_every_gpu_test_file_is_run_under_the_simulator():
 
 
 @pytest.mark.slow
+@pytest.mark.simulator
 @pytest.mark.parametrize("path, shard", SIMULATOR_RUNS,
                          ids=[f"{path.name}-{shard.replace('/', 'of')}"
                               for path, shard in SIMULATOR_RUNS])
