@@ -68,7 +68,7 @@ def pytest_testnodedown(node, error):
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config):
     """`-n auto`: one worker per CPU this process may use, at most 8 (each imports numba and
-    compiles its own kernels; the longest tests, tests/gpu under the simulator, are 13 files)."""
+    compiles its own kernels; past 8, the longest tests, not the workers, set the time)."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return max(1, min(8, cpus or 1))
 
