@@ -16,15 +16,28 @@ def private_kernel_choices(tmp_path_factory):
 
 
 def pytest_collection_modifyitems(items):
-    """The slow tests first, so that pytest-xdist's workers share them out rather than one of
-    them taking the last alone; but the simulator's runs last: by then the CPU tests have
-    compiled the CPU kernels into numba's cache, which a run started at once would compile
-    again, as would each one beside it (2 minutes a run on a fresh clone)."""
-    def rank(item):
-        if item.get_closest_marker("simulator"):
-            return 2
-        return 0 if item.get_closest_marker("slow") else 1
-    items.sort(key=rank)
+    """The modules that hold slow tests spread evenly through the collection, each whole (its
+    module fixtures set up once) with its slow tests first, so that pytest-xdist's workers
+    (worksteal hands out contiguous shares) each start on some rather than one ending on them;
+    the simulator's runs last: by then the CPU tests have compiled the CPU kernels into numba's
+    cache, which a run started at once would compile again, as would each one beside it (2
+    minutes a run on a fresh clone)."""
+    def marked(item, name):
+        return item.get_closest_marker(name) is not None
+
+    sims = [item for item in items if marked(item, "simulator")]
+    rest = [item for item in items if not marked(item, "simulator")]
+    slow_paths = list(dict.fromkeys(item.path for item in rest if marked(item, "slow")))
+    blocks = [sorted((item for item in rest if item.path == path),
+                     key=lambda item: not marked(item, "slow")) for path in slow_paths]
+    others = [item for item in rest if item.path not in slow_paths] + sims
+    spread, done = [], 0
+    for k, block in enumerate(blocks):      # block k starts at k/len(blocks) of the collection
+        upto = min(max(done, round(k * len(items) / len(blocks)) - len(spread) + done),
+                   len(others))
+        spread += others[done:upto] + block
+        done = upto
+    items[:] = spread + others[done:]
 
 
 def pytest_terminal_summary(terminalreporter, config):
