@@ -148,6 +148,14 @@ def cpu_model():
         return platform.processor() or platform.machine()
 
 
+def usable_cpus():
+    """How many CPUs this process may run on: its affinity mask where the system has one (a
+    container or `taskset` may allow fewer than the machine has), else the machine's count."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def describe(device):
     """One line for logs and `--help` output: the resolved device and, for cuda, the GPU."""
     if device == "cuda":

@@ -74,7 +74,7 @@ from optuna.trial import TrialState
 
 from . import plotting
 from .checkpoint import FILENAME, load_checkpoint
-from .device import DeviceUnavailable, resolve_device
+from .device import DeviceUnavailable, resolve_device, usable_cpus
 from .files import pid_alive, temporary_name, written_atomically
 from .model import make_model
 from .sources import DataError
@@ -794,7 +794,7 @@ def local_cluster(device, workers=None):
     (each seeing its own; threads None), or `workers` on the CPU (default: one per two cores)
     sharing the cores, each trial with its share (`share_cores`; the environment says it to
     the BLAS and OpenMP libraries a trial loads)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = usable_cpus()
     threads = None
     if device == "cuda":
         gpus = len(cuda.gpus)

@@ -1,5 +1,4 @@
 """Settings every test shares, and the session's summary (with or without pytest-xdist)."""
-import os
 
 import pytest
 
@@ -82,8 +81,8 @@ def pytest_testnodedown(node, error):
 def pytest_xdist_auto_num_workers(config):
     """`-n auto`: one worker per CPU this process may use, at most 8 (each imports numba and
     compiles its own kernels; past 8, the longest tests, not the workers, set the time)."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, min(8, cpus or 1))
+    from nprnn.device import usable_cpus   # here, not at the top: nprnn imports numba
+    return min(8, usable_cpus())
 
 
 def _ptxas_table(terminalreporter, config):

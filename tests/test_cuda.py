@@ -32,8 +32,7 @@ HAS_GPU = device.cuda_available()[0] and not device.simulator_enabled()
 def simulator_workers():
     """How many simulator processes run at once in a pytest process without pytest-xdist: one
     per CPU this process may use, at most 4 (each holds its own numba and test data)."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, min(4, cpus or 1))
+    return min(4, device.usable_cpus())
 
 
 def run_under_the_simulator(path, shard="1/1"):
@@ -250,6 +249,18 @@ def test_auto_takes_a_real_gpu_and_only_that(monkeypatch, gpu, simulator, auto):
     else:
         with pytest.raises(device.DeviceUnavailable, match=r"no driver \(a test\)"):
             device.resolve_device("cuda")
+
+
+def test_usable_cpus_counts_the_affinity_mask_else_the_machine(monkeypatch):
+    """A container or `taskset` may allow fewer CPUs than the machine has: -n auto, the
+    simulator's pool and a sweep's local cluster size to those."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 3}, raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    assert device.usable_cpus() == 2
+    monkeypatch.delattr(os, "sched_getaffinity")
+    assert device.usable_cpus() == 64
+    monkeypatch.setattr(os, "cpu_count", lambda: None)
+    assert device.usable_cpus() == 1
 
 
 def test_unknown_device_is_refused():
