@@ -214,9 +214,10 @@ def _given(*names):
             if ctx.get_parameter_source(n) == click.core.ParameterSource.COMMANDLINE]
 
 
-def _task_sequences(task, lengths, num, data_dir, seed, perm_seed=None):
+def _task_sequences(task, lengths, num, data_dir, seed, perm_seed=None, pixels="unit"):
     """{T: xs (num, T, m)}, test sequences of task `task` made with length T (drawn by seed;
-    pmnist's permutation from perm_seed, the default one if None)."""
+    pmnist's permutation from perm_seed, the default one if None; pixels as datasets.get_task
+    takes them)."""
 
 
     perm_seed = DEFAULT_PERMUTATION_SEED if perm_seed is None else perm_seed
@@ -224,7 +225,8 @@ def _task_sequences(task, lengths, num, data_dir, seed, perm_seed=None):
     sequences = {}
     try:
         for T in lengths:
-            with datasets.get_task(task, T=T, data_dir=data_dir, seed=perm_seed) as t:
+            with datasets.get_task(task, T=T, data_dir=data_dir, seed=perm_seed,
+                                   pixels=pixels) as t:
                 sequences[T] = analysis.task_sequences(t, num, seed=seed)
     except DataError as e:
         raise click.ClickException(f"task {task!r}: {e}") from None
@@ -232,13 +234,19 @@ def _task_sequences(task, lengths, num, data_dir, seed, perm_seed=None):
 
 
 def _task_for_checkpoints(task, runs, data_dir):
-    """(perm_seed, data_dir) with which task `task` is read for the models of `runs`, a list of
-    (path, config) of checkpoints (empty for models at initialisation). perm_seed is None but for
-    a permuted task (pmnist), where it is the one a run trained on `task` used (the default for
-    a run of another task); the data folder is `data_dir` (--data-dir) if given, else the one
-    recorded by the first run of `task` (or of any task), else None (the default). ValueError
-    where runs would need different permutations: every model sees the same sequences."""
+    """(perm_seed, data_dir, pixels) with which task `task` is read for the models of `runs`, a
+    list of (path, config) of checkpoints (empty for models at initialisation). perm_seed is None
+    but for a permuted task (pmnist), where it is the one a run trained on `task` used (the
+    default for a run of another task); the data folder is `data_dir` (--data-dir) if given, else
+    the one recorded by the first run of `task` (or of any task), else None (the default); pixels
+    are the runs' scaling ("unit" without runs). ValueError where runs would need different
+    permutations or scalings: every model sees the same sequences."""
 
+    pixels = {path: config.get("pixels", "unit") for path, config in runs}
+    if len(set(pixels.values())) > 1:
+        raise ValueError("the checkpoints were trained on differently scaled pixels ("
+                         + ", ".join(f"{p}: {k}" for p, k in pixels.items())
+                         + "); compare models of one --pixels at a time")
     perm_seed, spec = None, TASKS.get(task)
     if spec is not None and spec.layout == "permuted":
         seeds = {path: config.get("perm_seed", DEFAULT_PERMUTATION_SEED)
@@ -253,7 +261,7 @@ def _task_for_checkpoints(task, runs, data_dir):
         folders = [c.get("data_dir") for _, c in runs if c.get("task") == task]
         folders += [c.get("data_dir") for _, c in runs]
         data_dir = next((d for d in folders if d), None)
-    return perm_seed, data_dir
+    return perm_seed, data_dir, next(iter(pixels.values()), "unit")
 
 
 def _task_lengths(task, lengths):
@@ -455,8 +463,8 @@ def jacobian(out, models, gammas, lengths, hidden_size, input_size, eps, sigma_w
         # 2. the test sequences of a task (with the permutation and the data folder that the
         # checkpoints trained on it used), their m the models' input size ...
         if task:
-            perm_seed, data_dir = _task_for_checkpoints(task, runs, data_dir)
-            seqs = _task_sequences(task, lengths, sequences, data_dir, seed, perm_seed)
+            perm_seed, data_dir, pixels = _task_for_checkpoints(task, runs, data_dir)
+            seqs = _task_sequences(task, lengths, sequences, data_dir, seed, perm_seed, pixels)
             input_size = next(iter(seqs.values())).shape[2]
             for path, (_, model) in zip(checkpoints, built):
                 if model.input_size != input_size:
@@ -619,7 +627,8 @@ def _task_of_run(run, model, config, task, T, data_dir):
     name, T, own = _fed_task(run, model, config, task, T)
     try:
         with datasets.get_task(name, data_dir=data_dir or config.get("data_dir"), T=T,
-                               seed=config.get("perm_seed", 0) if own else 0) as t:
+                               seed=config.get("perm_seed", 0) if own else 0,
+                               pixels=config.get("pixels", "unit")) as t:
             yield t
     except DataError as e:
         raise click.ClickException(f"task {name!r}: {e}") from None

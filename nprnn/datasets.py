@@ -9,7 +9,8 @@ with three splits: "train", "valid" (`valid_size` examples held out of the train
 "test". Every task answers the same questions (`Task` below): its T, m and K, the size of a split,
 the number of batches of a given size, and an iterator over the batches.
 
-The tasks (`TASKS`; pixel values p in 0..255 are scaled to x = p / 255 in [0, 1])
+The tasks (`TASKS`; pixel values p in 0..255 become x = p / 255 in [0, 1], or with
+pixels="standardised" x = (p / 255 - mean) / std per channel, the training file's statistics)
 --------------------------------------------------------------------------------------------------
 mnist          x_t = pixel t of the 28 x 28 digit in scanline order    T = 784, m = 1   (Chang 5.1)
 pmnist         x_t = pixel perm[t], one fixed permutation from a seed  T = 784, m = 1   (Chang 5.1)
@@ -50,8 +51,8 @@ pmnist-seed<seed>.h5) from the raw files (`nprnn.sources`):
     each dataset's attribute crc32: the CRC-32 of its bytes
     file attributes: format_version, task, layout, source, origin, raw_files (JSON: path, MD5 and
     check of every raw file; size and mtime_ns of one no published MD5 pins), normalisation,
-    pixel_mean / pixel_std (per channel, of x on the training set; stored for reference, not
-    applied), permutation_seed, created, nprnn_version
+    pixel_mean / pixel_std (per channel, of x = p / 255 over the training file; what
+    pixels="standardised" applies), permutation_seed, created, nprnn_version
 
 It is written to a temporary file and renamed into place, so it either exists whole or not at all,
 and two processes building it at once each rename a complete file. Opening checks the format
@@ -340,6 +341,36 @@ class ArrayTask(Task):
 PIXELS = np.arange(256, dtype=np.float32) / np.float32(255)
 NORMALISATION = "x = pixel / 255, in [0, 1] (float32)"
 
+# How a pixel value becomes an input (`pixels` of a task and of a run): "unit" is PIXELS;
+# "standardised" is (p / 255 - mean_c) / std_c with channel c's mean and std over the training
+# file (the cache's pixel_mean, pixel_std), so each channel has mean 0 and variance 1 there.
+# The paper does not say how it scales pixels; "unit" is this project's default.
+PIXEL_SCALINGS = ("unit", "standardised")
+
+
+def pixel_table(pixels, mean=None, std=None):
+    """The lookup table of `pixels` (PIXEL_SCALINGS): None for "unit" (PIXELS serves), else
+    float32 (256, C), table[p, c] = (p / 255 - mean[c]) / std[c] computed in float64 and rounded
+    once. mean, std: (C,) of x = p / 255 over the training images."""
+    if pixels not in PIXEL_SCALINGS:
+        raise ValueError(f"pixels must be one of {', '.join(PIXEL_SCALINGS)}, got {pixels!r}")
+    if pixels == "unit":
+        return None
+    mean, std = (np.atleast_1d(np.asarray(v, np.float64)) for v in (mean, std))
+    if not np.all(std > 0):
+        raise ValueError(f"standardised pixels need a positive std in every channel, got {std}")
+    return ((np.arange(256)[:, None] / 255.0 - mean) / std).astype(np.float32)
+
+
+def pixel_values(images, table=None):
+    """x[..., c] = table[p, c] for each pixel p of channel c (PIXELS[p] where table is None):
+    uint8 (..., C) -> float32 (..., C), one gather."""
+    if table is None:
+        return PIXELS[images]
+    if table.shape[1] == 1:
+        return table[:, 0][images]
+    return table[images, np.arange(table.shape[1])]
+
 # Noise keys (nprnn.noise): every example's noise is its own stream, keyed by
 #   training batch:   (NOISE_TRAIN, seed, epoch, batch index, position in the batch)
 #   scored example:   (NOISE_EVAL, file, row)   file 0 = the training file, 1 = the test file
@@ -352,32 +383,33 @@ def fill_noise(x, t0, keys):
     noise.fill_gaussian(x, t0, keys)
 
 
-def pixel_sequence(images, T, perm, keys):
-    """Scanline order, one pixel per step: x[b, t, c] = image[b, t // W, t % W, c] / 255.
+def pixel_sequence(images, T, perm, keys, table=None):
+    """Scanline order, one pixel per step: x[b, t, c] = image[b, t // W, t % W, c] / 255 (or
+    through `table`, `pixel_values`; so for every layout below).
 
     images uint8 (B, H, W, C) -> x float32 (B, H W, C)."""
     B, H, W, C = images.shape
-    return PIXELS[images.reshape(B, H * W, C)]
+    return pixel_values(images.reshape(B, H * W, C), table)
 
 
-def permuted_sequence(images, T, perm, keys):
+def permuted_sequence(images, T, perm, keys, table=None):
     """One fixed permutation of the scanline order: x[b, t, c] = s[b, perm[t], c] with s the
     scanline sequence above. images uint8 (B, H, W, C), perm (H W,) -> x float32 (B, H W, C)."""
     B, H, W, C = images.shape
-    return PIXELS[images.reshape(B, H * W, C)[:, perm]]
+    return pixel_values(images.reshape(B, H * W, C)[:, perm], table)
 
 
-def image_rows(images):
+def image_rows(images, table=None):
     """One image row per step: x[b, t] = row t of image b (W pixels x C channels, interleaved:
     r0 g0 b0 r1 g1 b1 ...) / 255.  images uint8 (B, H, W, C) -> float32 (B, H, W C)."""
     B, H, W, C = images.shape
-    return PIXELS[images.reshape(B, H, W * C)]
+    return pixel_values(images, table).reshape(B, H, W * C)
 
 
-def whole_image(images):
+def whole_image(images, table=None):
     """The whole image at one step: x[b, 0] = image b flattened / 255.
     images uint8 (B, H, W, C) -> float32 (B, 1, H W C)."""
-    return PIXELS[images.reshape(images.shape[0], 1, -1)]
+    return pixel_values(images, table).reshape(images.shape[0], 1, -1)
 
 
 def head_then_noise(head, T, keys):
@@ -391,14 +423,14 @@ def head_then_noise(head, T, keys):
     return x
 
 
-def rows_then_noise(images, T, perm, keys):
+def rows_then_noise(images, T, perm, keys, table=None):
     """image_rows for t < H, then noise:  images uint8 (B, H, W, C) -> x float32 (B, T, W C)."""
-    return head_then_noise(image_rows(images), T, keys)
+    return head_then_noise(image_rows(images, table), T, keys)
 
 
-def image_then_noise(images, T, perm, keys):
+def image_then_noise(images, T, perm, keys, table=None):
     """whole_image at t = 0, then noise:  images uint8 (B, H, W, C) -> x float32 (B, T, H W C)."""
-    return head_then_noise(whole_image(images), T, keys)
+    return head_then_noise(whole_image(images, table), T, keys)
 
 
 # layout -> (function, has noise, (T, m) from the image shape (H, W, C) and the requested T)
@@ -412,15 +444,18 @@ LAYOUTS = {
 NOISE_HEADS = {"rows-then-noise": image_rows, "image-then-noise": whole_image}
 
 
-def sequences(layout, images, T, perm, keys, device="cpu", staging=None):
-    """x float32 (B, T, m) of `layout` from images uint8 (B, H, W, C): a NumPy array, or with
-    device="cuda" a device array, whose noise (if the layout has any) is drawn on the GPU so that
-    only the image part is uploaded (through `staging`, a memory.Staging, if given)."""
+def sequences(layout, images, T, perm, keys, device="cpu", staging=None, table=None):
+    """x float32 (B, T, m) of `layout` from images uint8 (B, H, W, C) through the pixel `table`
+    (`pixel_table`): a NumPy array, or with device="cuda" a device array, whose noise (if the
+    layout has any) is drawn on the GPU so that only the image part is uploaded (through
+    `staging`, a memory.Staging, if given)."""
     if device == "cuda":
         if layout in NOISE_HEADS:
-            return noise.head_then_noise_device(NOISE_HEADS[layout](images), T, keys, staging)
-        return to_device(LAYOUTS[layout][0](images, T, perm, keys), staging=staging, name="x")
-    return LAYOUTS[layout][0](images, T, perm, keys)
+            return noise.head_then_noise_device(NOISE_HEADS[layout](images, table), T, keys,
+                                                staging)
+        return to_device(LAYOUTS[layout][0](images, T, perm, keys, table), staging=staging,
+                         name="x")
+    return LAYOUTS[layout][0](images, T, perm, keys, table)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -735,10 +770,13 @@ class CachedTask(Task):
 
     Batches gather their images from the open file; labels are held in memory."""
 
-    def __init__(self, name, path, T=None, seed=DEFAULT_PERMUTATION_SEED, valid_size=0):
+    def __init__(self, name, path, T=None, seed=DEFAULT_PERMUTATION_SEED, valid_size=0,
+                 pixels="unit"):
         spec = task_spec(name)
         self.spec, self.name, self.path = spec, spec.name, Path(path)
         self.T, self.m = spec.shape(T)
+        pixel_table(pixels, 0, 1)                   # refuse an unknown scaling before opening
+        self.pixels = pixels
         self._file, self._fd = self._open()
         # both closed by close(), or when the task is garbage-collected without it
         self._closer = weakref.finalize(self, _close_cache_file, self._file, self._fd)
@@ -752,6 +790,7 @@ class CachedTask(Task):
         """Everything but the images, from the open file: classes, labels, permutation, splits."""
         f = self._file
         self.num_classes = int(f.attrs["num_classes"])
+        self._table = pixel_table(self.pixels, f.attrs["pixel_mean"], f.attrs["pixel_std"])
         self._images = dict(train=f["train/images"], test=f["test/images"])
         # Rows are read straight from the file where the dataset's bytes lie in one piece (as the
         # cache writes them): one positioned read per row costs ~2 us, where h5py's selection of
@@ -827,7 +866,8 @@ class CachedTask(Task):
             else:                                       # the example's own, at every evaluation
                 keys = np.column_stack([np.full(B, NOISE_EVAL),
                                         np.full(B, _FILE_CODE[file_split]), rows])
-        x = sequences(self.spec.layout, images, self.T, self.permutation, keys, device, staging)
+        x = sequences(self.spec.layout, images, self.T, self.permutation, keys, device, staging,
+                      self._table)
         return x, self._labels[split][idx]
 
     def _make_device_batch(self, split, idx, fresh, staging=None):
@@ -838,7 +878,9 @@ class CachedTask(Task):
         f = self._file
         out.update(
             task=self.spec.summary, layout=self.spec.layout, source=self.spec.source,
-            origin=f.attrs["origin"], normalisation=f.attrs["normalisation"],
+            origin=f.attrs["origin"], pixels=self.pixels,
+            normalisation=(f.attrs["normalisation"] if self.pixels == "unit" else
+                           "x = (pixel / 255 - mean) / std, per channel (float32)"),
             pixel_mean=np.asarray(f.attrs["pixel_mean"]).round(4).tolist(),
             pixel_std=np.asarray(f.attrs["pixel_std"]).round(4).tolist(),
             image_shape=list(self._images["train"].shape[1:]),
@@ -864,7 +906,7 @@ class CachedTask(Task):
 
 
 def get_task(name, data_dir=None, T=None, seed=DEFAULT_PERMUTATION_SEED, valid_size=0,
-             download=True, progress=True):
+             download=True, progress=True, pixels="unit"):
     """The task `name` (one of TASKS), built from its cache, which is built first if needed.
 
     data_dir:   where caches and raw files live (default $NPRNN_DATA_DIR, else ./data)
@@ -873,12 +915,15 @@ def get_task(name, data_dir=None, T=None, seed=DEFAULT_PERMUTATION_SEED, valid_s
     seed:       pmnist's permutation seed (default 0; other seeds get their own cache file);
                 ignored by the other tasks
     valid_size: training examples held out as the "valid" split (a fixed random subset)
+    pixels:     how pixels become inputs, PIXEL_SCALINGS: "unit" (p / 255) or "standardised"
+                (mean 0, variance 1 per channel over the training file)
     download:   fetch missing raw files from the canonical sources
     A cache that is missing, outdated, truncated or corrupt is (re)built, the latter with a
     message on stderr. Raises nprnn.sources.DataError subclasses when the raw files are missing
     (DataUnavailable, whose message says which files to place where), damaged or wrong."""
     spec = task_spec(name)
     spec.shape(T)                                   # reject a bad T before any work
+    pixel_table(pixels, 0, 1)                       # and an unknown pixel scaling
     seed = _check_int("seed", seed)
     valid_size = _check_int("valid_size", valid_size)  # its upper bound needs the cache
     data_dir = resolve_data_dir(data_dir)
@@ -892,4 +937,4 @@ def get_task(name, data_dir=None, T=None, seed=DEFAULT_PERMUTATION_SEED, valid_s
         problem = check_cache(path, name, seed)
         if problem is not None:
             raise RuntimeError(f"the cache {path} that was just built fails its check: {problem}")
-    return CachedTask(name, path, T, seed, valid_size)
+    return CachedTask(name, path, T, seed, valid_size, pixels)

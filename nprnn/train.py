@@ -98,6 +98,10 @@ OPTIONS = dict(
                  choices=tuple(CELLS)),
     task=Option("mnist", "mnist, pmnist, cifar10, cifar10-noise, padded-mnist, mnist-noise, "
                          "fashion-mnist, mnist-sample (see nprnn/datasets.py).", "text"),
+    pixels=Option("unit", "How a pixel p becomes an input: unit, p / 255 in [0, 1]; "
+                          "standardised, (p / 255 - mean) / std per channel, the training "
+                          "file's mean and std (the paper does not say).", "choice",
+                  choices=datasets.PIXEL_SCALINGS),
     device=Option("cpu", "Where the kernels run.", "choice", choices=DEVICES, on_resume=True),
     hidden=Option(128, "Hidden units n.", minimum=1),
     eps=Option(None, "Step size eps of the Euler cells (Appendix C grid: 0.01, 0.1, 1) "
@@ -243,6 +247,9 @@ def resolve_config(**options):
             if not isinstance(config[key], (bool, np.bool_)):
                 raise TrainError(f"{key} must be True or False, got {config[key]!r}")
             config[key] = bool(config[key])
+    if config["pixels"] not in datasets.PIXEL_SCALINGS:
+        raise TrainError(f"pixels must be one of {', '.join(datasets.PIXEL_SCALINGS)}, got "
+                         f"{config['pixels']!r}")
     if config["optimizer"] not in OPTIMIZERS:   # the other choices: the model and task say
         raise TrainError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got "
                          f"{config['optimizer']!r}")
@@ -320,11 +327,17 @@ def load_task(config, task=None):
     """The task a configuration names (nprnn.datasets.get_task), or `task` if one is given
     (tests and notebooks pass in-memory tasks). The training seed is not the task's: pmnist's
     permutation comes from perm_seed, so runs with different seeds see the same task. (Runs saved
-    before perm_seed existed have none in their config.json: they used the permutation of 0.)"""
+    before perm_seed existed have none in their config.json: they used the permutation of 0,
+    and unit pixels.) An in-memory task's x is used as it is: it takes no `pixels` but "unit"."""
+    pixels = config.get("pixels", "unit")
     if task is not None:
+        if pixels != "unit":
+            raise TrainError(f"pixels = {pixels!r} scales a named task's images; the in-memory "
+                             f"task {task.name!r} gives its x as it is: leave pixels at 'unit'")
         return task
     return datasets.get_task(config["task"], data_dir=config["data_dir"], T=config["T"],
-                    seed=config.get("perm_seed", 0), valid_size=config["valid_size"])
+                             seed=config.get("perm_seed", 0), valid_size=config["valid_size"],
+                             pixels=pixels)
 
 
 def build_model(config, input_size, num_classes):
@@ -593,10 +606,10 @@ def _write_json(path, obj):
 def format_config(config, model):
     """The resolved configuration as aligned 'key  value' lines, the parameter count and, on
     cuda, the kernels each pass runs."""
-    keys = ["model", "task", "seq_len", "hidden", "eps", "gamma", "sigma_w", "init", "optimizer",
-            "lr", "momentum", "clip", "batch_size", "iterations", "seed", "perm_seed", "dtype",
-            "device", "eval_every", "eval_split", "log_every", "checkpoint_every", "data_dir",
-            "valid_size"]
+    keys = ["model", "task", "pixels", "seq_len", "hidden", "eps", "gamma", "sigma_w", "init",
+            "optimizer", "lr", "momentum", "clip", "batch_size", "iterations", "seed", "perm_seed",
+            "dtype", "device", "eval_every", "eval_split", "log_every", "checkpoint_every",
+            "data_dir", "valid_size"]
     lines = [f"  {k:<17} {config.get(k)}" for k in keys
              if not (k == "momentum" and k not in OPTIMIZERS[config["optimizer"]].options)
              and not (k == "perm_seed" and config["task"] != "pmnist")]

@@ -840,9 +840,10 @@ def test_jacobian_refuses_a_task_that_does_not_fit_the_checkpoint(tmp_path, trai
 
 
 def test_jacobian_feeds_a_checkpoint_the_permutation_it_was_trained_on(tmp_path, monkeypatch):
-    """--task pmnist with --checkpoint reads the permutation (perm_seed) and the data folder the
-    run recorded, not permutation 0 and the default folder; --data-dir still picks the folder.
-    Checkpoints trained on different permutations are refused: every model sees one input."""
+    """--task pmnist with --checkpoint reads the permutation (perm_seed), the pixel scaling and
+    the data folder the run recorded, not permutation 0 and the default folder; --data-dir still
+    picks the folder. Checkpoints trained on different permutations or scalings are refused:
+    every model sees one input."""
     import fake_data
     import nprnn.datasets
     from nprnn import sources
@@ -853,22 +854,22 @@ def test_jacobian_feeds_a_checkpoint_the_permutation_it_was_trained_on(tmp_path,
     arrays = fake_data.write_fake_mnist(data / "mnist")
     monkeypatch.setitem(sources.SOURCES, "mnist", fake_data.fake_idx_source(data, arrays=arrays))
     runs = {}
-    for perm_seed in (5, 0):
-        runs[perm_seed] = tmp_path / "runs" / f"perm{perm_seed}"
+    for key, perm_seed, pixels in ((5, 5, "unit"), (0, 0, "unit"), ("z", 5, "standardised")):
+        runs[key] = tmp_path / "runs" / f"perm{perm_seed}-{pixels}"
         train(dict(model="antisym", task="pmnist", perm_seed=perm_seed, hidden=2, iterations=1,
-                   batch_size=4, eval_every=1, log_every=1, data_dir=str(data)),
-              out=runs[perm_seed], progress=False, echo=lambda *a: None)
+                   batch_size=4, eval_every=1, log_every=1, data_dir=str(data), pixels=pixels),
+              out=runs[key], progress=False, echo=lambda *a: None)
     asked = []
 
     def recording(name, **kw):
-        asked.append((name, kw.get("seed"), str(kw.get("data_dir"))))
+        asked.append((name, kw.get("seed"), str(kw.get("data_dir")), kw.get("pixels")))
         return get_task(name, **kw)
     monkeypatch.setattr(nprnn.datasets, "get_task", recording)
     monkeypatch.chdir(tmp_path / "runs")               # the default folder ./data is not there
     args = ["jacobian", "--out", str(tmp_path / "fig"), "--task", "pmnist", "--lengths", "784",
             "--sequences", "2"]
     run_cli(args + ["--checkpoint", str(runs[5])])
-    assert asked == [("pmnist", 5, str(data.resolve()))]
+    assert asked == [("pmnist", 5, str(data.resolve()), "unit")]
     saved = json.loads((tmp_path / "fig" / "figure2_jacobian.json").read_text())
     assert saved["inputs"] == "test sequences of task 'pmnist' (permutation seed 5), drawn by seed"
     model, _ = A.model_from_checkpoint(runs[5])
@@ -879,12 +880,19 @@ def test_jacobian_feeds_a_checkpoint_the_permutation_it_was_trained_on(tmp_path,
     other = tmp_path / "other"
     shutil.copytree(data, other)
     run_cli(args + ["--checkpoint", str(runs[5]), "--data-dir", str(other)])
-    assert asked[-1] == ("pmnist", 5, str(other))
+    assert asked[-1] == ("pmnist", 5, str(other), "unit")
+    run_cli(args + ["--checkpoint", str(runs["z"])])
+    assert asked[-1] == ("pmnist", 5, str(data.resolve()), "standardised")
     result = CliRunner().invoke(cli, args + ["--checkpoint", str(runs[5]), "--checkpoint",
                                              str(runs[0])])
     assert result.exit_code == 1 and (
         f"the checkpoints see different permutations of task 'pmnist' ({runs[5]}: perm seed 5, "
         f"{runs[0]}: perm seed 0); compare models of one permutation at a time") in result.output
+    result = CliRunner().invoke(cli, args + ["--checkpoint", str(runs[5]), "--checkpoint",
+                                             str(runs["z"])])
+    assert result.exit_code == 1 and (
+        f"trained on differently scaled pixels ({runs[5]}: unit, {runs['z']}: standardised)"
+        in result.output)
 
 
 # ----------------------------------------------------------------------------------------------

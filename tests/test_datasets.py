@@ -18,8 +18,8 @@ import pytest
 
 from nprnn import datasets, noise, sources
 from nprnn.datasets import (PIXELS, TASKS, ArrayTask, cache_path, check_cache, get_task,
-                            image_then_noise, permuted_sequence, pixel_sequence, resolve_data_dir,
-                            rows_then_noise, splitmix64, splitmix64_permutation)
+                            image_then_noise, permuted_sequence, pixel_sequence, pixel_table,
+                            resolve_data_dir, rows_then_noise, splitmix64, splitmix64_permutation)
 
 import fake_data as fd
 
@@ -384,6 +384,47 @@ def test_cifar_tasks_from_fake_tarball(tmp_path, monkeypatch):
     assert (task.image_steps, noisy.image_steps) == (1024, 32)
     assert np.array_equal(xn[:, :32], PIXELS[test_im].reshape(4, 32, 96))
 
+
+
+def test_standardised_pixels_have_mean_0_and_variance_1_per_channel_over_the_training_file(
+        tmp_path, monkeypatch, fake_mnist):
+    """pixels="standardised": x = (p / 255 - mean_c) / std_c with the training file's statistics
+    (the cache's), in every layout; "unit" stays p / 255 exactly."""
+    batches = fd.fake_cifar_arrays()
+    fd.write_fake_cifar(tmp_path / "cifar-10", "binary", "tar", batches)
+    monkeypatch.setitem(sources.SOURCES, "cifar10", fd.fake_cifar_source(batches))
+    train_im, _, test_im, _ = fd.cifar_expected(batches)
+    mean = (train_im / 255.0).mean(axis=(0, 1, 2))
+    std = (train_im / 255.0).std(axis=(0, 1, 2))
+    assert len(set(mean)) == 3                            # the channels differ: a real check
+    task = get_task("cifar10", tmp_path, pixels="standardised", valid_size=5)
+    train = np.concatenate([next(task.batches(s, 20, drop_last=False))[0]
+                            for s in ("train", "valid")]).astype(np.float64)   # the file
+    np.testing.assert_allclose(train.mean(axis=(0, 1)), 0, atol=1e-6)
+    np.testing.assert_allclose(train.std(axis=(0, 1)), 1, rtol=1e-6)
+    x, _ = next(task.batches("test", 4))
+    want = ((test_im / 255.0 - mean) / std).reshape(4, 1024, 3)
+    np.testing.assert_allclose(x, want, rtol=1e-6, atol=1e-6)
+    assert x.dtype == np.float32 and x.flags.c_contiguous
+    assert task.info()["pixels"] == "standardised"
+    rows, _ = next(get_task("cifar10-noise", tmp_path, T=40, pixels="standardised")
+                   .batches("test", 4))                   # interleaved r g b per row
+    np.testing.assert_array_equal(rows[:, :32], x.reshape(4, 32, 96))
+    data_dir, arrays = fake_mnist
+    digits = (arrays["train_images"] / 255.0)
+    plain = get_task("pmnist", data_dir)
+    scaled = get_task("pmnist", data_dir, pixels="standardised")
+    (u, _), (z, _) = next(plain.batches("test", 20)), next(scaled.batches("test", 20))
+    np.testing.assert_allclose(z, (u - digits.mean()) / digits.std(), rtol=1e-5, atol=1e-5)
+    assert np.array_equal(u[:, :, 0], PIXELS[arrays["test_images"].reshape(20, 784)]
+                          [:, plain.permutation])
+
+
+def test_an_unknown_pixel_scaling_is_refused_naming_the_scalings(fake_mnist):
+    data_dir, _ = fake_mnist
+    with pytest.raises(ValueError, match="pixels must be one of unit, standardised, got 'z'"):
+        get_task("mnist", data_dir=data_dir, pixels="z")
+    assert pixel_table("unit") is None
 
 # ==============================================================================================
 # the cache: reopening, corruption, atomicity, concurrency

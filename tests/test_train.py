@@ -624,11 +624,12 @@ def test_evaluate_checkpoint_errors(tmp_path, reference_run):
 @pytest.fixture
 def toy_get_task(monkeypatch):
     """`get_task` answering every name with the toy task (the commands load tasks by name); the
-    list it returns collects the (name, seed) of each call."""
+    list it returns collects the (name, seed, pixels) of each call."""
     calls = []
 
-    def get_task(name, data_dir=None, T=None, seed=0, valid_size=0, download=True):
-        calls.append((name, seed))
+    def get_task(name, data_dir=None, T=None, seed=0, valid_size=0, download=True,
+                 pixels="unit"):
+        calls.append((name, seed, pixels))
         return toy_task(name=name)
     monkeypatch.setattr(nprnn.datasets, "get_task", get_task, raising=False)
     return calls
@@ -688,13 +689,36 @@ def test_the_permutation_seed_reaches_the_task_and_is_not_the_training_seed(tmp_
     assert (config["seed"], config["perm_seed"]) == (3, 5)
     r = runner.invoke(cli.cli, ["eval", out])
     assert r.exit_code == 0, r.output
-    assert toy_get_task == [("pmnist", 5), ("pmnist", 5)]          # train, then eval
+    assert toy_get_task == [("pmnist", 5, "unit")] * 2             # train, then eval
     r = runner.invoke(cli.cli, ["train", "--out", out, "--resume", "--perm-seed", "6"])
     assert r.exit_code == 1 and "--perm-seed 6 (the run was started with 5)" in r.output
     r = runner.invoke(cli.cli, ["train", *args, "--seed", str(2**63), "--out", out + "2"])
     assert r.exit_code == 2 and "0<=x<=9223372036854775807" in r.output
     with pytest.raises(TrainError, match=r"perm_seed must be an integer in 0 \.\. "):
         resolve_config(perm_seed=-1)
+
+
+def test_the_pixel_scaling_reaches_the_task_on_train_eval_and_resume(tmp_path, toy_get_task):
+    out = str(tmp_path / "run")
+    runner = CliRunner()
+    r = runner.invoke(cli.cli, ["train", "--task", "mnist", "--hidden", "8", "--batch-size", "8",
+                                "--iterations", "10", "--pixels", "standardised", "--out", out])
+    assert r.exit_code == 0, r.output
+    assert "pixels            standardised" in r.output
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["pixels"] == "standardised"
+    for args in (["eval", out], ["train", "--out", out, "--resume", "--iterations", "12"]):
+        r = runner.invoke(cli.cli, args)
+        assert r.exit_code == 0, r.output
+    assert toy_get_task == [("mnist", 0, "standardised")] * 3
+    r = runner.invoke(cli.cli, ["train", "--out", out, "--resume", "--pixels", "unit"])
+    assert r.exit_code == 1 and "--pixels 'unit' (the run was started with 'standardised')" in \
+        r.output
+    r = runner.invoke(cli.cli, ["train", "--out", out + "2", "--pixels", "z-score"])
+    assert r.exit_code == 2 and "'z-score' is not one of 'unit', 'standardised'" in r.output
+    with pytest.raises(TrainError, match="pixels must be one of unit, standardised, got 'z'"):
+        resolve_config(pixels="z")
+    with pytest.raises(TrainError, match="the in-memory task 'toy' gives its x as it is"):
+        nprnn.train.load_task(resolve_config(pixels="standardised"), toy_task())
 
 
 def test_cli_errors_are_clean(tmp_path, toy_get_task):

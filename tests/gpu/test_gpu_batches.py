@@ -28,9 +28,11 @@ def data_dir(tmp_path, monkeypatch):
     return tmp_path
 
 
-@pytest.mark.parametrize("name, T", [("padded-mnist", 3), ("mnist-noise", 30), ("mnist", None)])
-def test_device_batches_equal_host_batches(data_dir, name, T):
-    with get_task(name, data_dir=data_dir, T=T, progress=False) as task:
+@pytest.mark.parametrize("name, T, pixels", [
+    ("padded-mnist", 3, "unit"), ("mnist-noise", 30, "unit"), ("mnist", None, "unit"),
+    ("mnist-noise", 30, "standardised")])
+def test_device_batches_equal_host_batches(data_dir, name, T, pixels):
+    with get_task(name, data_dir=data_dir, T=T, progress=False, pixels=pixels) as task:
         for split, kw in (("train", dict(seed=2, epoch=1, start=1)), ("test", {})):
             host = list(islice(task.batches(split, 7, **kw), 2))      # made one at a time:
             dev = list(islice(task.batches(split, 7, device="cuda", **kw), 2))   # two, not all
