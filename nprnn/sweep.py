@@ -90,7 +90,7 @@ SPACES = {
 }
 # the options a space may search (the others are held fixed: they say what the run is, not how)
 SEARCHABLE = ("lr", "optimizer", "momentum", "sigma_w", "eps", "gamma", "init", "clip",
-              "batch_size", "hidden", "seed")
+              "batch_size", "hidden", "pixels", "seed")
 SAMPLERS = ("grid", "random", "tpe")
 SWEEP = "sweep.json"
 JOURNAL = "study.journal"

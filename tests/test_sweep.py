@@ -80,6 +80,7 @@ def test_params_are_lists_or_ranges_of_the_options_kind():
     assert sweep.parse_param("lr=0.1,0.2, 0.1") == sweep.Param("lr", values=(0.1, 0.2))
     assert sweep.parse_param("optimizer=sgd,adagrad").values == ("sgd", "adagrad")
     assert sweep.parse_param("hidden=8,16").values == (8, 16)
+    assert sweep.parse_param("pixels=unit,standardised").values == ("unit", "standardised")
     assert sweep.parse_param("sigma-w=0:16") == sweep.Param("sigma_w", low=0.0, high=16.0)
     assert sweep.parse_param("lr=0.01:1:log").log
     space = sweep.make_space("appendix-c", [sweep.parse_param("lr=0.5")])
@@ -109,6 +110,8 @@ def test_a_bad_param_is_named(text, match):
      "eps = 0.1 would be refused by every trial that runs it: model 'lstm' has no "
      "hyperparameter 'eps'"),
     ({}, "lr=0.1,-1", "grid", None, "lr = -1.0 would be refused .* lr must be a finite number > 0"),
+    ({}, "pixels=unit,z", "grid", None, "pixels = 'z' would be refused .* pixels must be one of "
+                                        "unit, standardised"),
     ({}, "lr=0.1:1", "grid", None, "the grid sampler needs lists of values; lr is a range"),
     ({}, "lr=0.1:1", "tpe", None, "--sampler tpe needs --trials"),
     (dict(valid_size=0), "lr=0.1", "grid", None, "--valid-size must be > 0"),
