@@ -371,6 +371,7 @@ def pixel_values(images, table=None):
         return table[:, 0][images]
     return table[images, np.arange(table.shape[1])]
 
+
 # Noise keys (nprnn.noise): every example's noise is its own stream, keyed by
 #   training batch:   (NOISE_TRAIN, seed, epoch, batch index, position in the batch)
 #   scored example:   (NOISE_EVAL, file, row)   file 0 = the training file, 1 = the test file
