@@ -40,9 +40,10 @@ def short_gil_turns():
     """Under the simulator, threads take turns with the GIL every 0.2 ms, not 5 ms: each GPU
     thread of a block is a Python thread, which the simulator's block manager polls in a loop,
     and a thread waiting for the GIL gets it when the holder has run for the switch interval,
-    so every thread's turn at every barrier cost up to 5 ms. The GPU tests run about 2.5 times
+    so every thread's turn at every barrier cost up to 5 ms. The GPU tests run about three times
     as fast. (Shorter turns made the race that `_shared_array` mends common; at 5 ms a thread
-    seldom lost the GIL between its two steps.) tests/gpu/test_gpu_sweep.py keeps 5 ms."""
+    seldom lost the GIL between its two steps. Beside a Dask cluster they also hung a trial:
+    tests/gpu/test_gpu_sweep.py turns Dask's profiler off.)"""
     if not gpu_common.simulator_enabled():
         yield
         return

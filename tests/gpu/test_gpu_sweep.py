@@ -16,6 +16,7 @@ pytest.importorskip("optuna", reason="the sweep extra is not installed (pip inst
 distributed = pytest.importorskip("distributed", reason="the sweep extra is not installed "
                                                         "(pip install -e '.[sweep]')")
 
+import dask                                                          # noqa: E402
 from numba import cuda                                                # noqa: E402
 from optuna.trial import TrialState                                   # noqa: E402
 
@@ -26,13 +27,15 @@ from nprnn.train import resolve_config                                # noqa: E4
 pytestmark = gt.requires_cuda
 
 
-@pytest.fixture
-def short_gil_turns():
-    """The simulator's 5 ms turns, not conftest.py's 0.2 ms, beside a Dask cluster: there the
-    shorter turns hung a trial (its thread waited in Thread.start for a block's new thread while
-    the cluster's event loop ran a garbage collection), in 4 runs of 4 at once. Not understood,
-    so not risked."""
-    yield
+@pytest.fixture(autouse=True)
+def no_profiler():
+    """The in-process cluster's workers without Dask's profiler. Every 10 ms it calls
+    sys._current_frames(), which holds the interpreter's lock on its list of threads while it
+    builds a dict: a garbage collection there ran Dask's GC callback, which gave up the GIL
+    with that lock held, while the simulator, starting a block's threads, waited for the lock
+    with the GIL. The trial hung in Thread.start (most runs of 4 at once, at 0.2 ms turns)."""
+    with dask.config.set({"distributed.worker.profile.enabled": False}):
+        yield
 
 
 def test_the_local_cluster_gives_each_gpu_a_worker():
