@@ -348,12 +348,17 @@ NORMALISATION = "x = pixel / 255, in [0, 1] (float32)"
 PIXEL_SCALINGS = ("unit", "standardised")
 
 
+def check_pixels(pixels):
+    """Raise ValueError unless `pixels` names one of PIXEL_SCALINGS."""
+    if pixels not in PIXEL_SCALINGS:
+        raise ValueError(f"pixels must be one of {', '.join(PIXEL_SCALINGS)}, got {pixels!r}")
+
+
 def pixel_table(pixels, mean=None, std=None):
     """The lookup table of `pixels` (PIXEL_SCALINGS): None for "unit" (PIXELS serves), else
     float32 (256, C), table[p, c] = (p / 255 - mean[c]) / std[c] computed in float64 and rounded
     once. mean, std: (C,) of x = p / 255 over the training images."""
-    if pixels not in PIXEL_SCALINGS:
-        raise ValueError(f"pixels must be one of {', '.join(PIXEL_SCALINGS)}, got {pixels!r}")
+    check_pixels(pixels)
     if pixels == "unit":
         return None
     mean, std = (np.atleast_1d(np.asarray(v, np.float64)) for v in (mean, std))
@@ -776,7 +781,7 @@ class CachedTask(Task):
         spec = task_spec(name)
         self.spec, self.name, self.path = spec, spec.name, Path(path)
         self.T, self.m = spec.shape(T)
-        pixel_table(pixels, 0, 1)                   # refuse an unknown scaling before opening
+        check_pixels(pixels)                        # refuse an unknown scaling before opening
         self.pixels = pixels
         self._file, self._fd = self._open()
         # both closed by close(), or when the task is garbage-collected without it
@@ -924,7 +929,7 @@ def get_task(name, data_dir=None, T=None, seed=DEFAULT_PERMUTATION_SEED, valid_s
     (DataUnavailable, whose message says which files to place where), damaged or wrong."""
     spec = task_spec(name)
     spec.shape(T)                                   # reject a bad T before any work
-    pixel_table(pixels, 0, 1)                       # and an unknown pixel scaling
+    check_pixels(pixels)                            # and an unknown pixel scaling
     seed = _check_int("seed", seed)
     valid_size = _check_int("valid_size", valid_size)  # its upper bound needs the cache
     data_dir = resolve_data_dir(data_dir)

@@ -247,9 +247,10 @@ def resolve_config(**options):
             if not isinstance(config[key], (bool, np.bool_)):
                 raise TrainError(f"{key} must be True or False, got {config[key]!r}")
             config[key] = bool(config[key])
-    if config["pixels"] not in datasets.PIXEL_SCALINGS:
-        raise TrainError(f"pixels must be one of {', '.join(datasets.PIXEL_SCALINGS)}, got "
-                         f"{config['pixels']!r}")
+    try:
+        datasets.check_pixels(config["pixels"])
+    except ValueError as e:
+        raise TrainError(str(e)) from None
     if config["optimizer"] not in OPTIMIZERS:   # the other choices: the model and task say
         raise TrainError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got "
                          f"{config['optimizer']!r}")
