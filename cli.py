@@ -56,9 +56,16 @@ class FiniteFloat(click.FloatRange):
     def convert(self, value, param, ctx):
         number = super().convert(value, param, ctx)
         if not math.isfinite(number):
-            self.fail(f"{number} is not a finite number in the range {self._describe_range()}.",
-                      param, ctx)
+            within = "" if self.min is None and self.max is None else (
+                f" in the range {self._describe_range()}")
+            self.fail(f"{number} is not a finite number{within}.", param, ctx)
         return number
+
+    def _describe_range(self):
+        """As click's, but an option without bounds (gate_bias) reads as such, not x<=None."""
+        if self.min is None and self.max is None:
+            return "any finite number"
+        return super()._describe_range()
 
 
 # On a GPU numba warns, once per grid size, of any launch with fewer than 128 blocks. Ours are

@@ -30,7 +30,7 @@ def count_params(cell, m, n, K):
 
 class Model:
     def __init__(self, cell, input_size, hidden_size, num_classes, params, hyper, dtype,
-                 device="cpu", sigma_w=1.0, init="paper", seed=0):
+                 device="cpu", sigma_w=1.0, init="paper", seed=0, gate_bias=0.0):
         self.cell = cell
         self.input_size, self.hidden_size, self.num_classes = input_size, hidden_size, num_classes
         self.hyper = hyper
@@ -59,7 +59,7 @@ class Model:
         self._param_specs = {k: (tuple(v.shape), v.dtype, memory_of(v)) for k, v in params.items()}
         self.config = dict(model=cell.name, input_size=input_size, hidden_size=hidden_size,
                            num_classes=num_classes, dtype=self.dtype.name, sigma_w=sigma_w,
-                           init=init, seed=seed, **hyper)
+                           init=init, seed=seed, gate_bias=gate_bias, **hyper)
 
     @property
     def name(self):
@@ -221,9 +221,11 @@ def _dtype_name(dtype):
 
 
 def make_model(name, input_size, hidden_size, num_classes=10, eps=None, gamma=None, sigma_w=1.0,
-               init="paper", seed=0, dtype="float32", device="cpu"):
+               init="paper", seed=0, dtype="float32", device="cpu", gate_bias=0.0):
     """Build a model by name (see `nprnn.CELLS`), initialised as in Appendix C of the paper
-    (`init="paper"`) or critically (`init="critical"`, LSTMs only; Gilboa et al. 2019, D.4)."""
+    (`init="paper"`) or critically (`init="critical"`, LSTMs only; Gilboa et al. 2019, D.4).
+    gate_bias starts the gate bias b_z of a gated Euler cell (eq. 13) at that value instead of
+    Appendix C's 0: a deviation from the paper, as an LSTM's forget gate starts at 1."""
     if name not in CELLS:
         raise ValueError(f"unknown model {name!r}; choose one of: {', '.join(CELLS)}")
     cell = CELLS[name]
@@ -241,6 +243,15 @@ def make_model(name, input_size, hidden_size, num_classes=10, eps=None, gamma=No
     if init == "critical" and sigma_w != 1.0:
         raise ValueError(f"sigma_w = {sigma_w!r} has no effect with init 'critical', whose "
                          f"variances are Gilboa et al.'s (D.4): leave sigma_w at 1")
+    gate_bias = _real("gate_bias", gate_bias)
+    with np.errstate(over="ignore"):
+        if not np.isfinite(np.dtype(dtype).type(gate_bias)):
+            raise ValueError(f"gate_bias must be a finite number in {dtype}'s range (largest "
+                             f"{np.finfo(dtype).max:.3g}), got {gate_bias!r}")
+    if gate_bias != 0.0 and "b_z" not in cell.shapes(1, 1):
+        gated = ", ".join(k for k, c in CELLS.items() if "b_z" in c.shapes(1, 1))
+        raise ValueError(f"gate_bias = {gate_bias!r} starts b_z, the gate bias of {gated}; "
+                         f"model {name!r} has none: leave gate_bias at 0")
     hyper = {}
     for key, value, default in (("eps", eps, DEFAULT_EPS), ("gamma", gamma, DEFAULT_GAMMA)):
         if key not in cell.hyper:
@@ -271,6 +282,8 @@ def make_model(name, input_size, hidden_size, num_classes=10, eps=None, gamma=No
         except OverflowError:
             raise ValueError(f"sigma_w = {sigma_w!r} is too large: the variance of the recurrent "
                              f"weights, sigma_w**2 / n, overflows a float") from None
+    if gate_bias != 0.0:
+        params["b_z"][:] = gate_bias          # z_t starts near sigmoid(gate_bias), not 1/2
     if not all(np.isfinite(p).all() for p in params.values()):
         raise ValueError(f"sigma_w = {sigma_w!r} draws initial weights beyond {dtype}'s range "
                          f"(largest {np.finfo(dtype).max:.3g})")
@@ -278,4 +291,4 @@ def make_model(name, input_size, hidden_size, num_classes=10, eps=None, gamma=No
     params["W_out"] = gaussian(rng, (K, n), 1.0 / n, np.dtype(dtype))
     params["b_out"] = np.zeros(K, dtype=dtype)
     return Model(cell, m, n, K, params, hyper, dtype, device, sigma_w=sigma_w, init=init,
-                 seed=seed)
+                 seed=seed, gate_bias=gate_bias)

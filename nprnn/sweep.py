@@ -89,8 +89,8 @@ SPACES = {
                        lr=[0.1, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0], optimizer=["sgd", "adagrad"]),
 }
 # the options a space may search (the others are held fixed: they say what the run is, not how)
-SEARCHABLE = ("lr", "optimizer", "momentum", "sigma_w", "eps", "gamma", "init", "clip",
-              "batch_size", "hidden", "pixels", "seed")
+SEARCHABLE = ("lr", "optimizer", "momentum", "sigma_w", "eps", "gamma", "gate_bias", "init",
+              "clip", "batch_size", "hidden", "pixels", "seed")
 SAMPLERS = ("grid", "random", "tpe")
 SWEEP = "sweep.json"
 JOURNAL = "study.journal"
@@ -324,7 +324,7 @@ def check_space(fixed, space, task=None):
                 make_model(config["model"], input_size=m, hidden_size=config["hidden"],
                            num_classes=classes, eps=config["eps"], gamma=config["gamma"],
                            sigma_w=config["sigma_w"], init=config["init"], seed=config["seed"],
-                           dtype=config["dtype"], device="cpu")
+                           dtype=config["dtype"], device="cpu", gate_bias=config["gate_bias"])
             except (TrainError, ValueError, TypeError) as e:
                 raise SweepError(f"{name} = {value!r} would be refused by every trial that "
                                  f"runs it: {e}") from None

@@ -110,6 +110,9 @@ OPTIONS = dict(
                  minimum=0),
     sigma_w=Option(1.0, "Recurrent init W ~ N(0, sigma_w^2 / n) (grid: 0, 1, 2, 4, 8, 16); "
                         "--init paper only.", "float", minimum=0),
+    gate_bias=Option(0.0, "Start the gate bias b_z of antisym-gated, ablation and antisym-xgate "
+                          "at this value (Appendix C: 0; 1 is a deviation from the paper).",
+                     "float"),
     init=Option("paper", "Initialisation: Appendix C, or critical (LSTMs only).", "choice",
                 choices=INIT_SCHEMES),
     optimizer=Option("sgd", "SGD with momentum, or Adagrad.", "choice",
@@ -218,12 +221,14 @@ def _float_option(config, key, option):
     ok = math.isfinite(v) and (low is None or (v > low if option.above else v >= low)) and (
         high is None or (v < high if option.below else v <= high))
     if not ok:
-        if high is None:
-            allowed = f"{'>' if option.above else '>='} {low:g}"
+        if low is None and high is None:
+            allowed = ""
+        elif high is None:
+            allowed = f" {'>' if option.above else '>='} {low:g}"
         else:
-            allowed = (f"in {'(' if option.above else '['}{low:g}, {high:g}"
+            allowed = (f" in {'(' if option.above else '['}{low:g}, {high:g}"
                        f"{')' if option.below else ']'}")
-        raise TrainError(f"{key} must be a finite number {allowed}{option.note}, got "
+        raise TrainError(f"{key} must be a finite number{allowed}{option.note}, got "
                          f"{config[key]!r}")
     config[key] = v
 
@@ -346,7 +351,8 @@ def build_model(config, input_size, num_classes):
     return make_model(config["model"], input_size=input_size, hidden_size=config["hidden"],
                       num_classes=num_classes, eps=config["eps"], gamma=config["gamma"],
                       sigma_w=config["sigma_w"], init=config["init"], seed=config["seed"],
-                      dtype=config["dtype"], device=config["device"])
+                      dtype=config["dtype"], device=config["device"],
+                      gate_bias=config.get("gate_bias", 0.0))      # (runs saved before it: 0)
 
 
 def build_optimizer(config, params):
@@ -607,13 +613,15 @@ def _write_json(path, obj):
 def format_config(config, model):
     """The resolved configuration as aligned 'key  value' lines, the parameter count and, on
     cuda, the kernels each pass runs."""
-    keys = ["model", "task", "pixels", "seq_len", "hidden", "eps", "gamma", "sigma_w", "init",
+    keys = ["model", "task", "pixels", "seq_len", "hidden", "eps", "gamma", "sigma_w",
+            "gate_bias", "init",
             "optimizer", "lr", "momentum", "clip", "batch_size", "iterations", "seed", "perm_seed",
             "dtype", "device", "eval_every", "eval_split", "log_every", "checkpoint_every",
             "data_dir", "valid_size"]
     lines = [f"  {k:<17} {config.get(k)}" for k in keys
              if not (k == "momentum" and k not in OPTIMIZERS[config["optimizer"]].options)
-             and not (k == "perm_seed" and config["task"] != "pmnist")]
+             and not (k == "perm_seed" and config["task"] != "pmnist")
+             and not (k == "gate_bias" and "b_z" not in model.params)]
     lines.append(f"  {'parameters':<17} {model.num_params():,}")
     if model.device == "cuda":      # which GPU kernels run (nprnn/autotune.py times them once)
         choice = model.kernels_for(config["batch_size"], config["seq_len"])

@@ -299,6 +299,39 @@ def test_paper_initialisation_statistics():
         np.testing.assert_array_equal(a.params[key], b.params[key])
 
 
+@pytest.mark.parametrize("name", ["antisym-gated", "ablation", "antisym-xgate"])
+def test_gate_bias_starts_b_z_there_and_changes_nothing_else(name):
+    """--gate-bias (a deviation from Appendix C's zero biases): b_z starts at the value, every
+    other parameter is the draw of gate_bias 0 with the same seed, and the first step's gate
+    from h_0 = 0 and x_1 = 0 is sigmoid(gate_bias)."""
+    paper, shifted = (nprnn.make_model(name, 2, 6, 3, eps=0.1, seed=5, gate_bias=b,
+                                       dtype="float64") for b in (0.0, 1.0))
+    assert np.all(paper.params["b_z"] == 0) and np.all(shifted.params["b_z"] == 1)
+    for key in paper.params.keys() - {"b_z"}:
+        np.testing.assert_array_equal(paper.params[key], shifted.params[key])
+    assert shifted.config["gate_bias"] == 1.0
+    h1 = shifted.hidden(np.zeros((1, 1, 2)))              # h_1 = eps z tanh(b_h) = 0: b_h is 0
+    assert np.all(h1 == 0)
+    shifted.params["b_h"][:] = 0.5
+    np.testing.assert_allclose(shifted.hidden(np.zeros((1, 1, 2))),
+                               0.1 * np.tanh(0.5) / (1 + np.exp(-1.0)), rtol=1e-12)
+
+
+def test_gate_bias_is_refused_where_there_is_no_gate_or_the_value_is_not_a_number():
+    for name in ("antisym", "feedback", "lstm", "gru"):
+        with pytest.raises(ValueError, match=rf"gate_bias = 1.0 starts b_z, the gate bias of "
+                                             rf"antisym-gated, ablation, antisym-xgate; model "
+                                             rf"'{name}' has none: leave gate_bias at 0"):
+            nprnn.make_model(name, 1, 4, gate_bias=1)
+        nprnn.make_model(name, 1, 4, gate_bias=0.0)                      # the default is fine
+    for bad, match in ((float("nan"), "finite"), (1e39, "finite number in float32's range"),
+                       ("1", "gate_bias must be a number, got '1'")):
+        with pytest.raises(ValueError, match=match):
+            nprnn.make_model("antisym-gated", 1, 4, gate_bias=bad)
+    assert nprnn.make_model("antisym-gated", 1, 4, gate_bias=1e39,
+                            dtype="float64").params["b_z"][0] == 1e39
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_the_xgate_reads_x_alone_and_is_antisym_gated_otherwise(dtype):
     """antisym-xgate: z_t = sigmoid(V_z x_t + b_z) whatever h_{t-1} is; with V_z = 0, b_z large

@@ -157,7 +157,8 @@ FLOAT_OPTIONS = [(["simulate", "--out", "OUT"], "--eps"),
                  (["jacobian", "--out", "OUT"], "--eps"),
                  (["jacobian", "--out", "OUT"], "--sigma-w"),
                  *[(["train", "--out", "OUT"], o) for o in
-                   ("--eps", "--gamma", "--sigma-w", "--lr", "--momentum", "--clip")]]
+                   ("--eps", "--gamma", "--sigma-w", "--gate-bias", "--lr", "--momentum",
+                    "--clip")]]
 
 
 @pytest.mark.parametrize("args, option", FLOAT_OPTIONS)
@@ -166,8 +167,10 @@ def test_float_options_refuse_nan_and_inf(tmp_path, toy_get_task, args, option, 
     args = [str(tmp_path / "out") if a == "OUT" else a for a in args]
     result = invoke(args + [option, value])
     shown = "nan" if value.lower() == "nan" else "inf"
-    # "inf is not in the range 0<=x<1." where FloatRange has a max (--momentum)
-    assert_one_line_error(result, 2, f"'{option}': {shown} is not", "in the range")
+    # "inf is not in the range 0<=x<1." where FloatRange has a max (--momentum); an option
+    # without bounds (--gate-bias) says "inf is not a finite number."
+    bounded = ["in the range"] if option != "--gate-bias" else [f"{shown} is not a finite number."]
+    assert_one_line_error(result, 2, f"'{option}': {shown} is not", *bounded)
     assert not (tmp_path / "out").exists()
 
 

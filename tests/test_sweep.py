@@ -110,6 +110,8 @@ def test_a_bad_param_is_named(text, match):
      "eps = 0.1 would be refused by every trial that runs it: model 'lstm' has no "
      "hyperparameter 'eps'"),
     ({}, "lr=0.1,-1", "grid", None, "lr = -1.0 would be refused .* lr must be a finite number > 0"),
+    ({}, "gate_bias=0,1", "grid", None, "gate_bias = 1.0 would be refused .* model 'rnn' has "
+                                        "none: leave gate_bias at 0"),
     ({}, "pixels=unit,z", "grid", None, "pixels = 'z' would be refused .* pixels must be one of "
                                         "unit, standardised"),
     ({}, "lr=0.1:1", "grid", None, "the grid sampler needs lists of values; lr is a range"),

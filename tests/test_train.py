@@ -658,7 +658,7 @@ def test_cli_train_then_eval(tmp_path, toy_get_task):
 
 @pytest.mark.parametrize("given", [
     dict(model="antisym-gated", task="mnist", eps=0.01, gamma=0.1, sigma_w=2.0, lr=0.4,
-         iterations=50_000, seed=1),
+         iterations=50_000, seed=1, gate_bias=1.0),
     dict(model="lstm", task="mnist-noise", T=1000, optimizer="adagrad", init="critical",
          valid_size=500, keep_best=True, clip=1.0, eval_every=250, dtype="float64"),
     dict(model="rnn", task="pmnist", perm_seed=3, tensorboard=True, batch_size=64)])
@@ -919,6 +919,29 @@ def test_a_new_run_refuses_an_option_that_changes_nothing(tmp_path, option, mess
     assert not (tmp_path / "run").exists()
     train(dict(CONFIG, iterations=2, optimizer="adagrad", momentum=0.9), tmp_path / "ok",
           task=toy_task(), **quiet())                     # the default is no setting at all
+
+
+def test_a_gate_bias_run_records_it_keeps_it_on_resume_and_older_runs_start_at_0(tmp_path):
+    """--gate-bias is part of the run: config.json and the configuration lines show it, resume
+    cannot change it, and a run saved before the option existed resumes with b_z's 0."""
+    gated = dict(CONFIG, model="antisym-gated", gate_bias=1.0, iterations=3)
+    said = []
+    train(dict(gated), tmp_path, task=toy_task(), echo=said.append, progress=False)
+    assert json.loads((tmp_path / "config.json").read_text())["gate_bias"] == 1.0
+    assert "\n  gate_bias         1.0\n" in "\n".join(said)
+    with pytest.raises(TrainError, match=r"--gate-bias 0.0 \(the run was started with 1.0\)"):
+        train(out=tmp_path, resume=True, given=dict(gate_bias=0.0), task=toy_task(), **quiet())
+    done = train(out=tmp_path, resume=True, given=dict(iterations=5), task=toy_task(), **quiet())
+    assert done["completed"] and done["iteration"] == 5
+    said.clear()
+    train(dict(CONFIG, iterations=1), tmp_path / "plain", task=toy_task(), echo=said.append,
+          progress=False)
+    assert "\n  gate_bias " not in "\n".join(said)              # antisym has no gate to show
+    older = resolve_config(**dict(CONFIG, model="antisym-gated"))
+    del older["gate_bias"]
+    config, changes = nprnn.train.merge_resume_config(older, {})
+    assert config["gate_bias"] == 0.0 and changes == []
+    assert np.all(nprnn.train.build_model(older, 2, 2).params["b_z"] == 0)
 
 
 def test_a_run_saved_with_an_option_that_changes_nothing_still_resumes(tmp_path, monkeypatch):
