@@ -721,7 +721,8 @@ def read_runs(paths, empty_ok=False):
 
 # a results table's settings: these always, and any other that is not train's default
 SUMMARY_SETTINGS = ("hidden", "T", "eps", "gamma", "sigma_w", "optimizer", "lr", "seed")
-OTHER_SETTINGS = ("init", "clip", "momentum", "batch_size", "perm_seed", "dtype")
+OTHER_SETTINGS = ("gate_bias", "pixels", "init", "clip", "momentum", "batch_size", "perm_seed",
+                  "dtype")
 
 
 def run_summary(run):

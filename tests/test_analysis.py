@@ -389,7 +389,7 @@ def test_results_give_each_runs_settings_reach_and_last_and_best_accuracy(tmp_pa
     (gated / "config.json").write_text(json.dumps(dict(
         model="antisym-gated", task="mnist", hidden=128, T=None, eps=0.01, gamma=0.1,
         sigma_w=2.0, optimizer="sgd", lr=0.4, seed=1, init="paper", clip=0.0, iterations=50000,
-        valid_size=0, eval_split="test")))
+        valid_size=0, eval_split="test", gate_bias=1.0, pixels="standardised")))
     trial = make_run(tmp_path, "0007", iterations=(0, 10, 20, 30))
     (trial / "config.json").write_text(json.dumps(dict(
         model="antisym", task="mnist-noise", hidden=16, T=28, eps=0.1, gamma=0.01, sigma_w=1.0,
@@ -402,7 +402,8 @@ def test_results_give_each_runs_settings_reach_and_last_and_best_accuracy(tmp_pa
         f.write(json.dumps(dict(iteration=30, split="test", accuracy=0.99, time=1900.0)) + "\n")
     g, t = (A.run_summary(r) for r in A.read_runs([gated, trial]))
     assert g == dict(name="gated", model="antisym-gated", task="mnist", settings="hidden 128, "
-                     "eps 0.01, gamma 0.1, sigma_w 2, optimizer sgd, lr 0.4, seed 1",
+                     "eps 0.01, gamma 0.1, sigma_w 2, optimizer sgd, lr 0.4, seed 1, "
+                     "gate_bias 1, pixels standardised",
                      reached=20, planned=50000, time=None, split="test",
                      last=(20, 0.1 + 20 / 30), best=(20, 0.1 + 20 / 30))
     assert t["settings"] == ("hidden 16, T 28, eps 0.1, gamma 0.01, sigma_w 1, optimizer "
