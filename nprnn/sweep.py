@@ -76,11 +76,10 @@ from . import plotting
 from .checkpoint import FILENAME, load_checkpoint
 from .device import DeviceUnavailable, resolve_device, usable_cpus
 from .files import pid_alive, temporary_name, written_atomically
-from .model import make_model
 from .sources import DataError
 from .train import (BEST, CONFIG, METRICS, OPTIONS, RunInUse, RunLock, TrainError,
-                    TrainingDiverged, check_options_used, evaluate_checkpoint, load_task,
-                    resolve_config, train, train_command)
+                    TrainingDiverged, build_model, check_options_used, evaluate_checkpoint,
+                    load_task, resolve_config, train, train_command)
 
 # Appendix C of Chang et al. (2019): the grid searched for the Euler cells
 SPACES = {
@@ -302,7 +301,7 @@ def task_shape(fixed, task=None):
 def check_space(fixed, space, task=None):
     """Refuse, before any trial, a space whose values a run would refuse: every value of every
     axis (the others at their first value; a range at both ends) goes through resolve_config,
-    check_options_used and make_model, as a trial's run would; and a task that its runs could
+    check_options_used and build_model, as a trial's run would; and a task that its runs could
     not load (`task`: an in-memory one, else the named one is loaded here)."""
     if "momentum" in space and any(
             v == "adagrad" for v in (space["optimizer"].values if "optimizer" in space
@@ -321,10 +320,7 @@ def check_space(fixed, space, task=None):
             try:
                 config = resolve_config(**dict(fixed, **point))
                 check_options_used(config)
-                make_model(config["model"], input_size=m, hidden_size=config["hidden"],
-                           num_classes=classes, eps=config["eps"], gamma=config["gamma"],
-                           sigma_w=config["sigma_w"], init=config["init"], seed=config["seed"],
-                           dtype=config["dtype"], device="cpu", gate_bias=config["gate_bias"])
+                build_model(dict(config, device="cpu"), m, classes)   # no GPU needed to check
             except (TrainError, ValueError, TypeError) as e:
                 raise SweepError(f"{name} = {value!r} would be refused by every trial that "
                                  f"runs it: {e}") from None
