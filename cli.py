@@ -48,6 +48,21 @@ class Folder(click.Path):
 FOLDER = Folder()
 
 
+class Iterations(click.ParamType):
+    """ITER[,ITER...]: distinct iterations >= 1, as a sorted list (train's --lr-decay-at)."""
+
+    name = "ITER[,ITER...]"
+
+    def convert(self, value, param, ctx):
+        try:
+            return training.parse_iterations(param.name if param else "value", value)
+        except training.TrainError as e:
+            self.fail(str(e), param, ctx)
+
+
+ITERATIONS = Iterations()
+
+
 class FiniteFloat(click.FloatRange):
     """click.FloatRange that also refuses nan and inf. FloatRange lets nan through (every
     comparison with nan is false), and inf wherever no max is given; step sizes, scales and
@@ -805,6 +820,8 @@ def _run_options(command):
             kw["type"] = click.Choice(list(option.choices))
         elif option.kind == "folder":
             kw["type"] = FOLDER
+        elif option.kind == "iterations":
+            kw["type"] = ITERATIONS
         elif option.kind == "flag":
             flag = f"{flag}/--no-{flag[2:]}"
         command = click.option(flag, name, **kw)(command)

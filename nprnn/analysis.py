@@ -721,8 +721,11 @@ def read_runs(paths, empty_ok=False):
 
 # a results table's settings: these always, and any other that is not train's default
 SUMMARY_SETTINGS = ("hidden", "T", "eps", "gamma", "sigma_w", "optimizer", "lr", "seed")
-OTHER_SETTINGS = ("gate_bias", "pixels", "init", "clip", "momentum", "batch_size", "perm_seed",
-                  "dtype")
+OTHER_SETTINGS = ("w_form", "gate_bias", "pixels", "init", "clip", "momentum", "lr_decay_at",
+                  "lr_decay", "batch_size", "perm_seed", "dtype")
+# what a setting left out of a run's config means, where not train's DEFAULTS (which say "the
+# model's own" for w_form)
+SHOWN_DEFAULTS = dict(DEFAULTS, w_form="triangle")
 
 
 def run_summary(run):
@@ -736,7 +739,9 @@ def run_summary(run):
     evals = [(r["iteration"], r["accuracy"]) for r in run["records"]
              if r["split"] == split and r["accuracy"] is not None]
     shown = [k for k in SUMMARY_SETTINGS if config.get(k) is not None]
-    shown += [k for k in OTHER_SETTINGS if config.get(k, DEFAULTS[k]) != DEFAULTS[k]]
+    shown += [k for k in OTHER_SETTINGS
+              if config.get(k, SHOWN_DEFAULTS[k]) not in (SHOWN_DEFAULTS[k], DEFAULTS[k])
+              and not (k == "lr_decay" and not config.get("lr_decay_at"))]
     settings = ", ".join(f"{k} {config[k]:.12g}" if isinstance(config[k], float) else
                          f"{k} {config[k]}" for k in shown)
     return dict(name=run["name"], model=run["model"], task=run["task"], settings=settings,

@@ -28,6 +28,8 @@ checked (tests/test_extra_cell.py registers one from a spec alone). A new cell o
 is its reference functions and one `register(...)` line; a new family adds its kernels file and a
 spec class (`forward`, `backward`, `persistent_layouts` beside the rest).
 """
+import copy
+
 import numpy as np
 
 from . import reference
@@ -43,6 +45,12 @@ from .kernels.gpu_common import SHARED_BYTES_MAX, split_lanes
 DEFAULT_EPS = 0.01
 DEFAULT_GAMMA = 0.01
 INIT_SCHEMES = ("paper", "critical")      # every scheme; each cell lists its own in init_schemes
+# How the antisymmetric cells hold W in A = W - W^T - gamma I: "triangle", W strictly upper
+# triangular (n(n-1)/2 parameters, the paper's count, and the default); "full", a full n x n W
+# (the paper's W_h in R^{n x n}, as public re-implementations hold it). Under the same lr a full W
+# moves A twice as far per step (A's gradient reaches both W_ij and W_ji), and Appendix C's
+# N(0, sigma_w^2 / n) gives A twice the variance: not the same model under SGD.
+W_FORMS = ("triangle", "full")
 
 
 def gaussian(rng, shape, var, dtype):
@@ -65,6 +73,23 @@ class Cell:
     product_blocks = (1, 1)      # n-wide blocks of its recurrent and input products (bench FLOPs)
     unfitting_layout = None      # the layout named when a persistent pass does not fit
     torch_module = None          # the torch.nn module with the same weights, if any (bench)
+    w_forms = ()                 # the forms of W it may take (W_FORMS; the first the default)
+    w_form = None                # the form this spec holds W in
+
+    def with_w_form(self, w_form):
+        """This spec with W in the form `w_form` (one of `w_forms`; None: the default). The
+        registry keeps the default form; a model made with another holds a copy."""
+        if w_form is None or w_form == self.w_form:
+            return self
+        if not self.w_forms:
+            having = ", ".join(k for k, c in CELLS.items() if c.w_forms)
+            raise ValueError(f"w_form = {w_form!r} is the form of W in A = W - W^T of "
+                             f"{having}; model {self.name!r} has no such W: leave w_form out")
+        if w_form not in self.w_forms:
+            raise ValueError(f"w_form must be one of {', '.join(self.w_forms)}, got {w_form!r}")
+        variant = copy.copy(self)
+        variant.w_form = w_form
+        return variant
 
     def shapes(self, m, n):
         raise NotImplementedError
@@ -139,6 +164,8 @@ class EulerCell(Cell):
                  gate_reads_h=True):
         self.name, self.summary, self.reference = name, summary, reference
         self.antisymmetric, self.gated = antisymmetric, gated
+        self.w_forms = W_FORMS if antisymmetric else ()
+        self.w_form = W_FORMS[0] if antisymmetric else None
         self.kz = 1.0 if gate_reads_h else 0.0     # the gate's share of A h_{t-1} (kernels)
         self.diffusion = uses_gamma               # A has -gamma I (always, if antisymmetric)
         self.hyper = ("eps", "gamma") if uses_gamma else ("eps",)
@@ -156,12 +183,17 @@ class EulerCell(Cell):
 
     def num_params(self, m, n):
         total = super().num_params(m, n)
-        return total - n * (n + 1) // 2 if self.antisymmetric else total
+        return total - n * (n + 1) // 2 if self.w_form == "triangle" else total
 
     def grad_mask(self, name, n):
-        if self.antisymmetric and name == "W":
+        if self.w_form == "triangle" and name == "W":
             return np.triu(np.ones((n, n)), k=1)
         return None
+
+    def reference_backward(self, p, cache, dh_T, **hyper):
+        if self.antisymmetric:
+            hyper["w_form"] = self.w_form
+        return super().reference_backward(p, cache, dh_T, **hyper)
 
     def init(self, rng, m, n, dtype, sigma_w=1.0, scheme="paper"):
         self.check_init(scheme)
@@ -169,9 +201,10 @@ class EulerCell(Cell):
         p = dict(W=gaussian(rng, (n, n), sigma_w ** 2 / n, dtype),
                  V_h=gaussian(rng, (n, m), 1.0 / m, dtype),
                  b_h=np.zeros(n, dtype))
-        if self.antisymmetric:
+        if self.w_form == "triangle":
             # only the strict upper triangle is a parameter (n(n-1)/2 of them, the paper's count),
-            # so each off-diagonal entry of W - W^T is one N(0, sigma_w^2 / n) draw
+            # so each off-diagonal entry of W - W^T is one N(0, sigma_w^2 / n) draw (a full W
+            # gives it two: variance 2 sigma_w^2 / n)
             p["W"] = np.triu(p["W"], k=1)
         if self.gated:
             p["V_z"] = gaussian(rng, (n, m), 1.0 / m, dtype)
@@ -233,7 +266,7 @@ class EulerCell(Cell):
             state = (dh_T, hs, th, x, A, eps)
         backend.run_pass(self.backward_kernels, True, *grads, *state)
         if self.antisymmetric:
-            backend.run(K_euler.antisym_dW, g["W"], dA)
+            backend.run(K_euler.antisym_dW, g["W"], dA, self.w_form == "triangle")
         return g, dh0
 
     def gate_values(self, cache):
@@ -246,6 +279,15 @@ CELLS = {}
 def register(cell):
     CELLS[cell.name] = cell
     return cell
+
+
+def variants():
+    """(label, name, make_model options) of every registered cell in its default form, then of
+    each other form of W it takes ("antisym[w_form=full]"): what registry-driven tests check."""
+    found = [(name, name, {}) for name in CELLS]
+    for name, cell in CELLS.items():
+        found += [(f"{name}[w_form={form}]", name, dict(w_form=form)) for form in cell.w_forms[1:]]
+    return found
 
 
 register(EulerCell("antisym", "AntisymmetricRNN, eq. (12)", antisymmetric=True, gated=False,

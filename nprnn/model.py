@@ -60,6 +60,8 @@ class Model:
         self.config = dict(model=cell.name, input_size=input_size, hidden_size=hidden_size,
                            num_classes=num_classes, dtype=self.dtype.name, sigma_w=sigma_w,
                            init=init, seed=seed, gate_bias=gate_bias, **hyper)
+        if cell.w_form is not None:
+            self.config["w_form"] = cell.w_form
 
     @property
     def name(self):
@@ -221,14 +223,16 @@ def _dtype_name(dtype):
 
 
 def make_model(name, input_size, hidden_size, num_classes=10, eps=None, gamma=None, sigma_w=1.0,
-               init="paper", seed=0, dtype="float32", device="cpu", gate_bias=0.0):
+               init="paper", seed=0, dtype="float32", device="cpu", gate_bias=0.0, w_form=None):
     """Build a model by name (see `nprnn.CELLS`), initialised as in Appendix C of the paper
     (`init="paper"`) or critically (`init="critical"`, LSTMs only; Gilboa et al. 2019, D.4).
     gate_bias starts the gate bias b_z of a gated Euler cell (eq. 13) at that value instead of
-    Appendix C's 0: a deviation from the paper, as an LSTM's forget gate starts at 1."""
+    Appendix C's 0: a deviation from the paper, as an LSTM's forget gate starts at 1.
+    w_form holds W of the antisymmetric models (A = W - W^T - gamma I) strictly upper triangular
+    ("triangle", the default: n(n-1)/2 parameters) or full ("full": n^2; cells.W_FORMS)."""
     if name not in CELLS:
         raise ValueError(f"unknown model {name!r}; choose one of: {', '.join(CELLS)}")
-    cell = CELLS[name]
+    cell = CELLS[name].with_w_form(w_form)
     input_size, hidden_size, num_classes, seed = (
         _integer(label, v, minimum) for label, v, minimum in
         (("input_size", input_size, 1), ("hidden_size", hidden_size, 1),

@@ -42,9 +42,10 @@ def antisym_matrix(W, gamma):
     return W - W.T - gamma * np.eye(W.shape[0])
 
 
-def antisym_dW(dA):
-    """A = W - W^T - gamma I  =>  dL/dW_ij = dA_ij - dA_ji, kept on the strict upper triangle."""
-    return np.triu(dA - dA.T, k=1)
+def antisym_dW(dA, w_form="triangle"):
+    """A = W - W^T - gamma I  =>  dL/dW_ij = dA_ij - dA_ji, kept on the strict upper triangle
+    (w_form "triangle", W strictly upper triangular) or everywhere ("full", a full W)."""
+    return np.triu(dA - dA.T, k=1) if w_form == "triangle" else dA - dA.T
 
 
 def euler_forward(x, A, V_h, b_h, eps, V_z=None, b_z=None, h0=None, gate_reads_h=True):
@@ -118,9 +119,9 @@ def antisym_forward(p, x, eps, gamma, h0=None):
     return euler_forward(x, antisym_matrix(p["W"], gamma), p["V_h"], p["b_h"], eps, h0=h0)
 
 
-def antisym_backward(p, cache, dh_T, eps, gamma):
+def antisym_backward(p, cache, dh_T, eps, gamma, w_form="triangle"):
     dA, dV_h, db_h, _, _, dh0 = euler_backward(cache, dh_T)
-    return dict(W=antisym_dW(dA), V_h=dV_h, b_h=db_h), dh0
+    return dict(W=antisym_dW(dA, w_form), V_h=dV_h, b_h=db_h), dh0
 
 
 def antisym_gated_forward(p, x, eps, gamma, h0=None):
@@ -129,9 +130,9 @@ def antisym_gated_forward(p, x, eps, gamma, h0=None):
                          V_z=p["V_z"], b_z=p["b_z"], h0=h0)
 
 
-def antisym_gated_backward(p, cache, dh_T, eps, gamma):
+def antisym_gated_backward(p, cache, dh_T, eps, gamma, w_form="triangle"):
     dA, dV_h, db_h, dV_z, db_z, dh0 = euler_backward(cache, dh_T)
-    return dict(W=antisym_dW(dA), V_h=dV_h, b_h=db_h, V_z=dV_z, b_z=db_z), dh0
+    return dict(W=antisym_dW(dA, w_form), V_h=dV_h, b_h=db_h, V_z=dV_z, b_z=db_z), dh0
 
 
 def antisym_xgate_forward(p, x, eps, gamma, h0=None):

@@ -88,8 +88,8 @@ SPACES = {
                        lr=[0.1, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0], optimizer=["sgd", "adagrad"]),
 }
 # the options a space may search (the others are held fixed: they say what the run is, not how)
-SEARCHABLE = ("lr", "optimizer", "momentum", "sigma_w", "eps", "gamma", "gate_bias", "init",
-              "clip", "batch_size", "hidden", "pixels", "seed")
+SEARCHABLE = ("lr", "optimizer", "momentum", "sigma_w", "eps", "gamma", "gate_bias", "w_form",
+              "init", "clip", "batch_size", "hidden", "pixels", "seed")
 SAMPLERS = ("grid", "random", "tpe")
 SWEEP = "sweep.json"
 JOURNAL = "study.journal"

@@ -57,7 +57,7 @@ from pathlib import Path
 import numpy as np
 
 from . import autotune, datasets
-from .cells import CELLS, INIT_SCHEMES
+from .cells import CELLS, INIT_SCHEMES, W_FORMS
 from .checkpoint import (FILENAME, CheckpointError, load_checkpoint, load_params_into,
                          read_config_json, save_checkpoint)
 from .datasets import MAX_SEED, resolve_data_dir
@@ -113,12 +113,22 @@ OPTIONS = dict(
     gate_bias=Option(0.0, "Start the gate bias b_z of antisym-gated, ablation and antisym-xgate "
                           "at this value (Appendix C: 0; 1 is a deviation from the paper).",
                      "float"),
+    w_form=Option(None, "How antisym, antisym-gated and antisym-xgate hold W in A = W - W^T - "
+                        "gamma I: triangle, strictly upper triangular (n(n-1)/2 parameters, the "
+                        "paper's count); full, all n^2 (the paper's W_h in R^{n x n}, as public "
+                        "re-implementations hold it) [default: triangle].", "choice",
+                  choices=W_FORMS),
     init=Option("paper", "Initialisation: Appendix C, or critical (LSTMs only).", "choice",
                 choices=INIT_SCHEMES),
     optimizer=Option("sgd", "SGD with momentum, or Adagrad.", "choice",
                      choices=tuple(OPTIMIZERS)),
     lr=Option(0.1, "Learning rate (grid: 0.1, 0.2, 0.3, 0.4, 0.5, 0.75, 1).", "float",
               minimum=0, above=True, on_resume=True),
+    lr_decay_at=Option(None, "Multiply the learning rate by --lr-decay after each of these "
+                             "iterations (ITER[,ITER...]; none by default: a constant lr).",
+                       "iterations", on_resume=True),
+    lr_decay=Option(0.1, "The factor of each --lr-decay-at.", "float", minimum=0, above=True,
+                    on_resume=True),
     momentum=Option(0.9, "SGD momentum (adagrad has none: leave it out; the paper gives no "
                          "value).", "float", minimum=0, maximum=1, below=True),
     batch_size=Option(128, "Examples per step.", minimum=1),
@@ -180,6 +190,8 @@ def train_command(config, out, always=()):
             continue
         if option.kind == "flag":
             words.append(flag(name) if value else "--no-" + flag(name)[2:])
+        elif option.kind == "iterations":
+            words += [flag(name), ",".join(str(k) for k in value)]
         else:
             words += [flag(name), str(value)]
     return shlex.join(words + ["--out", str(out)])
@@ -233,6 +245,34 @@ def _float_option(config, key, option):
     config[key] = v
 
 
+def parse_iterations(key, v):
+    """v (a list of iterations, or their text "8000,9000") as a sorted list of distinct ints
+    >= 1; TrainError naming the bad entry if not."""
+    items = (v.split(",") if v.strip() else []) if isinstance(v, str) else v
+    if not isinstance(items, (list, tuple)) or not items:
+        raise TrainError(f"{key} must be one or more iterations (ITER[,ITER...]), got {v!r}")
+    found = []
+    for item in items:
+        try:
+            it = int(item.strip()) if isinstance(item, str) else item
+        except ValueError:
+            it = item
+        if isinstance(it, (bool, np.bool_)) or not isinstance(it, (int, np.integer)) or it < 1:
+            raise TrainError(f"{key} must list iterations, integers >= 1, got {item!r} in "
+                             f"{v!r}")
+        if int(it) in found:
+            raise TrainError(f"{key} lists iteration {int(it)} twice in {v!r}")
+        found.append(int(it))
+    return sorted(found)
+
+
+def lr_at(config, it):
+    """The learning rate of the step from iteration `it` to it + 1: lr times lr_decay for each
+    iteration of lr_decay_at that is <= it (a run saved before the schedule has none)."""
+    decays = sum(1 for k in config.get("lr_decay_at") or () if k <= it)
+    return config["lr"] * config.get("lr_decay", 0.1) ** decays
+
+
 def resolve_config(**options):
     """DEFAULTS updated with `options`, checked. Unknown keys and out-of-range values raise
     TrainError naming the value and what is allowed. (The model and task check their own
@@ -252,6 +292,8 @@ def resolve_config(**options):
             if not isinstance(config[key], (bool, np.bool_)):
                 raise TrainError(f"{key} must be True or False, got {config[key]!r}")
             config[key] = bool(config[key])
+        elif option.kind == "iterations":
+            config[key] = parse_iterations(key, config[key])
     try:
         datasets.check_pixels(config["pixels"])
     except ValueError as e:
@@ -283,6 +325,10 @@ def check_options_used(config):
     if config["keep_best"] and config["valid_size"] == 0:
         raise TrainError("keep_best keeps the checkpoint of the best validation accuracy: give "
                          "valid_size > 0 (the test split is never used to choose)")
+    if config["lr_decay_at"] is None and config["lr_decay"] != DEFAULTS["lr_decay"]:
+        raise TrainError(f"lr_decay = {config['lr_decay']!r} has no effect without lr_decay_at "
+                         f"(the iterations after which the lr is multiplied by it): give "
+                         f"--lr-decay-at ITER[,ITER...], or leave lr_decay out")
     if config["task"] != "pmnist" and config["perm_seed"] != DEFAULTS["perm_seed"]:
         raise TrainError(f"perm_seed = {config['perm_seed']!r} has no effect on task "
                          f"{config['task']!r} (it seeds pmnist's pixel permutation): leave "
@@ -352,7 +398,8 @@ def build_model(config, input_size, num_classes):
                       num_classes=num_classes, eps=config["eps"], gamma=config["gamma"],
                       sigma_w=config["sigma_w"], init=config["init"], seed=config["seed"],
                       dtype=config["dtype"], device=config["device"],
-                      gate_bias=config.get("gate_bias", 0.0))      # (runs saved before it: 0)
+                      gate_bias=config.get("gate_bias", 0.0),      # (runs saved before it: 0)
+                      w_form=config.get("w_form"))                 # (before it: the default)
 
 
 def build_optimizer(config, params):
@@ -614,14 +661,16 @@ def format_config(config, model):
     """The resolved configuration as aligned 'key  value' lines, the parameter count and, on
     cuda, the kernels each pass runs."""
     keys = ["model", "task", "pixels", "seq_len", "hidden", "eps", "gamma", "sigma_w",
-            "gate_bias", "init",
-            "optimizer", "lr", "momentum", "clip", "batch_size", "iterations", "seed", "perm_seed",
+            "gate_bias", "w_form", "init",
+            "optimizer", "lr", "lr_decay_at", "lr_decay", "momentum", "clip", "batch_size", "iterations", "seed", "perm_seed",
             "dtype", "device", "eval_every", "eval_split", "log_every", "checkpoint_every",
             "data_dir", "valid_size"]
     lines = [f"  {k:<17} {config.get(k)}" for k in keys
              if not (k == "momentum" and k not in OPTIMIZERS[config["optimizer"]].options)
              and not (k == "perm_seed" and config["task"] != "pmnist")
-             and not (k == "gate_bias" and "b_z" not in model.params)]
+             and not (k == "gate_bias" and "b_z" not in model.params)
+             and not (k == "w_form" and config.get(k) is None)
+             and not (k == "lr_decay" and not config.get("lr_decay_at"))]
     lines.append(f"  {'parameters':<17} {model.num_params():,}")
     if model.device == "cuda":      # which GPU kernels run (nprnn/autotune.py times them once)
         choice = model.kernels_for(config["batch_size"], config["seq_len"])
@@ -819,7 +868,8 @@ class Run:
 
         # the resolved configuration: every default made explicit, as config.json records it
         eval_split = "valid" if config["valid_size"] > 0 else "test"
-        config.update(eps=model.hyper.get("eps"), gamma=model.hyper.get("gamma"), seq_len=task.T,
+        config.update(eps=model.hyper.get("eps"), gamma=model.hyper.get("gamma"),
+                      w_form=model.cell.w_form, seq_len=task.T,
                       input_size=task.m, num_classes=task.num_classes,
                       num_params=model.num_params(), eval_split=eval_split)
         B, total = config["batch_size"], config["iterations"]
@@ -921,6 +971,7 @@ class Run:
         clipping factor they give), the optimizer's update."""
         self.losses, grads, logits, y_step = self.model.step_arrays(x, y)
         self.recorder.record(self.losses, logits, y_step, grads)
+        self.optimizer.lr = lr_at(self.config, self.it)     # the schedule's, at this step
         self.optimizer.step(self.model.params, grads, self.recorder.scale)
         self.it += 1
         self.prog.update(iteration=self.it, epoch=self.it // self.per_epoch,
@@ -940,7 +991,7 @@ class Run:
             t = self.elapsed()
             self.log.write(iteration=it, split="train", loss=self.run_loss,
                            accuracy=self.run_acc, grad_norm=acc["grad_norm_sum"] / acc["steps"],
-                           lr=config["lr"], epoch=it / self.per_epoch, time=round(t, 3),
+                           lr=lr_at(config, it - 1), epoch=it / self.per_epoch, time=round(t, 3),
                            it_per_s=round(it / max(t, 1e-9), 4))
         self.bar.update(it, self.run_loss, self.run_acc, interval_end)
         if interval_end:

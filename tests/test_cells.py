@@ -3,7 +3,8 @@
     finite differences (float64) -> reference.py (float64 NumPy) -> @njit CPU kernels
 
 The GPU link (CPU kernels -> @cuda.jit kernels) is in test_cuda.py. Tests are parametrised over
-`nprnn.CELLS`, so a cell that is registered is a cell that is checked.
+`nprnn.CELLS`, so a cell that is registered is a cell that is checked, in each form of W it
+takes (`cells.variants()`: "antisym[w_form=full]" beside "antisym").
 """
 import re
 
@@ -12,18 +13,27 @@ import pytest
 
 import nprnn
 from nprnn import reference
+from nprnn.cells import variants
 from nprnn.gradcheck import check_model_gradients, numerical_gradient, relative_error
 
-CELL_NAMES = list(nprnn.CELLS)
+VARIANTS = {label: (name, options) for label, name, options in variants()}
+CELL_NAMES = list(VARIANTS)            # "antisym", ..., "antisym[w_form=full]", ...
 B, T, M, N, K = 3, 7, 3, 5, 4          # tiny, but several steps of full BPTT
 
 
-def random_model(name, dtype="float64", seed=0):
+def make(label, *args, **kw):
+    """make_model for a variant's label: its cell's name and its options."""
+    name, options = VARIANTS[label]
+    return nprnn.make_model(name, *args, **options, **kw)
+
+
+def random_model(label, dtype="float64", seed=0):
     """A model whose parameters are all non-zero (biases and peepholes too), so that every
     gradient path is exercised; the strict upper triangle of an antisymmetric W is respected."""
-    model = nprnn.make_model(name, M, N, K, dtype=dtype, seed=seed, sigma_w=2.0,
-                             **({"eps": 0.5, "gamma": 0.1} if "gamma" in nprnn.CELLS[name].hyper
-                                else {"eps": 0.5} if "eps" in nprnn.CELLS[name].hyper else {}))
+    hyper = nprnn.CELLS[VARIANTS[label][0]].hyper
+    model = make(label, M, N, K, dtype=dtype, seed=seed, sigma_w=2.0,
+                 **({"eps": 0.5, "gamma": 0.1} if "gamma" in hyper
+                    else {"eps": 0.5} if "eps" in hyper else {}))
     rng = np.random.default_rng(seed + 100)
     for key, value in model.params.items():
         noise = 0.3 * rng.standard_normal(value.shape)
@@ -223,6 +233,39 @@ def test_antisymmetric_w_gradient_is_strictly_upper_triangular():
     assert np.all(np.tril(model.params["W"]) == 0)
 
 
+@pytest.mark.parametrize("name", ["antisym", "antisym-gated", "antisym-xgate"])
+def test_a_full_w_is_the_same_model_as_its_triangle_with_twice_the_gradient(name):
+    """A full W and the triangle U = triu(W - W^T) give the same A, so the same loss; A's
+    gradient reaches both W_ij and W_ji, so dW (full) = dA - dA^T is antisymmetric, and its
+    upper triangle is the triangle's dU. A full W starts with entries below the diagonal
+    (A gets two draws per entry) and counts n^2 parameters; the config records the form."""
+    full = random_model(f"{name}[w_form=full]")
+    tri = random_model(name)
+    assert np.count_nonzero(np.tril(full.params["W"], k=-1)) == N * (N - 1) // 2
+    tri.params = {k: v.copy() for k, v in full.params.items()}
+    tri.params["W"] = np.triu(full.params["W"] - full.params["W"].T, k=1)
+    x, y = batch()
+    loss_f, g_f = full.loss_and_grad(x, y)
+    loss_t, g_t = tri.loss_and_grad(x, y)
+    assert abs(loss_f - loss_t) < 1e-12
+    np.testing.assert_allclose(g_f["W"], -g_f["W"].T, rtol=0, atol=1e-15)
+    np.testing.assert_allclose(np.triu(g_f["W"], k=1), g_t["W"], rtol=1e-12, atol=1e-15)
+    assert full.num_params() == tri.num_params() + N * (N + 1) // 2
+    assert full.config["w_form"] == "full" and tri.config["w_form"] == "triangle"
+    assert "w_form" not in nprnn.make_model("lstm", 1, 4).config
+
+
+def test_w_form_is_refused_where_there_is_no_antisymmetric_w_or_the_form_is_unknown():
+    for name in ("ablation", "feedback", "lstm", "gru"):
+        with pytest.raises(ValueError, match=rf"w_form = 'full' is the form of W in A = W - W\^T "
+                                             rf"of antisym, antisym-gated, antisym-xgate; model "
+                                             rf"'{name}' has no such W: leave w_form out"):
+            nprnn.make_model(name, 1, 4, w_form="full")
+    with pytest.raises(ValueError, match="w_form must be one of triangle, full, got 'upper'"):
+        nprnn.make_model("antisym", 1, 4, w_form="upper")
+    assert nprnn.CELLS["antisym"].w_form == "triangle"     # the registry keeps its default
+
+
 # ----------------------------------------------------------------------------------------------
 # Parameters: names, counts, initialisation
 # ----------------------------------------------------------------------------------------------
@@ -243,9 +286,12 @@ def test_parameter_counts_match_the_paper():
     assert model.num_params() == 128 * 127 // 2 + 128 + 128 + 1290
 
 
-def expected_params(name, m, n, K=10):
+def expected_params(label, m, n, K=10):
     """Trainable scalars by each model's equations (README, Models), worked out here by hand."""
     readout = K * n + K
+    name, options = VARIANTS[label]
+    if options.get("w_form") == "full":                # all n^2 entries of W
+        return expected_params(name, m, n, K) + n * (n + 1) // 2
     per_gate = n * m + n * n + 2 * n                     # weight_ih, weight_hh, bias_ih, bias_hh
     return readout + {
         "antisym": n * (n - 1) // 2 + n * m + n,         # strict upper triangle of W, V_h, b_h
@@ -264,7 +310,9 @@ def test_exact_parameter_counts_and_the_params_command(name):
 
     import cli
     for m, n in [(1, 128), (3, 196), (3, 256)]:
-        assert nprnn.make_model(name, m, n, 10).num_params() == expected_params(name, m, n)
+        assert make(name, m, n, 10).num_params() == expected_params(name, m, n)
+    if name not in nprnn.CELLS:                        # `params` lists the registry's forms
+        return
     out = CliRunner().invoke(cli.cli, ["params"]).output
     row = next(line.split() for line in out.splitlines()[::-1] if line.split()[:1] == [name])
     assert row[1] == f"{expected_params(name, 1, 128):,}"
@@ -275,7 +323,7 @@ def test_exact_parameter_counts_and_the_params_command(name):
 @pytest.mark.parametrize("name", CELL_NAMES)
 def test_parameter_names_shapes_and_dtypes(name):
     m, n = 3, 6
-    model = nprnn.make_model(name, m, n, 10, dtype="float32")
+    model = make(name, m, n, 10, dtype="float32")
     shapes = model.cell.shapes(m, n)
     assert list(model.params) == list(shapes) + ["W_out", "b_out"]
     for key, shape in shapes.items():

@@ -67,7 +67,7 @@ ARG_KINDS = {
     "clip": "f64",
     "scale": "f64_1", "total": "f64_1", "stats": "f64_1",
     "delta": "f64", "t": "i", "t0": "i", "rows": "i", "layout": "i", "peephole": "b",
-    "accumulate": "b",
+    "accumulate": "b", "triangle": "b",
     "y": "i64_1", "out": "f64_1", "block_sums": "f64_1", "starts": "u64_1",
 }
 # where one name means another kind in one kernel: (kernel, argument) -> kind

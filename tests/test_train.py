@@ -661,7 +661,9 @@ def test_cli_train_then_eval(tmp_path, toy_get_task):
          iterations=50_000, seed=1, gate_bias=1.0),
     dict(model="lstm", task="mnist-noise", T=1000, optimizer="adagrad", init="critical",
          valid_size=500, keep_best=True, clip=1.0, eval_every=250, dtype="float64"),
-    dict(model="rnn", task="pmnist", perm_seed=3, tensorboard=True, batch_size=64)])
+    dict(model="rnn", task="pmnist", perm_seed=3, tensorboard=True, batch_size=64),
+    dict(model="antisym", task="mnist", w_form="full", lr_decay_at=[40_000, 45_000],
+         lr_decay=0.5)])
 def test_train_command_gives_back_the_run_it_was_made_from(given):
     """`train_command` (what `sweep report` prints for the chosen point) parsed by `train`'s own
     options is the same run: every setting, the defaults left out of it among them."""
@@ -942,6 +944,92 @@ def test_a_gate_bias_run_records_it_keeps_it_on_resume_and_older_runs_start_at_0
     config, changes = nprnn.train.merge_resume_config(older, {})
     assert config["gate_bias"] == 0.0 and changes == []
     assert np.all(nprnn.train.build_model(older, 2, 2).params["b_z"] == 0)
+
+
+def test_the_lr_schedule_decays_at_its_iterations_is_logged_and_resumes_bit_identical(tmp_path):
+    """--lr-decay-at 9,13 --lr-decay 0.5: the steps after iteration 9 take lr / 2, after 13
+    lr / 4 (an SGD step moves the velocity by the gradient and the parameters by lr times it,
+    so the change is seen in the parameters at once); metrics.jsonl logs the lr of each
+    interval's last step. A run stopped at 11, between the decays, resumes bit for bit, and a
+    run saved before the schedule existed has none."""
+    config = dict(CONFIG, optimizer="sgd", lr_decay_at="13,9", lr_decay=0.5)
+    whole = train(dict(config), tmp_path / "whole", task=toy_task(), **quiet())
+    assert whole["completed"]
+    saved = json.loads((tmp_path / "whole" / "config.json").read_text())
+    assert saved["lr_decay_at"] == [9, 13] and saved["lr_decay"] == 0.5
+    logged = {r["iteration"]: r["lr"] for r in records(tmp_path / "whole")
+              if r["split"] == "train"}
+    assert logged == {4: 0.1, 8: 0.1, 12: 0.05, 16: 0.025, 20: 0.025, 24: 0.025, 26: 0.025}
+    assert [nprnn.train.lr_at(saved, it) for it in (0, 8, 9, 12, 13, 25)] == [
+        0.1, 0.1, 0.05, 0.05, 0.025, 0.025]
+
+    def interrupt(it, loss):
+        if it == 11:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    assert train(dict(config), tmp_path / "split", task=toy_task(),
+                 **quiet(callback=interrupt))["stopped"] == "SIGINT"
+    train(out=tmp_path / "split", resume=True, task=toy_task(), **quiet())
+    assert_same_state(tmp_path / "split", tmp_path / "whole")
+    assert records(tmp_path / "split") == records(tmp_path / "whole")
+
+    constant = train(dict(CONFIG, optimizer="sgd"), tmp_path / "constant", task=toy_task(),
+                     **quiet())
+    assert constant["completed"]
+    assert {r["lr"] for r in records(tmp_path / "constant") if r["split"] == "train"} == {0.1}
+    older = resolve_config(**CONFIG)
+    del older["lr_decay_at"], older["lr_decay"]
+    assert nprnn.train.lr_at(older, 25) == 0.1
+
+
+def test_the_lr_schedule_may_be_given_on_resume_and_is_checked(tmp_path):
+    """A finished constant-lr run continued with a decay (the Table 1 issue's test of a
+    schedule), and the bad schedules refused with what is allowed."""
+    train(dict(CONFIG, iterations=10), tmp_path, task=toy_task(), **quiet())
+    said = []
+    train(out=tmp_path, resume=True, given=dict(iterations=14, lr_decay_at="10"),
+          task=toy_task(), echo=said.append, progress=False)
+    assert "resume: lr_decay_at: None -> [10]" in said
+    lrs = {r["iteration"]: r["lr"] for r in records(tmp_path) if r["split"] == "train"}
+    assert lrs == {4: 0.1, 8: 0.1, 10: 0.1, 12: pytest.approx(0.01), 14: pytest.approx(0.01)}
+    for bad, message in (("0", "integers >= 1, got '0'"), ("5,x", "got 'x' in '5,x'"),
+                         ("5,5", "lists iteration 5 twice"), ("", "one or more iterations")):
+        with pytest.raises(TrainError, match=message):
+            resolve_config(**dict(CONFIG, lr_decay_at=bad))
+    with pytest.raises(TrainError, match="lr_decay = 0.5 has no effect without lr_decay_at"):
+        train(dict(CONFIG, lr_decay=0.5), tmp_path / "no", task=toy_task(), **quiet())
+    result = CliRunner().invoke(cli.cli, ["train", "--lr-decay-at", "9,-1", "--out",
+                                          str(tmp_path / "cli")])
+    assert result.exit_code == 2 and "integers >= 1, got '-1' in '9,-1'" in result.output
+
+
+def test_a_full_w_run_records_its_form_and_older_runs_are_triangles(tmp_path):
+    """--w-form full: config.json, the configuration lines and the checkpoint hold the form, W
+    trains with entries below the diagonal, resume keeps it and eval rebuilds it; a run saved
+    before the option resumes as the triangle it was; a cell without W - W^T refuses it."""
+    said = []
+    train(dict(CONFIG, w_form="full", iterations=3), tmp_path, task=toy_task(),
+          echo=said.append, progress=False)
+    assert json.loads((tmp_path / "config.json").read_text())["w_form"] == "full"
+    assert load_checkpoint(tmp_path)["config"]["w_form"] == "full"
+    assert "\n  w_form            full\n" in "\n".join(said)
+    W = load_checkpoint(tmp_path)["params"]["W"]
+    assert np.count_nonzero(np.tril(W, k=-1)) == 8 * 7 // 2
+    assert load_checkpoint(tmp_path)["config"]["num_params"] == \
+        nprnn.make_model("antisym", 2, 8, 3, w_form="full").num_params()
+    with pytest.raises(TrainError, match=r"--w-form 'triangle' \(the run was started with "
+                                         r"'full'\)"):
+        train(out=tmp_path, resume=True, given=dict(w_form="triangle"), task=toy_task(),
+              **quiet())
+    assert train(out=tmp_path, resume=True, given=dict(iterations=5), task=toy_task(),
+                 **quiet())["completed"]
+    assert evaluate_checkpoint(tmp_path, task=toy_task())["iteration"] == 5
+    older = resolve_config(**CONFIG)
+    del older["w_form"]
+    assert nprnn.train.build_model(older, 2, 3).cell.w_form == "triangle"
+    with pytest.raises(ValueError, match="model 'lstm' has no such W"):
+        train(dict(CONFIG, model="lstm", w_form="full"), tmp_path / "lstm", task=toy_task(),
+              **quiet())
 
 
 def test_a_run_saved_with_an_option_that_changes_nothing_still_resumes(tmp_path, monkeypatch):

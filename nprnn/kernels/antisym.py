@@ -13,7 +13,8 @@ The models of this family are one forward-Euler step (eq. 3) of an ODE h' = f(h,
 
 so the kernels take the recurrent matrix A (n, n) ready-made and do not know which model they
 serve. A is built from the parameter W by `antisym_matrix_cpu` below (A = W - W^T - gamma I, the
-antisymmetric models) or `shifted_matrix_cpu` (A = W - gamma I, ablation), and dA is turned back
+antisymmetric models, whose W is strictly upper triangular or, in the "full" form, a full n x n
+matrix: the paper's W_h in R^{n x n}) or `shifted_matrix_cpu` (A = W - gamma I, ablation), and dA is turned back
 into dW by `antisym_dW_cpu`; `cells.EulerCell` calls them (feedback uses W itself).
 
 Shapes: B batch, T time, m input size, n hidden size. Kernels are time-major: x is (T, B, m) so
@@ -75,13 +76,14 @@ def shifted_matrix_cpu(A, W, gamma):
 
 
 @njit
-def antisym_dW_cpu(dW, dA):
-    """Undo A = W - W^T - gamma I: dW_ij = dA_ij - dA_ji for i < j, and 0 on and below the
-    diagonal, so that W stays strictly upper triangular under any optimizer. dW written."""
+def antisym_dW_cpu(dW, dA, triangle):
+    """Undo A = W - W^T - gamma I: dW_ij = dA_ij - dA_ji. With `triangle` (W strictly upper
+    triangular, the default form) only for i < j, and 0 on and below the diagonal, so that W
+    stays so under any optimizer; else (a full W) for every i, j. dW written."""
     n = dA.shape[0]
     for i in range(n):
         for j in range(n):
-            dW[i, j] = dA[i, j] - dA[j, i] if j > i else 0.0
+            dW[i, j] = dA[i, j] - dA[j, i] if j > i or not triangle else 0.0
 
 
 # ------------------------------------------------------------------------------------------
@@ -334,13 +336,13 @@ def shifted_matrix_kernel(A, W, gamma):
 
 
 @cuda.jit
-def antisym_dW_kernel(dW, dA):
-    """dW_ij = dA_ij - dA_ji above the diagonal, 0 on and below it (written, =).
-    One thread per (i, j); 2-d grid over (j, i)."""
+def antisym_dW_kernel(dW, dA, triangle):
+    """dW_ij = dA_ij - dA_ji; with `triangle` above the diagonal only, 0 on and below it
+    (written, =). One thread per (i, j); 2-d grid over (j, i)."""
     j, i = cuda.grid(2)
     n = dA.shape[0]
     if i < n and j < n:
-        dW[i, j] = dA[i, j] - dA[j, i] if j > i else 0
+        dW[i, j] = dA[i, j] - dA[j, i] if j > i or not triangle else 0
 
 
 def antisym_matrix_gpu(A, W, gamma, *, block=(16, 16)):
@@ -355,11 +357,11 @@ def shifted_matrix_gpu(A, W, gamma, *, block=(16, 16)):
     shifted_matrix_kernel[matrix_launch(n, n, block)](A, W, gamma)
 
 
-def antisym_dW_gpu(dW, dA, *, block=(16, 16)):
-    """Twin of antisym_dW_cpu (device arrays): dW = dA - dA^T on the strict upper triangle, 0
-    elsewhere (written, =)."""
+def antisym_dW_gpu(dW, dA, triangle, *, block=(16, 16)):
+    """Twin of antisym_dW_cpu (device arrays): dW = dA - dA^T, with `triangle` on the strict
+    upper triangle and 0 elsewhere (written, =)."""
     n = dA.shape[0]
-    antisym_dW_kernel[matrix_launch(n, n, block)](dW, dA)
+    antisym_dW_kernel[matrix_launch(n, n, block)](dW, dA, triangle)
 
 
 # -- version 1: one thread per (b, i), one launch per step ----------------------------------

@@ -191,11 +191,16 @@ def test_matrix_kernels_match_cpu(dtype):
     assert_close(A, (W - GAMMA * np.eye(N)).astype(dtype), dtype, "A = W - gamma I (CPU)")
     K.shifted_matrix_gpu(A_gpu, dev(W), GAMMA, block=(4, 4))
     assert_close(A_gpu, A, dtype, "A = W - gamma I")
-    dW = np.empty_like(W)
-    K.antisym_dW_cpu(dW, W)
-    dW_gpu = empty_like(W)
-    K.antisym_dW_gpu(dW_gpu, dev(W), block=(4, 4))
-    assert_close(dW_gpu, dW, dtype, "dW from dA")
+    K.antisym_matrix_cpu(A, W, GAMMA)                      # a full W (w_form "full")
+    K.antisym_matrix_gpu(A_gpu, dev(W), GAMMA, block=(4, 4))
+    assert_close(A_gpu, (W - W.T - GAMMA * np.eye(N)).astype(dtype), dtype, "A of a full W")
+    for triangle, expected in ((True, np.triu(W - W.T, k=1)), (False, W - W.T)):
+        dW = np.empty_like(W)
+        K.antisym_dW_cpu(dW, W, triangle)
+        assert_close(dW, expected.astype(dtype), dtype, f"dW from dA (CPU), {triangle=}")
+        dW_gpu = empty_like(W)
+        K.antisym_dW_gpu(dW_gpu, dev(W), triangle, block=(4, 4))
+        assert_close(dW_gpu, dW, dtype, f"dW from dA, {triangle=}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -7,6 +7,8 @@ GPU one keeps them as device arrays. This checks the GPU path's plumbing (matrix
 which array goes to which kernel argument, buffer reuse between calls, the readout and loss, dW
 from dA, a given h_0 and dh_0) on top of the kernel tests.
 """
+import json
+
 import numpy as np
 import pytest
 
@@ -15,6 +17,7 @@ import nprnn
 from nprnn import autotune, backends, memory
 from nprnn.backends import CUDA, Kernels
 from nprnn.bench import bench_inputs
+from nprnn.cells import variants
 
 pytestmark = gt.requires_cuda
 
@@ -24,10 +27,15 @@ def small_blocks(monkeypatch):
     gt.small_launch(monkeypatch)
 
 
-def pair(name, dtype):
+# every cell, and each other form of its W ("antisym[w_form=full]"): label -> (name, options)
+VARIANTS = {label: (name, options) for label, name, options in variants()}
+
+
+def pair(label, dtype):
     """The same model on the CPU and on cuda, every parameter non-zero (as test_cells.py's
     random_model; the strict upper triangle of an antisymmetric W respected)."""
-    kw = dict(seed=3, dtype=dtype)
+    name, options = VARIANTS[label]
+    kw = dict(seed=3, dtype=dtype, **options)
     if "eps" in nprnn.CELLS[name].hyper:
         kw["eps"] = 0.5
     cpu = nprnn.make_model(name, gt.M, gt.N, 4, **kw)
@@ -49,9 +57,13 @@ def data(seed=0):
 EULER = ("antisym", "antisym-gated", "ablation", "feedback", "antisym-xgate")
 # every cell's step and persistent versions, the Euler cells' matrix in shared memory, and the
 # split kernels of the Euler cells and rnn
-VERSIONS = [(name, version) for name in sorted(nprnn.CELLS)
-            for version in ("step", "persistent") + (("shared", "split") if name in EULER else
-                                                     ("split",) if name == "rnn" else ())]
+# (another form of W changes only the initialisation and dW from dA, which run after any version:
+# its step version is enough)
+VERSIONS = [(label, version) for label, (name, options) in sorted(VARIANTS.items())
+            for version in ("step",) if options] + [
+    (name, version) for name in sorted(nprnn.CELLS)
+    for version in ("step", "persistent") + (("shared", "split") if name in EULER else
+                                             ("split",) if name == "rnn" else ())]
 # h_0 and dh_0 in the shared layouts and the split kernels: tests/gpu/test_gpu_euler.py
 H0_VERSIONS = [(name, version) for name, version in VERSIONS if version not in ("shared", "split")]
 
@@ -61,7 +73,8 @@ def kernels(name, version):
     global memory), or "shared" (their matrix in shared memory: a Kernels value)."""
     if version != "shared":
         return version
-    return Kernels("persistent", "skew" if nprnn.CELLS[name].antisymmetric else "dense")
+    cell = nprnn.CELLS[VARIANTS[name][0]]
+    return Kernels("persistent", "skew" if cell.antisymmetric else "dense")
 
 
 @pytest.mark.parametrize("name, version", VERSIONS)
@@ -96,7 +109,7 @@ def test_a_given_h0_and_its_gradient_dh0_match_the_cpu(name, version):
     h0, dh_T = rng.standard_normal((2, gt.B, gt.N))
     h_T, cache = cpu.cell.forward(cpu.cell_params(), xt, h0, **cpu.hyper)
     g, dh0 = cpu.cell.backward(cpu.cell_params(), cache, dh_T, **cpu.hyper)
-    cell, ws = nprnn.CELLS[name], memory.DeviceWorkspace()
+    cell, ws = dev.cell, memory.DeviceWorkspace()
     be = CUDA.for_cell(cell, gt.N, "float64", kernels(name, version), gt.SMALL_LAUNCH)
     h_T_d, cache_d = cell.forward(dev.cell_params(), memory.to_device(xt), h0, ws, backend=be,
                                   **dev.hyper)
@@ -352,14 +365,16 @@ def test_optimizer_classes_train_device_parameters_like_the_cpu(opt):
 
 def test_a_cuda_run_resumes_bit_for_bit_and_evaluates(tmp_path):
     """train on device="cuda", stop, resume, evaluate: the checkpoint's parameters and optimizer
-    state go back into device arrays (by copy_to_device: a GPU's arrays take no [...] writes)."""
+    state go back into device arrays (by copy_to_device: a GPU's arrays take no [...] writes).
+    With a full W, and an lr that decays after iteration 2, where the run is stopped."""
     from nprnn.datasets import ArrayTask
     from nprnn.train import evaluate_checkpoint, train
     rng = np.random.default_rng(0)
     x = rng.standard_normal((8, gt.T, gt.M)).astype(np.float32)
     task = ArrayTask("toy", x, np.arange(8) % 3, x[:4], np.arange(4) % 3, num_classes=3)
     config = dict(model="antisym", hidden=gt.N, eps=0.5, lr=0.1, batch_size=4, dtype="float64",
-                  device="cuda", eval_every=100, log_every=1, checkpoint_every=100)
+                  device="cuda", eval_every=100, log_every=1, checkpoint_every=100,
+                  w_form="full", lr_decay_at=[2])
     quiet = dict(task=task, echo=lambda *a: None, progress=False)
     whole = train(dict(config, iterations=3), out=tmp_path / "whole", **quiet)
     train(dict(config, iterations=2), out=tmp_path / "split", **quiet)
@@ -372,6 +387,15 @@ def test_a_cuda_run_resumes_bit_for_bit_and_evaluates(tmp_path):
     on_cpu = evaluate_checkpoint(tmp_path / "split", task=task, device="cpu")
     assert on_cpu["accuracy"] == on_gpu["accuracy"]
     np.testing.assert_allclose(on_cpu["loss"], on_gpu["loss"], rtol=1e-10)
+    # the same three steps on the CPU: the schedule and dW of a full W reach the GPU's optimizer
+    train(dict(config, iterations=3, device="cpu"), out=tmp_path / "cpu", **quiet)
+    lrs = [json.loads(line)["lr"] for line in open(tmp_path / "whole" / "metrics.jsonl")
+           if json.loads(line)["split"] == "train"]
+    assert lrs == pytest.approx([0.1, 0.1, 0.01])
+    from nprnn.checkpoint import load_checkpoint
+    W_gpu, W_cpu = (load_checkpoint(tmp_path / r)["params"]["W"] for r in ("whole", "cpu"))
+    assert np.count_nonzero(np.tril(W_gpu, k=-1)) > 0
+    np.testing.assert_allclose(W_gpu, W_cpu, rtol=1e-10, atol=1e-12)
 
 
 def test_auto_never_picks_the_simulator():
