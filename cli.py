@@ -4,10 +4,12 @@
     python cli.py bench --model antisym   forward / forward+backward timings (see docs/speed.md)
     python cli.py --help                  everything else
 """
+import functools
 import math
 import os
 import shlex
 import signal
+import sys
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
@@ -83,6 +85,20 @@ class FiniteFloat(click.FloatRange):
         return super()._describe_range()
 
 
+@contextmanager
+def _reader_may_leave():
+    """A table piped into a reader that stops early (`sweep report ... | head`): the rest of
+    the output is dropped without a word, and the command exits as one ended by SIGPIPE (141),
+    as other tools do, after finishing its work (the report draws its figure first)."""
+    try:
+        yield
+        sys.stdout.flush()
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())        # Python's last flush has nowhere to fail
+        sys.exit(128 + signal.SIGPIPE)
+
+
 # On a GPU numba warns, once per grid size, of any launch with fewer than 128 blocks. Ours are
 # small by design where the work is (a step's totals on one thread, the optimizer over 10k
 # parameters, the loss of B rows), and the warnings would break into the progress bar.
@@ -111,7 +127,7 @@ PAPER_CONFIGS = [
 ]
 
 
-@cli.command()
+@cli.command(short_help="Parameter counts of every model, beside the paper's tables.")
 @click.option("--classes", "K", default=10, show_default=True, type=click.IntRange(min=2),
               help="Readout classes K (make_model needs at least 2).")
 def params(K):
@@ -345,7 +361,7 @@ def _draw(old, png, draw, *args, indent=""):
     return [p for p in old if p != png]
 
 
-@cli.command()
+@cli.command(short_help="Section 4's two-dimensional RNNs: Figures 1, 3, 4 and 5.")
 @click.option("--out", required=True, type=FOLDER,
               help="Folder for figureN.png/.json/.csv (created if missing).")
 @click.option("--figures", default="1,3,4,5", show_default=True, callback=_number_list(int),
@@ -400,7 +416,7 @@ def simulate(out, figures, steps, eps, seed):
         click.echo(f"  wrote {stem}.json, {stem}.csv{_replacing(old)}")
 
 
-@cli.command()
+@cli.command(short_help='Figure 2: eigenvalues of dh_T/dh_0, by model and length.')
 @click.option("--out", required=True, type=FOLDER,
               help="Folder for figure2_jacobian.png/.csv/.json (created if missing).")
 @click.option("--models", default="antisym,lstm", show_default=True,
@@ -566,7 +582,7 @@ def _echo_table(table, left):
                              for k, (v, w) in enumerate(zip(row, widths))).rstrip())
 
 
-@cli.command()
+@cli.command(short_help='The gates of trained models, step by step.')
 @click.argument("runs", nargs=-1, required=True, type=click.Path(exists=True))
 @click.option("--out", required=True, type=FOLDER,
               help="Folder for NAME.png/.csv/.json (created if missing).")
@@ -683,7 +699,7 @@ def _first(batches, num):
 # criticality: eq. (5)'s criterion along the trajectories of trained Euler cells
 # ----------------------------------------------------------------------------------------------
 
-@cli.command()
+@cli.command(short_help='The criterion of eq. (5) along test sequences of runs.')
 @click.argument("runs", nargs=-1, required=True, type=click.Path(exists=True))
 @_run_task_options
 @click.option("--sequences", default=8, show_default=True, type=click.IntRange(min=1),
@@ -739,7 +755,7 @@ def criticality(runs, task, T, data_dir, sequences, segments, seed):
         click.echo(note)
 
 
-@cli.command("plot")
+@cli.command("plot", short_help='Learning curves of runs, side by side.')
 @click.argument("runs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
 @click.option("--out", required=True, type=FOLDER,
               help="Folder for the PNG and the CSV (created if missing).")
@@ -773,7 +789,7 @@ def _at(point):
     return "-" if point is None else f"{point[1]:.2%} at {point[0]:,}"
 
 
-@cli.command("results")
+@cli.command("results", short_help='What runs reached: a row per run folder.')
 @click.argument("runs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
 @click.option("--markdown", is_flag=True, help="Print a Markdown table (for the docs).")
 def results(runs, markdown):
@@ -803,14 +819,14 @@ def results(runs, markdown):
 # train, eval: the experiments of section 5 (settings of Appendix C); see nprnn/train.py
 # ----------------------------------------------------------------------------------------------
 
-def _run_options(command):
+def _run_options(command, defaults=None):
     """`train`'s options for a run's settings, made from nprnn.train.OPTIONS, where each is
-    declared once: its default, its type and range (click refuses what the run would), its
-    help."""
+    declared once: its default (or the command's own, in `defaults`), its type and range (click
+    refuses what the run would), its help."""
     for name, option in reversed(training.OPTIONS.items()):
         flag = training.flag(name)
-        kw = dict(default=option.default, help=option.help,
-                  show_default=option.default is not None)
+        default = (defaults or {}).get(name, option.default)
+        kw = dict(default=default, help=option.help, show_default=default is not None)
         if option.kind == "int":
             kw["type"] = click.IntRange(min=option.minimum, max=option.maximum)
         elif option.kind == "float":
@@ -828,7 +844,7 @@ def _run_options(command):
     return command
 
 
-@cli.command()
+@cli.command(short_help='Train a model on a task in a run folder (resumable).')
 @_run_options
 @click.option("--out", default=None, type=FOLDER,
               help="Run folder [default: runs/MODEL-TASK].")
@@ -908,7 +924,7 @@ def _left_behind(out):
     return ""
 
 
-@cli.command("eval")
+@cli.command("eval", short_help="Test (or validation) accuracy of a run's checkpoint.")
 @click.argument("run", type=click.Path())
 @click.option("--split", default="test", show_default=True,
               type=click.Choice(["test", "valid", "train"]), help="Which split to score.")
@@ -942,7 +958,7 @@ def eval_run(run, split, task, data_dir, T, batch_size, device):
                f"{r['accuracy']:.4f} ({correct}/{r['count']}), loss {r['loss']:.4f}")
 
 
-@cli.command()
+@cli.command(short_help='Time per batch of each model, beside PyTorch when installed.')
 @click.option("--model", "models", default="antisym", show_default=True,
               callback=_name_list("model name"), help="Comma-separated models to time, or 'all'.")
 @click.option("--batch", "B", default=128, show_default=True, type=click.IntRange(min=1),
@@ -1019,7 +1035,7 @@ def _perm_seed_option(f):
                         help="pmnist's permutation seed (other tasks ignore it).")(f)
 
 
-@cli.group()
+@cli.group(short_help='Datasets: build their caches, describe them.')
 def data():
     """The tasks' datasets: build their caches, describe them (see data/README.md)."""
 
@@ -1158,7 +1174,7 @@ def _sweep_module():
     return sweep
 
 
-@cli.group()
+@cli.group(short_help='Search hyperparameters on a validation split (Optuna, Dask).')
 def sweep():
     """Search hyperparameters: trials are ordinary runs under sweeps/NAME/trials/, chosen on a
     validation split (see docs/sweeps.md)."""
@@ -1194,7 +1210,7 @@ SWEEP_DEFINITION = ("space", "params", "sampler", "trials", "prune", "sampler_se
 @click.option("--storage", default=None, metavar="URL",
               help="An Optuna storage URL (e.g. postgresql://...) [default: study.journal in "
                    "the sweep folder].")
-@_run_options
+@functools.partial(_run_options, defaults=dict(valid_size=training.SWEEP_VALID_SIZE))
 def sweep_run(out, space, params, sampler, trials, prune, sampler_seed, points, workers,
               scheduler, storage, **options):
     """Run (or continue) the sweep in --out on a Dask cluster: each trial trains a run with the
@@ -1211,7 +1227,8 @@ def sweep_run(out, space, params, sampler, trials, prune, sampler_seed, points, 
         source(k) == click.core.ParameterSource.COMMANDLINE for k in SWEEP_DEFINITION)
     stop = training.StopSignals(click.echo)      # a first signal stops, a second aborts
     try:
-        fixed = training.resolve_config(**dict({"valid_size": sw.VALID_SIZE}, **given))
+        fixed = training.resolve_config(**dict({"valid_size": training.SWEEP_VALID_SIZE},
+                                               **given))
         where = {k: fixed[k] for k in sw.WHERE if k in given}
         if defined or not (Path(out) / sw.SWEEP).exists():
             the_space = sw.make_space(space, [sw.parse_param(p) for p in params])
@@ -1256,7 +1273,8 @@ def sweep_report(folder, png):
     accuracy, test accuracy of the best checkpoint) and the chosen trial; draw a PNG."""
     sw = _sweep_module()
     try:
-        sw.report(folder, png, echo=click.echo)
+        with _reader_may_leave():
+            sw.report(folder, png, echo=click.echo)
     except (sw.SweepError, OSError) as e:
         raise click.ClickException(str(e)) from None
 

@@ -95,3 +95,20 @@ def why_no_folder(path, error):
             return f"{p} is {'a file' if p.is_file() else 'not a folder'}"
         break
     return error.strerror or str(error)
+
+
+def why_not_makeable(path):
+    """Why the folder `path` could not be made or written to (its nearest existing ancestor is
+    no folder, or not writable), or None if it is a folder or could be made."""
+    for p in (path, *path.parents):
+        try:
+            if not p.exists():
+                continue
+        except OSError:
+            continue
+        if not p.is_dir():
+            return f"{p} is {'a file' if p.is_file() else 'not a folder'}"
+        if p != path and not os.access(p, os.W_OK):
+            return f"{p} is not writable"
+        return None
+    return None

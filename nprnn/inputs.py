@@ -14,8 +14,14 @@ def check_batch(x, m):
         raise ValueError(f"x must have shape (B, T, m) with B, T >= 1 and m = input_size = {m}; "
                          f"got shape {shape}")
     if not np.issubdtype(x.dtype, np.floating):
+        if np.issubdtype(x.dtype, np.integer) or x.dtype == np.bool_:
+            hint = "scale integer pixels first, e.g. x.astype('float32') / 255"
+        elif np.issubdtype(x.dtype, np.complexfloating):
+            hint = "the cells take real inputs: pass x.real, or np.abs(x), as your data means"
+        else:
+            hint = "convert it first, e.g. x.astype('float32')"
         raise TypeError(f"x must hold floating-point values (float32 or float64), got dtype "
-                        f"{x.dtype}; scale integer pixels first, e.g. x.astype('float32') / 255")
+                        f"{x.dtype}; {hint}")
 
 
 def time_major_host(x, m, dtype, workspace):

@@ -67,13 +67,22 @@ from pathlib import Path
 
 import numpy as np
 
-from .files import remove_stale_temporaries, temporary_name, why_no_folder
+from .files import remove_stale_temporaries, temporary_name, why_no_folder, why_not_makeable
 from .progress import DownloadBar
 
 
 # ----------------------------------------------------------------------------------------------
 # errors
 # ----------------------------------------------------------------------------------------------
+
+def cannot_place(target):
+    """What to do instead of placing files in the folder `target`, where it cannot be made or
+    written to (a file stands in its path, say), or "" where it can."""
+    why = why_not_makeable(target)
+    return "" if why is None else (f"The folder {target} cannot be made or written to ({why}): "
+                                   f"choose another data directory with --data-dir or "
+                                   f"NPRNN_DATA_DIR.")
+
 
 class DataError(Exception):
     """Base class of the errors raised about raw dataset files."""
@@ -342,6 +351,8 @@ class IdxSource:
 
     def instructions(self, data_dir):
         target = self.search_dirs(data_dir)[0].resolve()
+        if cannot_place(target):
+            return cannot_place(target)
         lines = [f"Place these files of {self.title} ({self.homepage}), gzipped as published or "
                  f"decompressed, in {target}/ :"]
         for role in IDX_ROLES:
@@ -531,6 +542,8 @@ class CifarSource:
 
     def instructions(self, data_dir):
         target = self.search_dirs(data_dir)[0].resolve()
+        if cannot_place(target):
+            return cannot_place(target)
         lines = [f"Place one of these {self.title} tarballs ({self.homepage}) in {target}/ "
                  f"(as downloaded, or extracted there):"]
         for v in self.versions:

@@ -77,9 +77,9 @@ from .checkpoint import FILENAME, load_checkpoint
 from .device import DeviceUnavailable, resolve_device, usable_cpus
 from .files import pid_alive, temporary_name, written_atomically
 from .sources import DataError
-from .train import (BEST, CONFIG, METRICS, OPTIONS, RunInUse, RunLock, TrainError,
-                    TrainingDiverged, build_model, check_options_used, evaluate_checkpoint,
-                    load_task, resolve_config, train, train_command)
+from .train import (BEST, CONFIG, DEFAULTS, METRICS, OPTIONS, SWEEP_VALID_SIZE, RunInUse,
+                    RunLock, TrainError, TrainingDiverged, build_model, check_options_used,
+                    evaluate_checkpoint, load_task, resolve_config, train, train_command)
 
 # Appendix C of Chang et al. (2019): the grid searched for the Euler cells
 SPACES = {
@@ -94,7 +94,7 @@ SAMPLERS = ("grid", "random", "tpe")
 SWEEP = "sweep.json"
 JOURNAL = "study.journal"
 TRIALS = "trials"
-VALID_SIZE = 5000                  # held out of the training set when a sweep does not say
+VALID_SIZE = SWEEP_VALID_SIZE       # held out of the training set when a sweep does not say
 STALE_SECONDS = 600                # a trial whose driver has not renewed it this long is free
 HEARTBEAT_SECONDS = 60
 CONNECT_SECONDS = 10               # to reach a --scheduler
@@ -1163,6 +1163,8 @@ def final_commands(folder, spec, chosen):
     fixed = spec["fixed"]
     iterations = max(FINAL_ITERATIONS, fixed["iterations"])
     config = dict(fixed, **chosen["params"], valid_size=0, keep_best=False, iterations=iterations)
+    for key in ("eval_every", "log_every", "checkpoint_every"):     # a short sweep's cadence
+        config[key] = DEFAULTS[key]                                  # is not a long run's
     always = ("iterations", "seed", *chosen["params"])       # what makes it the chosen run
     return iterations, [train_command(dict(config, seed=seed), f"runs/{Path(folder).name}-s{seed}",
                                       always) for seed in FINAL_SEEDS]
@@ -1222,6 +1224,16 @@ def report(folder, png=None, echo=print):
     spec, rows, waiting = trial_rows(folder)
     names = sorted(spec["space"])
     fixed = spec["fixed"]
+    # the figure first: a reader who cuts the table short (`report | head`) still gets it
+    png = Path(png) if png is not None else folder / "sweep.png"
+    try:
+        axes = {n: (list(d["values"]) if "values" in d else (d["low"], d["high"], d["log"]))
+                for n, d in spec["space"].items()}
+        plotting.plot_sweep(rows, axes, png, title=f"{fixed['model']} on {fixed['task']}: "
+                            f"{len(rows)} trials of {spec['trials']}")
+        drawn = f"wrote {png}"
+    except plotting.PlotUnavailable as e:
+        drawn = str(e)
     echo(f"sweep {spec['study']}: {fixed['model']} on {fixed['task']}, {fixed['iterations']} "
          f"iterations, chosen on {fixed['valid_size']} validation examples; {len(rows)} trials "
          f"started, {waiting} waiting, of {spec['trials']}")
@@ -1266,13 +1278,5 @@ def report(folder, png=None, echo=print):
         else:
             echo(f"{_trials([str(r['number']) for r in group])} failed: {cause}. The first, "
                  f"trial {first['number']}: {first['error']}")
-    png = Path(png) if png is not None else folder / "sweep.png"
-    try:
-        axes = {n: (list(d["values"]) if "values" in d else (d["low"], d["high"], d["log"]))
-                for n, d in spec["space"].items()}
-        plotting.plot_sweep(rows, axes, png, title=f"{fixed['model']} on {fixed['task']}: "
-                            f"{len(rows)} trials of {spec['trials']}")
-        echo(f"wrote {png}")
-    except plotting.PlotUnavailable as e:
-        echo(str(e))
+    echo(drawn)
     return rows

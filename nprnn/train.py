@@ -167,6 +167,8 @@ OPTIONS = dict(
 DEFAULTS = {name: option.default for name, option in OPTIONS.items()}
 CHANGEABLE_ON_RESUME = tuple(name for name, option in OPTIONS.items() if option.on_resume)
 
+SWEEP_VALID_SIZE = 5000   # held out of the training set where a sweep's runs do not say (sweep.py)
+
 METRICS = "metrics.jsonl"
 CONFIG = "config.json"
 BEST = "best.h5"
@@ -373,6 +375,21 @@ def merge_resume_config(saved, given):
                          + ", ".join(flag(k) for k in CHANGEABLE_ON_RESUME))
     return resolve_config(**{k: v for k, v in config.items() if k in DEFAULTS}) | {
         k: v for k, v in config.items() if k not in DEFAULTS}, changes
+
+
+def _data_dir_resolved(changes, data_dir):
+    """A resume's changes as said once the data folder is resolved: "data_dir: old -> None" (a
+    sweep trial taken back to the default folder) names the folder, or goes where that is
+    the old one."""
+    said = []
+    for change in changes:
+        if change.startswith("data_dir: ") and change.endswith(" -> None"):
+            old = change[len("data_dir: "):-len(" -> None")]
+            if old == repr(data_dir):
+                continue
+            change = f"data_dir: {old} -> {data_dir!r}"
+        said.append(change)
+    return said
 
 
 def load_task(config, task=None):
@@ -837,6 +854,7 @@ class Run:
             # the data folder the run uses, recorded absolute even when it came from the default
             # ($NPRNN_DATA_DIR or ./data), so that a resume or an eval elsewhere finds the same
             config["data_dir"] = str(resolve_data_dir(config["data_dir"]).resolve())
+            self.changes = _data_dir_resolved(self.changes, config["data_dir"])
         if not resume:
             check_options_used(config)
         for key in _unused_options(config):   # config.json records only what applies

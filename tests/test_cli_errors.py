@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+import nprnn
 import nprnn.datasets
 import nprnn.device
 from nprnn.datasets import ArrayTask
@@ -444,3 +445,38 @@ def test_a_data_folder_that_cannot_be_made_is_named_with_the_reason(tmp_path):
     assert_one_line_error(result, 1, f"cannot make the folder {tmp_path / 'a-file' / 'x'}/mnist "
                                      f"to download train-images-idx3-ubyte.gz into: "
                                      f"{tmp_path / 'a-file'} is a file")
+
+
+def test_the_top_level_help_gives_each_command_whole():
+    """`cli.py --help` on an 80-column terminal: each command's line is a whole sentence, not
+    a first few words cut with "..."."""
+    out = CliRunner().invoke(cli.cli, ["--help"], terminal_width=80).output
+    listed = out.split("Commands:")[1].splitlines()[1:]
+    assert len(listed) == len(cli.cli.commands)
+    for line in listed:
+        assert line.rstrip().endswith(".") and "..." not in line, line
+
+
+def test_sweep_run_shows_the_validation_size_it_uses():
+    """`sweep run --help` gives --valid-size's default as the 5,000 that a sweep holds out."""
+    out = CliRunner().invoke(cli.cli, ["sweep", "run", "--help"], terminal_width=200).output
+    line = next(line for line in out.splitlines() if "--valid-size" in line)
+    assert "[default: 5000;" in line
+
+
+def test_no_download_into_a_folder_that_cannot_be_made_says_so(tmp_path):
+    """`data prepare --no-download` where a file stands in the data folder's path: the message
+    says the folder cannot be made, not to put the files there."""
+    (tmp_path / "afile").write_text("")
+    r = invoke(["data", "prepare", "--task", "mnist", "--no-download", "--data-dir",
+                tmp_path / "afile" / "sub"])
+    assert r.exit_code == 1
+    assert f"{tmp_path / 'afile'} is a file" in r.output and "Place these" not in r.output
+
+
+@pytest.mark.parametrize("dtype, hint", [("int64", "scale integer pixels"),
+                                         ("complex128", "the cells take real inputs")])
+def test_a_batch_that_is_not_floats_gets_the_hint_of_its_kind(dtype, hint):
+    model = nprnn.make_model("antisym", 1, 4)
+    with pytest.raises(TypeError, match=f"got dtype {dtype}; {hint}"):
+        model.forward(np.zeros((1, 2, 1), dtype=dtype))

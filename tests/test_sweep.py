@@ -238,8 +238,7 @@ def test_a_grid_on_two_workers_records_every_point_once_and_reports_it(tmp_path,
     for seed, line in enumerate(said[full + 1:full + 3]):  # the chosen point, no validation split
         assert line == ("  python cli.py train --model rnn --task toy --hidden "
                         f"{chosen['params']['hidden']} --lr {GOOD} --batch-size 20 --iterations "
-                        f"50000 --seed {seed} --eval-every 10 --log-every 10 --checkpoint-every "
-                        f"10 --out runs/s-s{seed}")
+                        f"50000 --seed {seed} --out runs/s-s{seed}")   # the sweep's cadence: no
     assert said[said.index("started, by value (of the points queued with it), best validation "
                            "accuracy:") + 1].startswith("  hidden: 4: 2 of 2, best ")
     assert f"  lr: {GOOD:g}: 2 of 2, best {chosen['valid']:.4f}; {BAD:g}: 2 of 2, best " in said[-2]
@@ -820,6 +819,15 @@ def test_the_cli_runs_is_interrupted_continues_and_reports(tmp_path, fake_mnist_
     assert "rnn on mnist-noise, 6000 iterations, chosen on 50 validation examples" in r.stdout
     assert sum(line.split()[2:3] == ["complete"] for line in r.stdout.splitlines()) == 2
     assert "chosen on validation: trial" in r.stdout and (out / "sweep.png").is_file()
+    # `sweep report | head`, with a reader gone before the first line: the figure is drawn,
+    # nothing is said of the pipe, and the exit is SIGPIPE's 141
+    (out / "sweep.png").unlink()
+    proc = subprocess.Popen([sys.executable, "cli.py", "sweep", "report", str(out)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()
+    stderr = proc.stderr.read()
+    assert proc.wait(timeout=120) == 141 and stderr == "", stderr
+    assert (out / "sweep.png").is_file()
 
     r = _cli("sweep", "run", "--out", str(out), *SWEEP_ARGS, "--param", "lr=0.3")
     assert r.returncode == 1 and "holds another study" in r.stderr

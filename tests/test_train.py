@@ -124,6 +124,26 @@ def test_training_learns_and_writes_the_run_folder(tmp_path):
     assert (ckpt["progress"]["epoch"], ckpt["progress"]["batch"]) == (9, 24)   # 64 per epoch
 
 
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
+def test_the_logged_loss_accuracy_and_gradient_norm_are_the_first_batchs(tmp_path, optimizer):
+    """One step, logged: the record holds that batch's mean loss, accuracy and ||g|| (over every
+    parameter), recomputed here from a model built with the run's seed and the first batch of
+    the run's data order, not read back from the loop's own totals."""
+    config = dict(CONFIG, iterations=1, log_every=1, eval_every=100, optimizer=optimizer)
+    train(dict(config), tmp_path, task=toy_task(), **quiet())
+    logged = records(tmp_path)[0]
+    assert (logged["iteration"], logged["split"]) == (1, "train")
+    model = nprnn.train.build_model(resolve_config(**config), 2, 3)
+    x, y = next(iter(toy_task().batches("train", config["batch_size"], seed=config["seed"],
+                                        epoch=0)))
+    loss, grads, logits = model.loss_and_grad(x, y, return_logits=True)
+    norm = np.sqrt(sum(float((g.astype(np.float64) ** 2).sum()) for g in grads.values()))
+    assert logged["loss"] == pytest.approx(loss, rel=1e-6)
+    assert logged["grad_norm"] == pytest.approx(norm, rel=1e-6)
+    assert logged["accuracy"] == float((logits.argmax(axis=1) == y).mean())
+    assert logged["lr"] == config["lr"]
+
+
 def test_a_used_folder_is_not_overwritten_and_resume_needs_a_checkpoint(tmp_path):
     train(dict(CONFIG, iterations=2), tmp_path, task=toy_task(), **quiet())
     with pytest.raises(TrainError, match="already holds a run; continue it with --resume"):
@@ -1001,6 +1021,27 @@ def test_the_lr_schedule_may_be_given_on_resume_and_is_checked(tmp_path):
     result = CliRunner().invoke(cli.cli, ["train", "--lr-decay-at", "9,-1", "--out",
                                           str(tmp_path / "cli")])
     assert result.exit_code == 2 and "integers >= 1, got '-1' in '9,-1'" in result.output
+
+
+def test_a_resume_back_to_the_default_data_dir_names_the_folder(tmp_path, toy_get_task,
+                                                                monkeypatch):
+    """A sweep resumes a trial with data_dir None, "the default folder": the resume line names
+    that folder, as config.json records it (it once said "data_dir: '...' -> None"), and says
+    nothing where the default is the folder the run had."""
+    default = tmp_path / "default"
+    monkeypatch.setenv("NPRNN_DATA_DIR", str(default))
+    train(dict(CONFIG, task="toy", iterations=2, data_dir=str(tmp_path / "other")),
+          tmp_path / "run", **quiet())
+    said = []
+    train(out=tmp_path / "run", resume=True, given=dict(iterations=3, data_dir=None),
+          echo=said.append, progress=False)
+    assert f"resume: data_dir: {str(tmp_path / 'other')!r} -> {str(default)!r}" in said
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["data_dir"] == str(default)
+    said.clear()
+    train(out=tmp_path / "run", resume=True, given=dict(iterations=4, data_dir=None),
+          echo=said.append, progress=False)
+    assert [line for line in said if line.startswith("resume:")] == [
+        "resume: iterations: 3 -> 4"]
 
 
 def test_a_full_w_run_records_its_form_and_older_runs_are_triangles(tmp_path):
