@@ -26,7 +26,7 @@ from nprnn.datasets import DEFAULT_PERMUTATION_SEED, MAX_SEED, TASKS
 from nprnn.device import DeviceUnavailable, resolve_device
 from nprnn.files import why_no_folder
 from nprnn.model import count_params
-from nprnn.progress import CountBar
+from nprnn.progress import CountBar, SweepBar
 from nprnn.sources import DataError
 from nprnn.train import CONFIG
 
@@ -1242,7 +1242,7 @@ def sweep_run(out, space, params, sampler, trials, prune, sampler_seed, points, 
                         prune=prune, seed=sampler_seed, storage=storage)
         else:
             args = {}
-        bar = CountBar("trials")
+        bar = SweepBar()
         with stop:
             result = sw.run(out, workers=workers, scheduler=scheduler, echo=bar.message,
                             stop=lambda: stop.stopping() is not None, progress=bar,

@@ -5,6 +5,8 @@ pipe (a run under nohup, CI), only the lines worth keeping, which each caller ch
                                 one line per logging interval
     DownloadBar(name, total)    bytes; in a log, "downloading NAME (N MB) ..." and the result
     CountBar(label, total)      "evaluating test: 2,560/10,000"; in a log, nothing
+    SweepBar()                  "trials: 3/12 done (1 pruned, 0 failed), 2 running, best valid
+                                0.9312"; in a log, that line once a minute while it changes
 """
 import math
 import sys
@@ -105,6 +107,43 @@ class CountBar:
                             disable=not _is_terminal(self.stream), mininterval=0.25,
                             bar_format="{desc}: {n:,}/{total:,}")
         self.bar.update(done - self.bar.n)
+
+    def message(self, text):
+        """A line on stdout, above the bar where one is drawn."""
+        tqdm.write(text, file=sys.stdout)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+
+
+class SweepBar:
+    """A sweep's trials: done of all (pruned and failed among them), running, and the best
+    validation accuracy so far (nprnn.sweep.status's dict), redrawn on a terminal; elsewhere a
+    line when it has changed, at most once a minute, so that a log shows the sweep alive."""
+
+    def __init__(self, stream=None, every=60.0):
+        self.stream, self.every = stream or sys.stderr, every
+        self.tty = _is_terminal(self.stream)
+        self.bar, self.said, self.said_at = None, None, -math.inf
+
+    @staticmethod
+    def line(s):
+        best = "-" if s["best"] is None else f"{s['best']:.4f}"
+        return (f"trials: {s['done']:,}/{s['total']:,} done ({s['pruned']} pruned, "
+                f"{s['failed']} failed), {s['running']} running, best valid {best}")
+
+    def __call__(self, status):
+        text = self.line(status)
+        if self.tty:
+            if self.bar is None:
+                self.bar = tqdm(total=0, file=self.stream, bar_format="{desc}")
+            self.bar.set_description_str(text)
+            return
+        now = time.monotonic()
+        if text != self.said and now - self.said_at >= self.every:
+            print(text, file=self.stream, flush=True)
+            self.said, self.said_at = text, now
 
     def message(self, text):
         """A line on stdout, above the bar where one is drawn."""

@@ -933,10 +933,12 @@ class Driver:
         for number in numbers:
             self._set(number, "driver", "")
 
-    def loop(self, slots, stop, on_result, echo):
+    def loop(self, slots, stop, on_result, echo, on_tick=None):
         """Run trials until this driver finds none to run (or `stop()` is true); on_result(result)
-        for each that ends."""
+        for each that ends, and on_tick() about once a second while they run."""
         while not stop():
+            if on_tick is not None:
+                on_tick()
             taken = self.tend()
             if taken:
                 echo(f"taking over trials {', '.join(map(str, taken))}, left unfinished: they "
@@ -994,6 +996,19 @@ class Driver:
         self.release(self.held())
 
 
+def status(study, total, running):
+    """Where a sweep stands: dict(done, total, running (trials in flight here), pruned, failed,
+    best (the best validation accuracy any trial has reported so far, or None))."""
+    trials = study.get_trials(deepcopy=False)
+    states = [t.state for t in trials]
+    seen = [v for t in trials for v in ([t.value] if t.value is not None else
+                                        list(t.intermediate_values.values()))]
+    return dict(done=sum(s in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+                         for s in states),
+                total=total, running=running, pruned=states.count(TrialState.PRUNED),
+                failed=states.count(TrialState.FAIL), best=max(seen, default=None))
+
+
 def _point(params):
     return " ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
                     for k, v in sorted(params.items()))
@@ -1038,7 +1053,8 @@ def run(folder, fixed=None, space=None, sampler=None, trials=None, prune=False, 
         progress=None, where=None, enqueue_points=()):
     """Run the sweep in `folder` (created from the definition given, or continued), until every
     trial is recorded or `stop()` says to stop. `task`: an in-memory task shipped to the
-    workers instead of the named one (tests). `progress(done, total)` after each trial.
+    workers instead of the named one (tests). `progress(status)` (`status`'s dict) after each
+    trial and every few seconds while trials run.
     `where`: {WHERE option: value} for the trials from now on, in place of the study's (e.g.
     device "cuda" for a study begun on the CPU). `enqueue_points`: --enqueue values, their
     points run first. Returns dict(done, total, complete (bool), stopped (bool))."""
@@ -1093,13 +1109,22 @@ def run(folder, fixed=None, space=None, sampler=None, trials=None, prune=False, 
             return len(study.get_trials(deepcopy=False, states=(
                 TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)))
 
+        last = [0.0]
+
+        def report_status(every=0.0):
+            """progress(status), at most once in `every` seconds."""
+            if progress is None or time.monotonic() - last[0] < every:
+                return
+            last[0] = time.monotonic()
+            progress(status(study, spec["trials"], len(driver.running)))
+
         def on_result(result):
             echo(describe(result))
-            if progress is not None:
-                progress(counted(), spec["trials"])
+            report_status()
 
         try:
-            finished = driver.loop(slots, stop, on_result, echo)
+            finished = driver.loop(slots, stop, on_result, echo,
+                                   on_tick=lambda: report_status(every=5.0))
         except KeyboardInterrupt:
             finished = False
         if not finished:

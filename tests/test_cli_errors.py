@@ -5,6 +5,7 @@ what is allowed; exit status 2 for a bad option, 1 for anything else. Also the e
 Sizes that cannot fit are asked for in hundreds of TiB (TOO_LONG), so that the allocation is
 refused at once: some tens of GB may be granted lazily and then fill memory; never ask for that.
 """
+import io
 import json
 import os
 import re
@@ -480,3 +481,20 @@ def test_a_batch_that_is_not_floats_gets_the_hint_of_its_kind(dtype, hint):
     model = nprnn.make_model("antisym", 1, 4)
     with pytest.raises(TypeError, match=f"got dtype {dtype}; {hint}"):
         model.forward(np.zeros((1, 2, 1), dtype=dtype))
+
+
+def test_a_sweep_says_where_it_stands_in_a_log_at_most_once_a_minute(monkeypatch):
+    """SweepBar off a terminal: a status line when it has changed, at most once in `every`."""
+    from nprnn import progress
+    log = io.StringIO()
+    clock = iter([0.0, 10.0, 70.0, 200.0])
+    monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock))
+    bar = progress.SweepBar(stream=log, every=60.0)
+    status = dict(done=0, total=12, running=2, pruned=0, failed=0, best=None)
+    bar(status)                                        # t = 0: said
+    bar(dict(status, best=0.5))                        # t = 10: too soon
+    bar(dict(status, done=1, pruned=1, best=0.9312))   # t = 70: said
+    bar(dict(status, done=1, pruned=1, best=0.9312))   # t = 200: unchanged
+    assert log.getvalue().splitlines() == [
+        "trials: 0/12 done (0 pruned, 0 failed), 2 running, best valid -",
+        "trials: 1/12 done (1 pruned, 0 failed), 2 running, best valid 0.9312"]

@@ -208,10 +208,15 @@ def test_a_storage_or_scheduler_that_cannot_be_reached_is_named(tmp_path, monkey
 
 def test_a_grid_on_two_workers_records_every_point_once_and_reports_it(tmp_path, capsys):
     folder = tmp_path / "s"
-    said = []
+    said, statuses = [], []
     result = sweep.run(folder, toy_config(), grid(f"lr={GOOD},{BAD}", "hidden=4,8"), "grid",
-                       workers=2, task=toy_task(), echo=said.append)
+                       workers=2, task=toy_task(), echo=said.append, progress=statuses.append)
     assert result == dict(done=4, total=4, complete=True, stopped=False)
+    # the status after each trial (and every few seconds): done, running, the best so far
+    assert [s["done"] for s in statuses] == sorted(s["done"] for s in statuses)
+    assert statuses[-1]["done"] == 4 and statuses[-1]["total"] == 4
+    assert (statuses[-1]["pruned"], statuses[-1]["failed"]) == (0, 0)
+    assert all(0 <= s["running"] <= 2 for s in statuses)
     trials = recorded(folder)
     assert len(trials) == 4 and all(state == TrialState.COMPLETE for state, _ in trials.values())
     assert {tuple(sorted(p.items())) for _, p in trials.values()} == {
@@ -231,6 +236,7 @@ def test_a_grid_on_two_workers_records_every_point_once_and_reports_it(tmp_path,
     assert len(rows) == 4 and sum(r["chosen"] for r in rows) == 1
     chosen = next(r for r in rows if r["chosen"])
     assert chosen["params"]["lr"] == GOOD and chosen["valid"] > 0.8
+    assert statuses[-1]["best"] == chosen["valid"]
     assert chosen["test"] is not None and table[1].lstrip().startswith("*")
     assert any(s.startswith(f"chosen on validation: trial {chosen['number']}") for s in said)
     full = said.index("to train it to 50,000 iterations on the whole training set, one run per "
