@@ -461,7 +461,7 @@ def test_the_top_level_help_gives_each_command_whole():
 def test_sweep_run_shows_the_validation_size_it_uses():
     """`sweep run --help` gives --valid-size's default as the 5,000 that a sweep holds out."""
     out = CliRunner().invoke(cli.cli, ["sweep", "run", "--help"], terminal_width=200).output
-    line = next(line for line in out.splitlines() if "--valid-size" in line)
+    line = next(line for line in out.splitlines() if line.lstrip().startswith("--valid-size"))
     assert "[default: 5000;" in line
 
 

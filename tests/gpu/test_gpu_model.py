@@ -34,7 +34,7 @@ VARIANTS = {label: (name, options) for label, name, options in variants()}
 def pair(label, dtype):
     """The same model on the CPU and on cuda, every parameter non-zero (as test_cells.py's
     random_model; the strict upper triangle of an antisymmetric W respected)."""
-    name, options = VARIANTS[label]
+    name, options = VARIANTS.get(label, (label, {}))     # (a cell a test registers: as it is)
     kw = dict(seed=3, dtype=dtype, **options)
     if "eps" in nprnn.CELLS[name].hyper:
         kw["eps"] = 0.5
@@ -73,7 +73,7 @@ def kernels(name, version):
     global memory), or "shared" (their matrix in shared memory: a Kernels value)."""
     if version != "shared":
         return version
-    cell = nprnn.CELLS[VARIANTS[name][0]]
+    cell = nprnn.CELLS[VARIANTS.get(name, (name, {}))[0]]
     return Kernels("persistent", "skew" if cell.antisymmetric else "dense")
 
 
