@@ -23,7 +23,7 @@ import pytest
 import nprnn
 from nprnn import device
 from nprnn.backends import Kernels, options, resolve
-from nprnn.kernels import antisym as K
+from nprnn.kernels.fast import antisym as F
 
 ROOT = Path(__file__).resolve().parents[1]
 HAS_GPU = device.cuda_available()[0] and not device.simulator_enabled()
@@ -377,21 +377,21 @@ def test_the_gpu_checks_run_in_the_order_asked_for_within_their_budget(tmp_path)
 
 def test_persistent_kernels_fit_the_paper_sizes():
     # antisym at n = 128 in float32: the upper triangle is 8128 values = 31.75 KiB
-    assert K.persistent_shared_bytes(128, 1, 4, "skew", 3) == (8128 + 3 * 128) * 4
-    assert K.persistent_fits(128, "float32", "skew", backward=True)
-    assert K.persistent_layouts(128, "float32", antisymmetric=True) == ["global", "skew"]
+    assert F.persistent_shared_bytes(128, 1, 4, "skew", 3) == (8128 + 3 * 128) * 4
+    assert F.persistent_fits(128, "float32", "skew", backward=True)
+    assert F.persistent_layouts(128, "float32", antisymmetric=True) == ["global", "skew"]
     # the dense matrix (ablation, feedback) at n = 128 is 64 KiB: it stays in global memory
-    assert not K.persistent_fits(128, "float32", "dense", backward=False)
-    assert K.persistent_shared_bytes(128, 1, 4, "global", 3) == 3 * 128 * 4
-    assert K.persistent_layouts(128, "float32", antisymmetric=False, backward=False) == ["global"]
-    assert K.persistent_layouts(96, "float32", antisymmetric=False) == ["global", "dense"]
+    assert not F.persistent_fits(128, "float32", "dense", backward=False)
+    assert F.persistent_shared_bytes(128, 1, 4, "global", 3) == 3 * 128 * 4
+    assert F.persistent_layouts(128, "float32", antisymmetric=False, backward=False) == ["global"]
+    assert F.persistent_layouts(96, "float32", antisymmetric=False) == ["global", "dense"]
     # antisym in float64 at n = 128 (63.5 KiB), and at Table 2's n = 256 in float32 (127.5 KiB)
-    assert K.persistent_layouts(128, "float64", antisymmetric=True, backward=False) == ["global"]
-    assert K.persistent_layouts(256, "float32", antisymmetric=True) == ["global"]
-    assert K.persistent_layouts(4097, "float32", antisymmetric=True) == []
+    assert F.persistent_layouts(128, "float64", antisymmetric=True, backward=False) == ["global"]
+    assert F.persistent_layouts(256, "float32", antisymmetric=True) == ["global"]
+    assert F.persistent_layouts(4097, "float32", antisymmetric=True) == []
     with pytest.raises(ValueError, match=r"layout is one of \('skew', 'dense', 'global'\), "
                                          r"got layout='shared'"):
-        K.persistent_fits(8, "float32", "shared")
+        F.persistent_fits(8, "float32", "shared")
 
 
 # README.md's tables: the largest n whose persistent (forward, backward) passes fit, one row per
@@ -496,19 +496,19 @@ def test_a_kernels_value_runs_only_where_it_fits():
 def test_persistent_launch_refuses_what_does_not_fit_and_says_why():
     with pytest.raises(ValueError, match=r"needs 67072 bytes of shared memory at n=128.*skew "
                                          r"layout.*use layout='global', or the step kernels"):
-        K.persistent_launch(B=4, n=128, dtype=np.float64, layout="skew", buffers=2, rows=1,
+        F.persistent_launch(B=4, n=128, dtype=np.float64, layout="skew", buffers=2, rows=1,
                             threads=None)
-    grid, threads, shared = K.persistent_launch(B=5, n=100, dtype=np.float32, layout="skew",
+    grid, threads, shared = F.persistent_launch(B=5, n=100, dtype=np.float32, layout="skew",
                                                 buffers=2, rows=2, threads=None)
     assert (grid, threads) == (3, 128) and shared == (4950 + 2 * 2 * 100) * 4
-    grid, threads, shared = K.persistent_launch(B=5, n=100, dtype=np.float32, layout="global",
+    grid, threads, shared = F.persistent_launch(B=5, n=100, dtype=np.float32, layout="global",
                                                 buffers=2, rows=2, threads=None)
     assert (grid, threads) == (3, 128) and shared == 2 * 2 * 100 * 4
     with pytest.raises(ValueError, match=r"needs 49164 bytes.*global layout.*fewer rows"):
-        K.persistent_launch(B=4, n=4097, dtype=np.float32, layout="global", buffers=3, rows=1,
+        F.persistent_launch(B=4, n=4097, dtype=np.float32, layout="global", buffers=3, rows=1,
                             threads=None)
     with pytest.raises(ValueError, match="threads"):
-        K.persistent_launch(B=4, n=8, dtype=np.float32, layout="skew", buffers=2, rows=1,
+        F.persistent_launch(B=4, n=8, dtype=np.float32, layout="skew", buffers=2, rows=1,
                             threads=2048)
 
 

@@ -18,18 +18,21 @@ LAYERS = [
     ["nprnn.plotting"],                         # figures of what analysis computes
     ["nprnn.analysis"],                         # dynamics, Jacobians, gates of trained runs
     ["nprnn.train", "nprnn.bench"],             # the training loop; the benchmark
-    ["nprnn.model", "nprnn.optim", "nprnn.checkpoint", "nprnn.gradcheck", "nprnn.datasets"],
+    ["nprnn.runconfig"],                        # a run's settings: options, model, task
+    ["nprnn.model", "nprnn.optim", "nprnn.checkpoint", "nprnn.gradcheck", "nprnn.datasets",
+     "nprnn.runfolder"],                        # ... and a run folder's files and guards
     ["nprnn.autotune"],                         # times the GPU kernel options
     ["nprnn.cells", "nprnn.noise", "nprnn.sources"],
     ["nprnn.backends"],                         # where kernels run: memory, twins, launch
     ["nprnn.device", "nprnn.reference", "nprnn.memory", "nprnn.files", "nprnn.progress",
      "nprnn.inputs"],
+    ["nprnn.kernels.fast.antisym"],             # fast GPU versions, beside their teaching file
     ["nprnn.kernels.antisym", "nprnn.kernels.rnn", "nprnn.kernels.lstm", "nprnn.kernels.gru",
      "nprnn.kernels.readout", "nprnn.kernels.optim", "nprnn.kernels.noise",
      "nprnn.kernels.layout"],
     ["nprnn.kernels.gpu_common"],
     ["nprnn.kernels.common"],
-    ["nprnn.kernels"],                          # the package's (empty) __init__.py
+    ["nprnn.kernels", "nprnn.kernels.fast"],    # the packages' __init__.py
 ]
 LAYER = {module: depth for depth, modules in enumerate(LAYERS) for module in modules}
 

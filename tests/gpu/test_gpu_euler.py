@@ -16,6 +16,7 @@ import pytest
 from gpu_testing import (B, DTYPES, M, N, ROWS, STEP_BLOCK, T, THREADS, TILE, assert_close, dev,
                          empty_like, rand, requires_cuda)
 from nprnn.kernels import antisym as K
+from nprnn.kernels.fast import antisym as F
 from nprnn.kernels import gpu_common
 
 pytestmark = requires_cuda
@@ -146,17 +147,18 @@ def check(dtype, gated, structure, version, T, rows=ROWS, lanes=LANES, kz=1.0):
     p, fw, bw, eps = problem(dtype, gated, structure, T=T, kz=kz)
     d = {k: dev(v) for k, v in p.items()}
     suffix = {"step": "", "split": "_split"}.get(version, "_persistent")
+    module = K if version == "step" else F        # the teaching file's version 1, or the fast
     # forward: hs[0] given, the rest written
     hs = dev(np.concatenate([fw["hs"][:1], np.zeros_like(fw["hs"][1:])]))
     th, z = empty_like(fw["th"]), empty_like(fw["z"])
     opts = launch_options(version, structure, backward=False, rows=rows, lanes=lanes)
     if gated:
-        getattr(K, "euler_gated_forward_gpu" + suffix)(hs, th, z, d["x"], d["A"], d["V_h"],
+        getattr(module, "euler_gated_forward_gpu" + suffix)(hs, th, z, d["x"], d["A"], d["V_h"],
                                                        d["b_h"], d["V_z"], d["b_z"], eps, kz,
                                                        **opts)
         assert_close(z, fw["z"], dtype, "z")
     else:
-        getattr(K, "euler_forward_gpu" + suffix)(hs, th, d["x"], d["A"], d["V_h"], d["b_h"],
+        getattr(module, "euler_forward_gpu" + suffix)(hs, th, d["x"], d["A"], d["V_h"], d["b_h"],
                                                  eps, **opts)
     assert_close(hs, fw["hs"], dtype, "hs")
     assert_close(th, fw["th"], dtype, "th")
@@ -165,12 +167,12 @@ def check(dtype, gated, structure, version, T, rows=ROWS, lanes=LANES, kz=1.0):
     g = {k: empty_like(v) for k, v in bw.items()}
     opts = launch_options(version, structure, backward=True, rows=rows, lanes=lanes)
     if gated:
-        getattr(K, "euler_gated_backward_gpu" + suffix)(
+        getattr(module, "euler_gated_backward_gpu" + suffix)(
             g["dA"], g["dV_h"], g["db_h"], g["dV_z"], g["db_z"], g["dh0"], g["da"], g["dzp"],
             g["ds"], d["dh_T"], hs, th, z, d["x"], d["A"], eps, kz, **opts)
         names = bw
     else:
-        getattr(K, "euler_backward_gpu" + suffix)(g["dA"], g["dV_h"], g["db_h"], g["dh0"],
+        getattr(module, "euler_backward_gpu" + suffix)(g["dA"], g["dV_h"], g["db_h"], g["dh0"],
                                                   g["da"], d["dh_T"], hs, th, d["x"], d["A"],
                                                   eps, **opts)
         names = ("dA", "dV_h", "db_h", "dh0", "da")

@@ -125,7 +125,7 @@ def test_a_given_h0_and_its_gradient_dh0_match_the_cpu(name, version):
 def test_a_matrix_too_big_for_shared_memory_is_read_from_global_memory(name, monkeypatch):
     """Shared memory shrunk so that a block holds its rows' state but not the matrix: 'auto'
     still runs the persistent passes, with the matrix in global memory, and they match the CPU."""
-    from nprnn.kernels import antisym as K_euler
+    from nprnn.kernels.fast import antisym as K_euler
     monkeypatch.setattr(K_euler, "SHARED_BYTES_MAX", 300)   # state <= 288 B; matrix >= 120 B
     cell = nprnn.CELLS[name]
     for backward in (False, True):
@@ -221,7 +221,7 @@ def test_time_model_reports_every_option(monkeypatch):
     """antisym's persistent passes can read the matrix from global memory or keep its triangle
     in shared memory at this size, and its split passes run with 2 lanes per unit: a row each,
     beside step; the row 'auto' runs says so. rnn has no matrix layouts to choose."""
-    from nprnn.kernels import antisym as K_euler
+    from nprnn.kernels.fast import antisym as K_euler
     launched = gt.record_launches(monkeypatch, nprnn.CELLS["antisym"])
     rows = autotune.time_model(cuda_model("antisym"), *bench_inputs(2, 2, 1, "float32", K=3),
                                repeats=1, warmup=0)

@@ -1,0 +1,1 @@
+"""The fast GPU versions of each cell family's kernels (see kernels/fast/antisym.py)."""
