@@ -1160,7 +1160,7 @@ def data_info(task, data_dir, perm_seed, T, as_json):
 
 
 # ----------------------------------------------------------------------------------------------
-# sweep: hyperparameter searches on Dask workers, recorded as an Optuna study (nprnn/sweep.py)
+# sweep: hyperparameter searches on Dask workers, recorded as an Optuna study (nprnn/sweep/)
 # ----------------------------------------------------------------------------------------------
 
 def _sweep_module():

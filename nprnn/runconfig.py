@@ -118,7 +118,7 @@ OPTIONS = dict(
 DEFAULTS = {name: option.default for name, option in OPTIONS.items()}
 CHANGEABLE_ON_RESUME = tuple(name for name, option in OPTIONS.items() if option.on_resume)
 
-SWEEP_VALID_SIZE = 5000   # held out of the training set where a sweep's runs do not say (sweep.py)
+SWEEP_VALID_SIZE = 5000   # held out of the training set where a sweep does not say (nprnn/sweep/)
 
 
 def flag(name):

@@ -58,7 +58,7 @@ from .memory import Staging
 from .optim import OPTIMIZERS, StepRecorder
 from .progress import TrainingBar
 # a run's settings (runconfig.py) and its folder's files and guards (runfolder.py); train's
-# callers (cli.py, sweep.py, the tests) read them through this module too
+# callers (cli.py, nprnn/sweep/, the tests) read them through this module too
 from .runconfig import (CHANGEABLE_ON_RESUME, DEFAULTS, OPTIONS, SWEEP_VALID_SIZE,  # noqa: F401
                         Option, _data_dir_resolved, _unused_options, build_model,
                         build_optimizer, check_named_task_fits, check_options_used,
@@ -152,10 +152,10 @@ def format_config(config, model):
     """The resolved configuration as aligned 'key  value' lines, the parameter count and, on
     cuda, the kernels each pass runs."""
     keys = ["model", "task", "pixels", "seq_len", "hidden", "eps", "gamma", "sigma_w",
-            "gate_bias", "w_form", "init",
-            "optimizer", "lr", "lr_decay_at", "lr_decay", "momentum", "clip", "batch_size", "iterations", "seed", "perm_seed",
-            "dtype", "device", "eval_every", "eval_split", "log_every", "checkpoint_every",
-            "data_dir", "valid_size"]
+            "gate_bias", "w_form", "init", "optimizer", "lr", "lr_decay_at", "lr_decay",
+            "momentum", "clip", "batch_size", "iterations", "seed", "perm_seed", "dtype",
+            "device", "eval_every", "eval_split", "log_every", "checkpoint_every", "data_dir",
+            "valid_size"]
     lines = [f"  {k:<17} {config.get(k)}" for k in keys
              if not (k == "momentum" and k not in OPTIMIZERS[config["optimizer"]].options)
              and not (k == "perm_seed" and config["task"] != "pmnist")

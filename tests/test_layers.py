@@ -14,7 +14,10 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS = [
     ["cli"],
     ["nprnn"],                                  # the public API (__init__.py)
-    ["nprnn.sweep"],                            # searches of hyperparameters (Optuna, Dask)
+    ["nprnn.sweep"],                            # searches of hyperparameters (Optuna, Dask):
+    ["nprnn.sweep.report"],                     # what a sweep found,
+    ["nprnn.sweep.workers"],                    # how it runs,
+    ["nprnn.sweep.study"],                      # what it is
     ["nprnn.plotting"],                         # figures of what analysis computes
     ["nprnn.analysis"],                         # dynamics, Jacobians, gates of trained runs
     ["nprnn.train", "nprnn.bench"],             # the training loop; the benchmark

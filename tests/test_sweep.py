@@ -179,7 +179,7 @@ def test_a_folder_holding_another_study_or_none_is_refused(tmp_path):
 
 
 def test_a_storage_or_scheduler_that_cannot_be_reached_is_named(tmp_path, monkeypatch):
-    monkeypatch.setattr(sweep, "CONNECT_SECONDS", 1)
+    monkeypatch.setattr(sweep.workers, "CONNECT_SECONDS", 1)
     with pytest.raises(sweep.SweepError, match="cannot open the study storage "
                                                "sqlite:////no/such/folder/x.db"):
         sweep.open_sweep(tmp_path / "s", toy_config(), grid("lr=0.1"), "grid",
@@ -433,7 +433,7 @@ def test_tpe_draws_seeing_unfinished_evaluated_trials_as_pruned_there(monkeypatc
         study.add_trial(optuna.trial.create_trial(state=TrialState.RUNNING, params={"lr": lr},
                                                   distributions=space, intermediate_values=values))
     scripted = Scripted({"lr": 0.2}, {"lr": 0.1}, {"lr": 0.3}, {"lr": 0.4})
-    monkeypatch.setattr(sweep, "make_sampler", lambda spec, drawn: scripted)
+    monkeypatch.setattr(sweep.study, "make_sampler", lambda spec, drawn: scripted)
     kept = study.sampler
     trial = sweep.draw(study, dict(sampler="tpe"), space)
     assert scripted.seen[0] == {0: (TrialState.PRUNED, {10: 0.5}),
@@ -542,7 +542,7 @@ def test_a_trial_folder_left_without_a_checkpoint_starts_afresh(tmp_path):
 def test_a_trial_whose_folder_another_process_holds_is_tried_again(tmp_path, monkeypatch):
     """The trial's run folder locked by another process (a driver elsewhere still training it):
     the worker says busy, the driver tries it again later, and it is recorded once."""
-    monkeypatch.setattr(sweep, "RETRY_SECONDS", 1)
+    monkeypatch.setattr(sweep.workers, "RETRY_SECONDS", 1)
     folder, task = tmp_path / "s", toy_task()
     sweep.open_sweep(folder, toy_config(), grid(f"lr={GOOD}"), "grid", task=task)
     lock = RunLock(sweep.trial_folder(folder, 0))

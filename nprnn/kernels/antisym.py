@@ -14,8 +14,9 @@ The models of this family are one forward-Euler step (eq. 3) of an ODE h' = f(h,
 so the kernels take the recurrent matrix A (n, n) ready-made and do not know which model they
 serve. A is built from the parameter W by `antisym_matrix_cpu` below (A = W - W^T - gamma I, the
 antisymmetric models, whose W is strictly upper triangular or, in the "full" form, a full n x n
-matrix: the paper's W_h in R^{n x n}) or `shifted_matrix_cpu` (A = W - gamma I, ablation), and dA is turned back
-into dW by `antisym_dW_cpu`; `cells.EulerCell` calls them (feedback uses W itself).
+matrix: the paper's W_h in R^{n x n}) or `shifted_matrix_cpu` (A = W - gamma I, ablation), and
+dA is turned back into dW by `antisym_dW_cpu`; `cells.EulerCell` calls them (feedback uses W
+itself).
 
 Shapes: B batch, T time, m input size, n hidden size. Kernels are time-major: x is (T, B, m) so
 that the rows of one step are contiguous, and hs is (T+1, B, n) with hs[0] = h_0 given by the
