@@ -29,7 +29,8 @@ LAYERS = [
     ["nprnn.backends"],                         # where kernels run: memory, twins, launch
     ["nprnn.device", "nprnn.reference", "nprnn.memory", "nprnn.files", "nprnn.progress",
      "nprnn.inputs"],
-    ["nprnn.kernels.fast.antisym"],             # fast GPU versions, beside their teaching file
+    ["nprnn.kernels.fast.antisym",              # fast GPU versions, beside their teaching file
+     "nprnn.kernels.fast.rnn"],
     ["nprnn.kernels.antisym", "nprnn.kernels.rnn", "nprnn.kernels.lstm", "nprnn.kernels.gru",
      "nprnn.kernels.readout", "nprnn.kernels.optim", "nprnn.kernels.noise",
      "nprnn.kernels.layout"],

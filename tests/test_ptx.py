@@ -302,8 +302,7 @@ def test_split_kernels_keep_the_matrix_in_registers_on_sm90(ptx_target, tmp_path
     rows), so the scan above does not see them: each that backends.options offers, at its
     tightest n, assembles with no local memory (the matrix's share and the rows' states stay in
     registers) and no float64 arithmetic in float32, under its launch bound."""
-    from nprnn.kernels import rnn
-    from nprnn.kernels.fast import antisym
+    from nprnn.kernels.fast import antisym, rnn
     from nprnn.kernels.gpu_common import split_capacity
     cap = split_capacity(n, lanes)
     for kernel in antisym.euler_split_kernels(cap, lanes, 1) + rnn.rnn_split_kernels(cap, lanes, 1):
@@ -332,8 +331,7 @@ def test_kernel_as_built_for_this_gpu_takes_its_largest_block(module, name, kern
 def test_split_kernels_as_built_for_this_gpu_keep_the_matrix_in_registers(lanes, dtype, n):
     """The same for the split kernels at the sizes test_split_kernels_keep_the_matrix_in_
     registers_on_sm90 assembles."""
-    from nprnn.kernels import rnn
-    from nprnn.kernels.fast import antisym
+    from nprnn.kernels.fast import antisym, rnn
     from nprnn.kernels.gpu_common import split_capacity
     cap = split_capacity(n, lanes)
     for kernel in antisym.euler_split_kernels(cap, lanes, 1) + rnn.rnn_split_kernels(cap, lanes, 1):

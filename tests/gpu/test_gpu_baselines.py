@@ -9,6 +9,7 @@ import pytest
 from gpu_testing import (B, DTYPES, M, N, ROWS, STEP_BLOCK, T, THREADS, TILE, assert_close, dev,
                          empty_like, rand, requires_cuda)
 from nprnn.kernels import gru, lstm, rnn
+from nprnn.kernels.fast import rnn as fast_rnn
 
 pytestmark = requires_cuda
 
@@ -24,6 +25,8 @@ def options(version, backward, rows=ROWS, lanes=2):
 
 
 def gpu_function(module, prefix, direction, version):
+    if module is rnn and version != "step":          # its versions 2 and 3: kernels/fast/rnn.py
+        module = fast_rnn
     return getattr(module, f"{prefix}_{direction}_gpu"
                            + {"step": "", "split": "_split"}.get(version, "_persistent"))
 
