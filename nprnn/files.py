@@ -82,33 +82,39 @@ def _sync_folder(folder):
         os.close(fd)
 
 
+def _nearest_existing(path):
+    """`path` or its nearest ancestor that exists (a name the OS refuses, too long say, counts as
+    not existing), or None."""
+    for p in (path, *path.parents):
+        try:
+            if p.exists():
+                return p
+        except OSError:
+            continue
+    return None
+
+
+def _not_a_folder(p):
+    return f"{p} is {'a file' if p.is_file() else 'not a folder'}"
+
+
 def why_no_folder(path, error):
     """Why mkdir of `path` failed: the nearest existing ancestor (or `path`) that is no folder,
     else the OS's reason ("Permission denied", "File name too long", ...)."""
-    for p in (path, *path.parents):
-        try:
-            if not p.exists():
-                continue
-        except OSError:                 # a name too long, say: the OS's reason below says so
-            continue
-        if not p.is_dir():
-            return f"{p} is {'a file' if p.is_file() else 'not a folder'}"
-        break
+    p = _nearest_existing(path)
+    if p is not None and not p.is_dir():
+        return _not_a_folder(p)
     return error.strerror or str(error)
 
 
 def why_not_makeable(path):
     """Why the folder `path` could not be made or written to (its nearest existing ancestor is
     no folder, or not writable), or None if it is a folder or could be made."""
-    for p in (path, *path.parents):
-        try:
-            if not p.exists():
-                continue
-        except OSError:
-            continue
-        if not p.is_dir():
-            return f"{p} is {'a file' if p.is_file() else 'not a folder'}"
-        if p != path and not os.access(p, os.W_OK):
-            return f"{p} is not writable"
+    p = _nearest_existing(path)
+    if p is None:
         return None
+    if not p.is_dir():
+        return _not_a_folder(p)
+    if p != path and not os.access(p, os.W_OK):
+        return f"{p} is not writable"
     return None
