@@ -18,19 +18,21 @@ import click
 import numpy as np
 
 import nprnn
-from nprnn import analysis, autotune, datasets, plotting, sources
-from nprnn import bench as B_
-from nprnn import train as training
-from nprnn.checkpoint import FILENAME, CheckpointError, load_checkpoint
-from nprnn.datasets import DEFAULT_PERMUTATION_SEED, MAX_SEED, TASKS
-from nprnn.device import DeviceUnavailable, resolve_device
-from nprnn.files import why_no_folder
-from nprnn.model import count_params
-from nprnn.progress import CountBar, SweepBar
-from nprnn.sources import DataError
-from nprnn.train import CONFIG
+from nprnn.study import analysis, plotting
+from nprnn.core import autotune
+from nprnn.data import datasets, sources
+from nprnn.study import bench as B_
+from nprnn.runs import train as training
+from nprnn.runs.checkpoint import FILENAME, CheckpointError, load_checkpoint
+from nprnn.data.datasets import DEFAULT_PERMUTATION_SEED, MAX_SEED, TASKS
+from nprnn.core.device import DeviceUnavailable, resolve_device
+from nprnn.util.files import why_no_folder
+from nprnn.core.model import count_params
+from nprnn.util.progress import CountBar, SweepBar
+from nprnn.data.sources import DataError
+from nprnn.runs.train import CONFIG
 
-# Seeds are 63-bit: they become int64 keys of the noise streams (nprnn/noise.py).
+# Seeds are 63-bit: they become int64 keys of the noise streams (nprnn/data/noise.py).
 SEED = click.IntRange(min=0, max=MAX_SEED)
 
 
@@ -144,8 +146,8 @@ def params(K):
 
 
 # ----------------------------------------------------------------------------------------------
-# simulate, jacobian, plot: the paper's figures. nprnn/analysis.py computes the numbers, every
-# command writes them (CSV/JSON), and nprnn/plotting.py draws the PNG when matplotlib is there.
+# simulate, jacobian, plot: the paper's figures. nprnn/study/analysis.py computes the numbers, every
+# command writes them (CSV/JSON), and nprnn/study/plotting.py draws the PNG when matplotlib is there.
 # ----------------------------------------------------------------------------------------------
 
 def _items(value, what):
@@ -344,7 +346,7 @@ def _replacing(old):
 
 
 def _draw(old, png, draw, *args, indent=""):
-    """Draw `png` with nprnn.plotting.<draw>(*args) (`png` among them) and say so; without
+    """Draw `png` with nprnn.study.plotting.<draw>(*args) (`png` among them) and say so; without
     matplotlib print how to get it and, where an earlier run left one (it is in `old`, from
     `_earlier`, which deleted it), that it was removed. Returns the files of `old` that this run
     wrote over: the earlier PNG only if a new one was drawn."""
@@ -380,7 +382,7 @@ def simulate(out, figures, steps, eps, seed):
     For each figure N: figureN.json (the settings it used, matrices, eigenvalues, |h| at
     start/end/min/max per initial state), figureN.csv (every state h_t) and figureN.png. --eps or
     --seed given for figures none of which uses it is refused. The choices the paper leaves open
-    are stated in nprnn/analysis.py."""
+    are stated in nprnn/study/analysis.py."""
 
     bad = [f for f in figures if f not in analysis.SIMULATION_FIGURES]
     if bad:
@@ -442,7 +444,7 @@ def simulate(out, figures, steps, eps, seed):
                    "Repeat for several. Replaces --models, --gammas, --hidden-size, "
                    "--input-size, --eps, --sigma-w.")
 @click.option("--task", default=None,
-              help="Take the inputs from this task's test split (nprnn.datasets.get_task(TASK, "
+              help="Take the inputs from this task's test split (nprnn.data.datasets.get_task(TASK, "
                    "T=T)) instead of N(0, 1) noise. A task of fixed length (mnist: 784) needs "
                    "--lengths to be that length. With --checkpoint, pmnist's permutation is the "
                    "one the run was trained with.")
@@ -816,11 +818,11 @@ def results(runs, markdown):
 
 
 # ----------------------------------------------------------------------------------------------
-# train, eval: the experiments of section 5 (settings of Appendix C); see nprnn/train.py
+# train, eval: the experiments of section 5 (settings of Appendix C); see nprnn/runs/train.py
 # ----------------------------------------------------------------------------------------------
 
 def _run_options(command, defaults=None):
-    """`train`'s options for a run's settings, made from nprnn.train.OPTIONS, where each is
+    """`train`'s options for a run's settings, made from nprnn.runs.train.OPTIONS, where each is
     declared once: its default (or the command's own, in `defaults`), its type and range (click
     refuses what the run would), its help."""
     for name, option in reversed(training.OPTIONS.items()):
@@ -1017,7 +1019,7 @@ def bench(models, B, T, m, n, dtype, repeat, with_torch, device):
 
 
 # ----------------------------------------------------------------------------------------------
-# data: build the tasks' caches and describe them (nprnn/datasets.py, nprnn/sources.py)
+# data: build the tasks' caches and describe them (nprnn/data/datasets.py, nprnn/data/sources.py)
 # ----------------------------------------------------------------------------------------------
 
 def _data_dir_option(f):
@@ -1167,7 +1169,7 @@ def _sweep_module():
     """nprnn.sweep, which needs the sweep extra (optuna, dask.distributed): imported by the
     sweep commands alone, so that the rest of the CLI runs without them."""
     try:
-        from nprnn import sweep
+        from nprnn.runs import sweep
     except ImportError as e:
         raise click.ClickException(f"the sweep commands need the sweep extra ({e}): "
                                    f"pip install -e '.[sweep]'") from None

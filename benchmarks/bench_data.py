@@ -34,9 +34,9 @@ import numba                                             # noqa: E402
 import numpy as np                                       # noqa: E402
 
 import nprnn                                             # noqa: E402
-from nprnn import noise, sources                         # noqa: E402
-from nprnn.bench import machine, median_time              # noqa: E402
-from nprnn.datasets import get_task, sequences, task_spec  # noqa: E402
+from nprnn.data import noise, sources  # noqa: E402
+from nprnn.study.bench import machine, median_time  # noqa: E402
+from nprnn.data.datasets import get_task, sequences, task_spec  # noqa: E402
 
 
 def synchronizer(device):
@@ -127,7 +127,7 @@ def bench_synthetic(name, B, n, batches, steps, T, device):
     counter = itertools.count()
     staging = None
     if device == "cuda":
-        from nprnn.memory import Staging
+        from nprnn.core.memory import Staging
         staging = Staging()
 
     def batch(split, staging=None):
@@ -146,8 +146,8 @@ def bench_synthetic(name, B, n, batches, steps, T, device):
 
 
 def bench_noise(B=128, T=1000, m=28, repeats=5, device="cpu"):
-    """ns per float32 N(0, 1) draw: nprnn.noise (keyed streams, Box-Muller) on numba's threads
-    and NumPy's Generator (ziggurat) on one thread, as each is used; on cuda also nprnn.noise on
+    """ns per float32 N(0, 1) draw: nprnn.data.noise (keyed streams, Box-Muller) on numba's threads
+    and NumPy's Generator (ziggurat) on one thread, as each is used; on cuda also nprnn.data.noise on
     the GPU."""
     x = np.zeros((B, T, m), dtype=np.float32)
     keys = np.column_stack([np.ones(B, int), np.arange(B)])
@@ -207,7 +207,7 @@ def main():
             parser.error(str(exc))
 
     if args.device == "cuda":
-        from nprnn.device import DeviceUnavailable, resolve_device
+        from nprnn.core.device import DeviceUnavailable, resolve_device
         try:
             resolve_device("cuda")
         except DeviceUnavailable as exc:                 # say why, without a traceback
@@ -238,10 +238,10 @@ def main():
         print("* random images of the task's shape through its layout and noise: all of a batch "
               "but reading the images from the cache")
     threads = numba.get_num_threads()
-    print(f"N(0, 1) float32 draws: nprnn.noise {ours:.1f} ns on {threads} "
+    print(f"N(0, 1) float32 draws: nprnn.data.noise {ours:.1f} ns on {threads} "
           f"thread{'s' * (threads != 1)}, numpy Generator.standard_normal {theirs:.1f} ns on "
           f"1 thread"
-          + (f", nprnn.noise on the GPU {on_gpu:.3f} ns" if on_gpu else ""))
+          + (f", nprnn.data.noise on the GPU {on_gpu:.3f} ns" if on_gpu else ""))
     print(f"load average at the end: {os.getloadavg()[0]:.1f}")
 
 

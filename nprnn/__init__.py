@@ -6,7 +6,7 @@
 
 `nprnn.CELLS` lists the models; see README.md for the reading order of the kernels.
 """
-from .cells import CELLS
-from .model import Model, make_model
+from .core.cells import CELLS
+from .core.model import Model, make_model
 
 __all__ = ["CELLS", "Model", "make_model"]

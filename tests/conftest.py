@@ -5,7 +5,7 @@ import pytest
 
 @pytest.fixture(autouse=True, scope="session")
 def private_kernel_choices(tmp_path_factory):
-    """The GPU autotuner's choices (nprnn/autotune.py) go to a folder of the test session, not
+    """The GPU autotuner's choices (nprnn/core/autotune.py) go to a folder of the test session, not
     to the user's ~/.cache/nprnn, where timings of the tests' tiny models would sit beside real
     ones."""
     mp = pytest.MonkeyPatch()
@@ -81,7 +81,7 @@ def pytest_testnodedown(node, error):
 def pytest_xdist_auto_num_workers(config):
     """`-n auto`: one worker per CPU this process may use, at most 8 (each imports numba and
     compiles its own kernels; past 8, the longest tests, not the workers, set the time)."""
-    from nprnn.device import usable_cpus   # here, not at the top: nprnn imports numba
+    from nprnn.core.device import usable_cpus   # here, not at the top: nprnn imports numba
     return min(8, usable_cpus())
 
 

@@ -12,8 +12,8 @@ the GPU twins. A cell of a new family would add its kernels and its spec class t
 import numpy as np
 
 import nprnn
-from nprnn import reference
-from nprnn.cells import EulerCell
+from nprnn.core import reference
+from nprnn.core.cells import EulerCell
 
 NAME = "feedback-gated"
 

@@ -2,7 +2,7 @@
 
 The tests write tiny MNIST-style IDX files and CIFAR-10 batches (python pickles, binary records,
 tarballs) with known contents, then register a source whose MD5s are those files' MD5s, so every
-code path of nprnn.sources / nprnn.datasets runs exactly as it does on the real files.
+code path of nprnn.data.sources / nprnn.data.datasets runs exactly as it does on the real files.
 """
 import gzip
 import hashlib
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from nprnn import sources
+from nprnn.data import sources
 
 REPO = Path(__file__).resolve().parents[1]
 REAL_MNIST = REPO.parent / "shared" / "data" / "mnist"      # ../shared/data/mnist (CI has it)

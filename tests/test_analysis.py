@@ -1,4 +1,4 @@
-"""nprnn/analysis.py, nprnn/plotting.py and the `simulate`, `jacobian`, `plot` commands.
+"""nprnn/study/analysis.py, nprnn/study/plotting.py and the `simulate`, `jacobian`, `plot` commands.
 
 The simulations are checked by the numbers the paper states in section 4 (not by the pictures),
 the end-to-end Jacobian against central finite differences (float64) for every registered cell,
@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 import nprnn
-from nprnn import analysis as A
+from nprnn.study import analysis as A
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # cli.py is at the repo root
 from cli import cli  # noqa: E402
@@ -353,7 +353,7 @@ def test_learning_curves_draw_what_the_run_logged(tmp_path, monkeypatch):
     plot of the wrong split still made a PNG; the training accuracy was not drawn, so the first
     run's accuracy panel was a single dot)."""
     pytest.importorskip("matplotlib")
-    from nprnn import plotting
+    from nprnn.study import plotting
     made = []
     figure = plotting._figure
     monkeypatch.setattr(plotting, "_figure", lambda **kw: made.append(figure(**kw)) or made[-1])
@@ -480,7 +480,7 @@ def test_learning_curves_tell_the_splits_and_many_runs_apart(tmp_path, monkeypat
     """A run with --valid-size logs valid evaluations and a final test one: the two get their
     own markers. Twelve runs get twelve colours (matplotlib's cycle has ten)."""
     pytest.importorskip("matplotlib")
-    from nprnn import plotting
+    from nprnn.study import plotting
     made = []
     figure = plotting._figure
     monkeypatch.setattr(plotting, "_figure", lambda **kw: made.append(figure(**kw)) or made[-1])
@@ -503,7 +503,7 @@ def test_figures_label_their_axes_explain_their_marks_and_are_print_sized(tmp_pa
     of the simulations, each model and split), no legend over the gate curves, and print size
     (the PNGs at 150 dpi, over 1,500 pixels wide)."""
     pytest.importorskip("matplotlib")
-    from nprnn import plotting
+    from nprnn.study import plotting
     made = []
     figure = plotting._figure
     monkeypatch.setattr(plotting, "_figure", lambda **kw: made.append(figure(**kw)) or made[-1])
@@ -557,7 +557,7 @@ def test_figures_label_their_axes_explain_their_marks_and_are_print_sized(tmp_pa
 
 
 def test_matplotlib_is_not_imported_by_the_library():
-    code = ("import sys, nprnn, nprnn.analysis, nprnn.plotting; "
+    code = ("import sys, nprnn, nprnn.study.analysis, nprnn.study.plotting; "
             "assert 'matplotlib' not in sys.modules, 'matplotlib was imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -639,7 +639,7 @@ def test_a_writer_that_fails_halfway_leaves_the_earlier_file(tmp_path):
     place only when it is whole: a failure (or a kill) halfway leaves the earlier file as it was,
     and no temporary stays behind."""
     import socket
-    from nprnn import plotting
+    from nprnn.study import plotting
 
     csv_path, json_path, png_path = tmp_path / "f.csv", tmp_path / "f.json", tmp_path / "f.png"
     A.write_csv(csv_path, [dict(a=1, b=2)])
@@ -732,11 +732,11 @@ def test_plot_command_reports_a_bad_run(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------
-# The Jacobian of trained models (checkpoints of nprnn.train) and of a task's sequences
+# The Jacobian of trained models (checkpoints of nprnn.runs.train) and of a task's sequences
 # ----------------------------------------------------------------------------------------------
 
 def toy_task(T=5, m=2):
-    from nprnn.datasets import ArrayTask
+    from nprnn.data.datasets import ArrayTask
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((32, T, m)).astype("float32")
@@ -746,7 +746,7 @@ def toy_task(T=5, m=2):
 
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory):
-    from nprnn.train import train
+    from nprnn.runs.train import train
 
     out = tmp_path_factory.mktemp("runs") / "antisym-toy"
     train(dict(model="antisym", hidden=3, iterations=6, batch_size=8, eval_every=3,
@@ -756,7 +756,7 @@ def trained_run(tmp_path_factory):
 
 
 def test_model_from_checkpoint(trained_run):
-    from nprnn.checkpoint import load_checkpoint
+    from nprnn.runs.checkpoint import load_checkpoint
 
     model, config = A.model_from_checkpoint(trained_run)
     saved = load_checkpoint(trained_run)["params"]
@@ -803,8 +803,8 @@ def test_jacobian_command_with_a_checkpoint(tmp_path, trained_run):
 
 
 def test_jacobian_command_with_a_task(tmp_path, monkeypatch):
-    """--task reads sequences through nprnn.datasets.get_task(name, T=T, data_dir=...)."""
-    import nprnn.datasets
+    """--task reads sequences through nprnn.data.datasets.get_task(name, T=T, data_dir=...)."""
+    import nprnn.data.datasets
 
     asked = []
 
@@ -812,7 +812,7 @@ def test_jacobian_command_with_a_task(tmp_path, monkeypatch):
         asked.append((name, T, data_dir))
         return toy_task(T=T, m=3)
 
-    monkeypatch.setattr(nprnn.datasets, "get_task", get_task, raising=False)
+    monkeypatch.setattr(nprnn.data.datasets, "get_task", get_task, raising=False)
     run_cli(["jacobian", "--out", str(tmp_path), "--task", "toy", "--models", "lstm",
              "--lengths", "2,3", "--hidden-size", "2", "--sequences", "3"])
     assert asked == [("toy", 2, None), ("toy", 3, None)]
@@ -829,8 +829,8 @@ def test_jacobian_command_with_a_task(tmp_path, monkeypatch):
 
 def test_jacobian_refuses_a_task_that_does_not_fit_the_checkpoint(tmp_path, trained_run,
                                                                  monkeypatch):
-    import nprnn.datasets
-    monkeypatch.setattr(nprnn.datasets, "get_task",
+    import nprnn.data.datasets
+    monkeypatch.setattr(nprnn.data.datasets, "get_task",
                         lambda name, T=None, data_dir=None, **kw: toy_task(T=T, m=3),
                         raising=False)
     result = CliRunner().invoke(cli, ["jacobian", "--out", str(tmp_path), "--checkpoint",
@@ -846,10 +846,10 @@ def test_jacobian_feeds_a_checkpoint_the_permutation_it_was_trained_on(tmp_path,
     picks the folder. Checkpoints trained on different permutations or scalings are refused:
     every model sees one input."""
     import fake_data
-    import nprnn.datasets
-    from nprnn import sources
-    from nprnn.datasets import get_task
-    from nprnn.train import train
+    import nprnn.data.datasets
+    from nprnn.data import sources
+    from nprnn.data.datasets import get_task
+    from nprnn.runs.train import train
 
     data = tmp_path / "data"
     arrays = fake_data.write_fake_mnist(data / "mnist")
@@ -865,7 +865,7 @@ def test_jacobian_feeds_a_checkpoint_the_permutation_it_was_trained_on(tmp_path,
     def recording(name, **kw):
         asked.append((name, kw.get("seed"), str(kw.get("data_dir")), kw.get("pixels")))
         return get_task(name, **kw)
-    monkeypatch.setattr(nprnn.datasets, "get_task", recording)
+    monkeypatch.setattr(nprnn.data.datasets, "get_task", recording)
     monkeypatch.chdir(tmp_path / "runs")               # the default folder ./data is not there
     args = ["jacobian", "--out", str(tmp_path / "fig"), "--task", "pmnist", "--lengths", "784",
             "--sequences", "2"]
@@ -904,7 +904,7 @@ GATED = ["antisym-gated", "ablation", "antisym-xgate", "lstm", "peephole-lstm", 
 
 
 def oracle_gates(model, x):
-    """{gate: (T, B, n)} from the float64 NumPy oracle's forward pass (nprnn/reference.py)."""
+    """{gate: (T, B, n)} from the float64 NumPy oracle's forward pass (nprnn/core/reference.py)."""
     _, cache = model.cell.reference_forward(model.cell_params(), x, **model.hyper)
     if "zs" in cache:                                     # the Euler cells: z_t of eq. 13
         return {"z": np.stack(cache["zs"])}
@@ -968,8 +968,8 @@ def gated_noise_run(tmp_path, monkeypatch):
     """antisym-gated trained for a few steps on mnist-noise at T = 30 (28 rows, 2 noise steps),
     on fake MNIST (tests/fake_data.py: 60 training and 20 test digits)."""
     import fake_data
-    from nprnn import sources
-    from nprnn.train import train
+    from nprnn.data import sources
+    from nprnn.runs.train import train
 
     arrays = fake_data.write_fake_mnist(tmp_path / "data" / "mnist")
     monkeypatch.setitem(sources.SOURCES, "mnist",
@@ -983,7 +983,7 @@ def gated_noise_run(tmp_path, monkeypatch):
 
 
 def test_gates_command_on_a_noise_task(tmp_path, gated_noise_run):
-    from nprnn.datasets import get_task
+    from nprnn.data.datasets import get_task
 
     out = run_cli(["gates", str(gated_noise_run), "--out", str(tmp_path / "g"),
                    "--sequences", "7", "--batch-size", "3"])
@@ -1138,7 +1138,7 @@ def test_ode_jacobian_rejects_cells_without_eps_and_bad_segments():
 
 
 def test_criticality_command(tmp_path, gated_noise_run):
-    from nprnn.datasets import get_task
+    from nprnn.data.datasets import get_task
 
     out = run_cli(["criticality", str(gated_noise_run), "--sequences", "3", "--segments", "2"])
     label = "antisym-gated gamma=0.1 (gated)"
@@ -1151,7 +1151,7 @@ def test_criticality_command(tmp_path, gated_noise_run):
         assert (f"{label}  mnist-noise  {steps}" in out and f"{r['mean']:.3g}" in out
                 and f"{r['max']:.3g}" in out)
     toy = tmp_path / "rnn-toy"
-    from nprnn.train import train
+    from nprnn.runs.train import train
     train(dict(model="rnn", hidden=3, iterations=1, batch_size=8, eval_every=1),
           out=toy, task=toy_task(), progress=False, echo=lambda *a: None)
     result = CliRunner().invoke(cli, ["criticality", str(gated_noise_run), str(toy)])

@@ -10,8 +10,8 @@ from click.testing import CliRunner
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import cli  # noqa: E402
 import nprnn  # noqa: E402
-from nprnn import bench  # noqa: E402
-from nprnn.device import cuda_available  # noqa: E402
+from nprnn.study import bench  # noqa: E402
+from nprnn.core.device import cuda_available  # noqa: E402
 
 
 def test_flop_counts_follow_the_products():
@@ -30,7 +30,7 @@ def test_bench_prints_a_row_per_model():
     assert result.exit_code == 0, result.output
     lines = result.output.strip().splitlines()
     assert lines[0].startswith("B=3 T=4 m=1 n=5 float32, median of 2")
-    threads = nprnn.bench.threads(nprnn.bench.numba.get_num_threads())   # "1 thread", ...
+    threads = nprnn.study.bench.threads(nprnn.study.bench.numba.get_num_threads())   # "1 thread", ...
     rows = [line for line in lines if f"nprnn (numba, {threads})" in line]
     assert [r.split()[0] for r in rows] == ["antisym", "gru"]
     assert all(float(r.split()[-3]) > 0 for r in rows)          # GFLOP/s
@@ -64,7 +64,7 @@ def test_gpu_table_rows_ratios_and_yardsticks(monkeypatch):
     kernel version, ratios against the same model's PyTorch row, a note where PyTorch has no such
     cell, and cuDNN nn.RNN / nn.LSTM added as yardsticks when not asked for."""
     pytest.importorskip("numba_cuda", reason="the GPU path needs numba-cuda (the cuda extra)")
-    from nprnn import autotune
+    from nprnn.core import autotune
 
     def time_model(model, x, y, **kw):
         assert model == ("model", x.shape[2], 4, "cuda")
@@ -91,8 +91,8 @@ def test_gpu_table_rows_ratios_and_yardsticks(monkeypatch):
 
 
 def test_bench_on_auto_times_the_cpu_without_a_gpu(monkeypatch):
-    import nprnn.device
-    monkeypatch.setattr(nprnn.device, "cuda_available", lambda: (False, "no driver (a test)"))
+    import nprnn.core.device
+    monkeypatch.setattr(nprnn.core.device, "cuda_available", lambda: (False, "no driver (a test)"))
     result = CliRunner().invoke(cli.cli, ["bench", "--device", "auto", "--model", "rnn",
                                           "--batch", "2", "--T", "3", "--hidden", "4",
                                           "--repeat", "1", "--no-torch"])
@@ -208,7 +208,7 @@ def test_data_benchmark_runs_at_tiny_sizes(monkeypatch, capsys):
     assert rows["cifar10*"][1:3] == ["1024", "3"]
     assert rows["cifar10-noise*"][1:3] == ["40", "96"]
     assert all(float(row[-1].rstrip("%")) > -100 for row in rows.values())      # in loop
-    assert any(line.startswith("N(0, 1) float32 draws: nprnn.noise") for line in out)
+    assert any(line.startswith("N(0, 1) float32 draws: nprnn.data.noise") for line in out)
 
 
 def test_data_benchmark_goes_past_an_epoch_and_skips_a_task_without_files(monkeypatch, capsys):
@@ -217,7 +217,7 @@ def test_data_benchmark_goes_past_an_epoch_and_skips_a_task_without_files(monkey
     reported as skipped and the others are still timed."""
     import runpy
 
-    from nprnn import datasets, sources
+    from nprnn.data import datasets, sources
     rng = np.random.default_rng(0)
     x = rng.random((6, 5, 1)).astype(np.float32)
     small = datasets.ArrayTask("small", x, np.arange(6) % 2, x[:3], np.arange(3) % 2, 2)
@@ -236,7 +236,7 @@ def test_data_benchmark_goes_past_an_epoch_and_skips_a_task_without_files(monkey
     out = capsys.readouterr().out.splitlines()
     skipped = out.index("mnist          skipped: MNIST: files not found in nowhere/mnist")
     assert out[skipped + 1] == " " * 15 + "place them"        # the whole reason, indented
-    assert "numba threads" in out[0] and nprnn.bench.machine() in out[0]
+    assert "numba threads" in out[0] and nprnn.study.bench.machine() in out[0]
     assert [line.split()[:3] for line in out if line.startswith("pmnist")] == [["pmnist", "5",
                                                                                "1"]]
     # a batch larger than the 3 test examples: said, not an endless wait for a whole batch

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 import nprnn
-from nprnn import reference
-from nprnn.cells import variants
-from nprnn.gradcheck import check_model_gradients, numerical_gradient, relative_error
+from nprnn.core import reference
+from nprnn.core.cells import variants
+from nprnn.core.gradcheck import check_model_gradients, numerical_gradient, relative_error
 
 CELL_NAMES = [label for label, _, _ in variants()]   # "antisym", ..., "antisym[w_form=full]"
 B, T, M, N, K = 3, 7, 3, 5, 4          # tiny, but several steps of full BPTT
@@ -646,7 +646,7 @@ def test_a_workspace_grows_and_hands_out_views_of_what_it_holds():
     def allocate(shape, dtype):
         made.append((shape, np.dtype(dtype).name))
         return np.empty(shape, dtype=dtype)
-    ws = nprnn.memory.Workspace(allocate)
+    ws = nprnn.core.memory.Workspace(allocate)
     a = ws.get("hs", (5, 4, 3), np.float32)
     assert ws.get("hs", [5, 4, 3], "float32") is a
     b = ws.get("hs", (5, 2, 3), np.float32)                # a smaller batch

@@ -17,9 +17,9 @@ import pytest
 from click.testing import CliRunner
 
 import nprnn
-import nprnn.datasets
-import nprnn.device
-from nprnn.datasets import ArrayTask
+import nprnn.data.datasets
+import nprnn.core.device
+from nprnn.data.datasets import ArrayTask
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import cli  # noqa: E402  (cli.py lives at the repository root)
@@ -85,7 +85,7 @@ class HugeBatches(ArrayTask):
 def toy_get_task(monkeypatch):
     """get_task answering every task name with toy_task (or what `use` holds)."""
     use = {"task": toy_task}
-    monkeypatch.setattr(nprnn.datasets, "get_task",
+    monkeypatch.setattr(nprnn.data.datasets, "get_task",
                         lambda name, **kw: use["task"](name), raising=False)
     return use
 
@@ -257,7 +257,7 @@ def test_jacobian_says_which_lengths_a_task_takes(tmp_path, monkeypatch, args, m
     is told to give its length, and a length a task cannot have is a bad --lengths."""
     def get_task(*args, **kwargs):
         raise AssertionError("get_task was called")
-    monkeypatch.setattr(nprnn.datasets, "get_task", get_task)
+    monkeypatch.setattr(nprnn.data.datasets, "get_task", get_task)
     result = invoke(["jacobian", "--out", tmp_path / "out"] + args)
     assert_one_line_error(result, 2, message)
     assert not (tmp_path / "out").exists()
@@ -283,11 +283,11 @@ def test_a_size_beyond_memory_is_one_line(tmp_path, args, lower):
 
 
 def test_eval_beyond_memory_is_one_line(monkeypatch):
-    import nprnn.train
+    import nprnn.runs.train
 
     def evaluate_checkpoint(*args, **kwargs):
         return np.empty((TOO_LONG, 1000), np.float32)
-    monkeypatch.setattr(nprnn.train, "evaluate_checkpoint", evaluate_checkpoint)
+    monkeypatch.setattr(nprnn.runs.train, "evaluate_checkpoint", evaluate_checkpoint)
     assert_one_line_error(invoke(["eval", "somewhere"]), 1, "not enough memory",
                           "lower --batch-size or --T")
 
@@ -324,10 +324,10 @@ def test_train_beyond_memory_at_the_first_step_leaves_nothing(tmp_path, toy_get_
 # ----------------------------------------------------------------------------------------------
 
 def test_bench_on_cuda_says_no_gpu_before_anything_about_pytorch(monkeypatch):
-    import nprnn.bench
+    import nprnn.study.bench
 
-    monkeypatch.setattr(nprnn.device, "cuda_available", lambda: (False, "no GPU in this test"))
-    monkeypatch.setattr(nprnn.bench, "torch_available", lambda device="cpu": device == "cpu")
+    monkeypatch.setattr(nprnn.core.device, "cuda_available", lambda: (False, "no GPU in this test"))
+    monkeypatch.setattr(nprnn.study.bench, "torch_available", lambda device="cpu": device == "cpu")
     result = invoke(["bench", "--device", "cuda"])
     assert_one_line_error(result, 1, "no GPU is usable", "no GPU in this test")
     assert "PyTorch" not in result.output
@@ -336,21 +336,21 @@ def test_bench_on_cuda_says_no_gpu_before_anything_about_pytorch(monkeypatch):
 @pytest.mark.parametrize("sig, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_train_stopped_by_a_signal_exits_with_128_plus_its_number(tmp_path, monkeypatch,
                                                                  toy_get_task, sig, status):
-    import nprnn.train
+    import nprnn.runs.train
 
-    real = nprnn.train.train
+    real = nprnn.runs.train.train
 
     def train_then_signal(*args, **kwargs):
         def send(it, loss):
             if it == 2:
                 os.kill(os.getpid(), sig)
         return real(*args, callback=send, **kwargs)
-    monkeypatch.setattr(nprnn.train, "train", train_then_signal)
+    monkeypatch.setattr(nprnn.runs.train, "train", train_then_signal)
     out = tmp_path / "run"
     result = invoke(TRAIN + ["--out", out])
     assert result.exit_code == status, result.output + repr(result.exception)
     assert f"stopped by {sig.name} at iteration 2" in result.output
-    monkeypatch.setattr(nprnn.train, "train", real)
+    monkeypatch.setattr(nprnn.runs.train, "train", real)
     result = invoke(["train", "--out", out, "--resume", "--no-progress"])
     assert result.exit_code == 0 and "final test accuracy after 6" in result.output, \
         result.output
@@ -360,9 +360,9 @@ def test_train_aborted_by_a_second_signal_names_the_checkpoint_kept(tmp_path, mo
                                                                     toy_get_task):
     """A second SIGTERM while the first is being honoured aborts at once: 143 as for one, not
     click's 'Aborted!' and 1, with the checkpoint that stands named; it resumes."""
-    import nprnn.train
+    import nprnn.runs.train
 
-    real = nprnn.train.train
+    real = nprnn.runs.train.train
 
     def train_then_signal_twice(*args, **kwargs):
         def send(it, loss):
@@ -370,14 +370,14 @@ def test_train_aborted_by_a_second_signal_names_the_checkpoint_kept(tmp_path, mo
                 os.kill(os.getpid(), signal.SIGTERM)
                 os.kill(os.getpid(), signal.SIGTERM)
         return real(*args, callback=send, **kwargs)
-    monkeypatch.setattr(nprnn.train, "train", train_then_signal_twice)
+    monkeypatch.setattr(nprnn.runs.train, "train", train_then_signal_twice)
     out = tmp_path / "run"
     result = invoke(TRAIN + ["--out", out])
     assert result.exit_code == 143, result.output + repr(result.exception)
     assert "Aborted!" not in result.output
     assert (f"SIGTERM received again: aborted. The checkpoint of iteration 0 is kept: continue "
             f"with `python cli.py train --out {out} --resume`") in result.stderr
-    monkeypatch.setattr(nprnn.train, "train", real)
+    monkeypatch.setattr(nprnn.runs.train, "train", real)
     result = invoke(["train", "--out", out, "--resume", "--no-progress"])
     assert result.exit_code == 0 and "final test accuracy after 6" in result.output, \
         result.output
@@ -409,7 +409,7 @@ def test_jacobian_names_each_model_and_length_as_it_starts(tmp_path, no_matplotl
 def test_eval_progress_is_drawn_in_place_on_a_terminal_only():
     import io
 
-    from nprnn.progress import CountBar
+    from nprnn.util.progress import CountBar
 
     class Terminal(io.StringIO):
         def isatty(self):
@@ -485,7 +485,7 @@ def test_a_batch_that_is_not_floats_gets_the_hint_of_its_kind(dtype, hint):
 
 def test_a_sweep_says_where_it_stands_in_a_log_at_most_once_a_minute(monkeypatch):
     """SweepBar off a terminal: a status line when it has changed, at most once in `every`."""
-    from nprnn import progress
+    from nprnn.util import progress
     log = io.StringIO()
     clock = iter([0.0, 10.0, 70.0, 200.0])
     monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock))

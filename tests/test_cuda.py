@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 
 import nprnn
-from nprnn import device
-from nprnn.backends import Kernels, options, resolve
+from nprnn.core import device
+from nprnn.core.backends import Kernels, options, resolve
 from nprnn.kernels.fast import antisym as F
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -220,7 +220,7 @@ def test_a_numpy_too_new_for_numba_cuda_is_named_with_its_fix(monkeypatch, fresh
 
 
 def test_the_cuda_extra_caps_numpy_as_the_device_check_says():
-    """setup.cfg's cuda extra and nprnn.device.CUDA_NUMPY name the same cap."""
+    """setup.cfg's cuda extra and nprnn.core.device.CUDA_NUMPY name the same cap."""
     import configparser
     cfg = configparser.ConfigParser()
     cfg.read(ROOT / "setup.cfg")
@@ -572,8 +572,8 @@ class StrictDeviceArray:
 
 
 def test_saved_state_is_copied_into_device_arrays_with_copy_to_device():
-    from nprnn.checkpoint import load_params_into
-    from nprnn.optim import make_optimizer
+    from nprnn.runs.checkpoint import load_params_into
+    from nprnn.core.optim import make_optimizer
     model = nprnn.make_model("antisym", 1, 4, 3, seed=0)
     saved = {k: p * 2 for k, p in model.params.items()}
     opt = make_optimizer("adagrad", model.params, lr=0.1)
@@ -606,7 +606,7 @@ def test_out_of_gpu_memory_is_a_memory_error(monkeypatch):
                     "numba.cuda has another driver module, and nprnn allocates nothing on a GPU")
     from numba.cuda.cudadrv import driver
 
-    from nprnn import memory, optim
+    from nprnn.core import memory, optim
     from nprnn.kernels import gpu_common as G
     oom = driver.binding.CUresult.CUDA_ERROR_OUT_OF_MEMORY
     other = driver.binding.CUresult.CUDA_ERROR_INVALID_VALUE

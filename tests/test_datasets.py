@@ -16,8 +16,8 @@ import h5py
 import numpy as np
 import pytest
 
-from nprnn import datasets, noise, sources
-from nprnn.datasets import (PIXELS, TASKS, ArrayTask, cache_path, check_cache, get_task,
+from nprnn.data import datasets, noise, sources
+from nprnn.data.datasets import (PIXELS, TASKS, ArrayTask, cache_path, check_cache, get_task,
                             image_then_noise, permuted_sequence, pixel_sequence, pixel_table,
                             resolve_data_dir, rows_then_noise, splitmix64, splitmix64_permutation)
 
@@ -130,7 +130,7 @@ def test_batches_reject_bad_arguments():
 
 
 def test_device_batches_without_a_gpu_say_why():
-    from nprnn.device import DeviceUnavailable, cuda_available
+    from nprnn.core.device import DeviceUnavailable, cuda_available
     if cuda_available()[0]:
         pytest.skip("a GPU (or the CUDA simulator) is usable here")
     with pytest.raises(DeviceUnavailable, match="no GPU is usable"):
@@ -576,7 +576,7 @@ BUILDER = """
 import sys, time, pathlib
 sys.path.insert(0, {tests!r})
 import fake_data
-from nprnn import datasets
+from nprnn.data import datasets
 data_dir, mode = pathlib.Path({data_dir!r}), {mode!r}
 fake_data.register_fake_mnist(data_dir)      # _builder wrote the files
 real_write = datasets._write_split

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from nprnn import datasets, sources
-from nprnn.sources import DataUnavailable, DownloadError, download_file, fetch
+from nprnn.data import datasets, sources
+from nprnn.data.sources import DataUnavailable, DownloadError, download_file, fetch
 
 import fake_data as fd
 
@@ -67,7 +67,7 @@ def test_fetch_success_with_progress(server, tmp_path, capsys):
 
 
 def test_progress_bar_redraws_in_place_on_a_terminal():
-    from nprnn.progress import DownloadBar
+    from nprnn.util.progress import DownloadBar
 
     class Terminal(io.StringIO):
         def isatty(self):
@@ -97,7 +97,7 @@ def test_fetch_dropped_connection_leaves_nothing(server, tmp_path):
 def test_a_download_killed_outright_is_cleaned_up_by_the_next(server, tmp_path):
     # SIGKILL gives fetch no chance to delete its temporary file: the next download does
     code = ("import os, sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]); "
-            "from nprnn.sources import temporary_name; "
+            "from nprnn.data.sources import temporary_name; "
             "temporary_name(Path(sys.argv[2]) / 'good.bin', 'part').write_bytes(b'half'); "
             "os.kill(os.getpid(), 9)")
     proc = subprocess.run([sys.executable, "-c", code, str(fd.REPO), str(tmp_path)])

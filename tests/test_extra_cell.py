@@ -8,7 +8,7 @@ import pytest
 
 import extra_cell
 import test_cells
-from nprnn import bench
+from nprnn.study import bench
 
 CELL_CHECKS = [check for check in extra_cell.registry_checks(test_cells, "name",
                                                              test_cells.CELL_NAMES)
@@ -38,7 +38,7 @@ def test_a_cell_from_one_spec_gets_every_cell_check(check):
 def test_a_wrong_spec_fails_the_checks(monkeypatch):
     """The checks bite: the same spec with the antisymmetric models' reference (another cell's
     equations) fails the kernel-against-reference check."""
-    from nprnn import reference
+    from nprnn.core import reference
     monkeypatch.setattr(extra_cell.SPEC, "reference", (
         lambda p, x, eps, h0=None: reference.ablation_forward(p, x, eps, 0.5, h0=h0),
         lambda p, cache, dh_T, eps: reference.ablation_backward(p, cache, dh_T, eps, 0.5)))

@@ -10,25 +10,39 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# top to bottom
+# top to bottom; each package's modules sit together (test_packages_are_layers)
 LAYERS = [
     ["cli"],
     ["nprnn"],                                  # the public API (__init__.py)
-    ["nprnn.sweep"],                            # searches of hyperparameters (Optuna, Dask):
+    # sweep/: searches of hyperparameters over runs (Optuna, Dask)
+    ["nprnn.sweep"],
     ["nprnn.sweep.report"],                     # what a sweep found,
     ["nprnn.sweep.workers"],                    # how it runs,
     ["nprnn.sweep.study"],                      # what it is
-    ["nprnn.plotting"],                         # figures of what analysis computes
-    ["nprnn.analysis"],                         # dynamics, Jacobians, gates of trained runs
-    ["nprnn.train", "nprnn.bench"],             # the training loop; the benchmark
-    ["nprnn.runconfig"],                        # a run's settings: options, model, task
-    ["nprnn.model", "nprnn.optim", "nprnn.checkpoint", "nprnn.gradcheck", "nprnn.datasets",
-     "nprnn.runfolder"],                        # ... and a run folder's files and guards
-    ["nprnn.autotune"],                         # times the GPU kernel options
-    ["nprnn.cells", "nprnn.noise", "nprnn.sources"],
-    ["nprnn.backends"],                         # where kernels run: memory, twins, launch
-    ["nprnn.device", "nprnn.reference", "nprnn.memory", "nprnn.files", "nprnn.progress",
-     "nprnn.inputs"],
+    # study/: what trained runs did, and how fast the kernels run
+    ["nprnn.study"],
+    ["nprnn.study.plotting"],                   # figures of what analysis computes
+    ["nprnn.study.analysis", "nprnn.study.bench"],  # dynamics, Jacobians, gates; the benchmark
+    # runs/: a run, from its options to its folder
+    ["nprnn.runs"],
+    ["nprnn.runs.train"],                       # the training loop
+    ["nprnn.runs.runconfig"],                   # a run's settings: options, model, task
+    ["nprnn.runs.checkpoint", "nprnn.runs.runfolder"],  # a run folder's files and guards
+    # data/: the tasks, their files and their noise
+    ["nprnn.data"],
+    ["nprnn.data.datasets"],
+    ["nprnn.data.noise", "nprnn.data.sources"],
+    # core/: the model, its cells and optimisers, and where their kernels run
+    ["nprnn.core"],
+    ["nprnn.core.model", "nprnn.core.optim", "nprnn.core.gradcheck"],
+    ["nprnn.core.autotune"],                    # times the GPU kernel options
+    ["nprnn.core.cells"],
+    ["nprnn.core.backends"],                    # where kernels run: memory, twins, launch
+    ["nprnn.core.device", "nprnn.core.reference", "nprnn.core.memory", "nprnn.core.inputs"],
+    # util/: files written whole, progress bars
+    ["nprnn.util"],
+    ["nprnn.util.files", "nprnn.util.progress"],
+    # kernels/: the numba kernels, CPU twin above GPU twin
     ["nprnn.kernels.fast.antisym",              # fast GPU versions, beside their teaching file
      "nprnn.kernels.fast.rnn"],
     ["nprnn.kernels.antisym", "nprnn.kernels.rnn", "nprnn.kernels.lstm", "nprnn.kernels.gru",
@@ -62,8 +76,8 @@ def imports(path, name, known):
             if node.level:
                 up = package.split(".")[:len(package.split(".")) - (node.level - 1)]
                 base = ".".join(up + ([node.module] if node.module else []))
-            # "from . import noise" imports the module nprnn.noise;
-            # "from .cells import X" imports nprnn.cells
+            # "from . import noise" imports the module nprnn.data.noise;
+            # "from .cells import X" imports nprnn.core.cells
             targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base
                        for a in node.names]
         else:
@@ -89,9 +103,9 @@ def test_imports_run_down_the_layers():
 
 
 @pytest.mark.parametrize("source, broken", [
-    ("from .model import make_model\n", "nprnn/cells.py"),          # up
-    ("def f():\n    from . import model\n", "nprnn/noise.py"),       # up, inside a function
-    ("from .. import device\n", "nprnn/kernels/gpu_common.py"),      # out of kernels/
+    ("from .model import make_model\n", "nprnn/core/cells.py"),    # up
+    ("def f():\n    from ..runs import train\n", "nprnn/data/noise.py"),  # up, in a function
+    ("from .. import core\n", "nprnn/kernels/gpu_common.py"),      # out of kernels/
 ])
 def test_the_check_catches_an_upward_import(source, broken, tmp_path, monkeypatch):
     """The check itself fails where it should: an import added upward is named."""
@@ -103,3 +117,21 @@ def test_the_check_catches_an_upward_import(source, broken, tmp_path, monkeypatc
     found = [t for _, t in imports(fake, name, known)]
     target = found[-1]
     assert LAYER[target] <= LAYER[name], (broken, target)
+
+
+def package_of(module):
+    """'nprnn.core.model' -> 'core'; 'nprnn' and 'cli' are their own."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else module
+
+
+def test_packages_are_layers():
+    """The folders show the layers: each package's modules sit together in LAYERS, so that one
+    package imports only from the packages below it."""
+    order = []
+    for modules_ in LAYERS:
+        for package in dict.fromkeys(package_of(m) for m in modules_):
+            if not order or order[-1] != package:
+                order.append(package)
+    repeated = sorted({p for p in order if order.count(p) > 1})
+    assert not repeated, f"packages split across the layers: {repeated} (order: {order})"

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from nprnn import noise
-from nprnn.datasets import splitmix64
+from nprnn.data import noise
+from nprnn.data.datasets import splitmix64
 from nprnn.kernels import noise as K
 
 MASK64 = (1 << 64) - 1

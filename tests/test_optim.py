@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import nprnn
-from nprnn.optim import SGD, Adagrad, StepRecorder, clip_scale, global_norm, make_optimizer
+from nprnn.core.optim import SGD, Adagrad, StepRecorder, clip_scale, global_norm, make_optimizer
 
 
 def test_sgd_momentum_matches_hand_computed_steps():

@@ -21,9 +21,9 @@ import pytest
 from numba.core.registry import CPUDispatcher
 
 from nprnn import CELLS, make_model
-from nprnn.noise import fill_gaussian
+from nprnn.data.noise import fill_gaussian
 from nprnn.kernels import common as K_common
-from nprnn.optim import StepRecorder, make_optimizer
+from nprnn.core.optim import StepRecorder, make_optimizer
 
 MODULES = ["common", "antisym", "rnn", "lstm", "gru", "readout", "optim", "noise", "layout"]
 

@@ -43,7 +43,7 @@ pytest.importorskip("numba_cuda", reason="compiling to PTX needs numba-cuda: "
 from numba import cuda  # noqa: E402
 
 import nprnn  # noqa: E402
-from nprnn.device import cuda_available, simulator_enabled
+from nprnn.core.device import cuda_available, simulator_enabled
 from nprnn.kernels.gpu_common import MAX_THREADS_PER_BLOCK
 
 CC = (9, 0)

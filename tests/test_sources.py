@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nprnn import sources
-from nprnn.datasets import get_task
-from nprnn.sources import (ChecksumError, DataUnavailable, RawFormatError, parse_cifar_binary,
+from nprnn.data import sources
+from nprnn.data.datasets import get_task
+from nprnn.data.sources import (ChecksumError, DataUnavailable, RawFormatError, parse_cifar_binary,
                            parse_cifar_pickle, parse_idx, read_idx_file)
 
 import fake_data as fd

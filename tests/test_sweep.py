@@ -24,11 +24,12 @@ import optuna                                                         # noqa: E4
 from optuna.trial import TrialState                                   # noqa: E402
 
 import fake_data as fd                                                # noqa: E402
-from nprnn import sources, sweep                                      # noqa: E402
-from nprnn.checkpoint import load_checkpoint                          # noqa: E402
-from nprnn.datasets import ArrayTask, get_task                        # noqa: E402
-from nprnn.device import cuda_available                               # noqa: E402
-from nprnn.train import RunLock, resolve_config                       # noqa: E402
+from nprnn import sweep                                               # noqa: E402
+from nprnn.data import sources  # noqa: E402
+from nprnn.runs.checkpoint import load_checkpoint  # noqa: E402
+from nprnn.data.datasets import ArrayTask, get_task  # noqa: E402
+from nprnn.core.device import cuda_available  # noqa: E402
+from nprnn.runs.train import RunLock, resolve_config  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 GOOD, BAD = 0.1, 1e-6                        # learning rates that learn the toy task, and not
@@ -848,7 +849,7 @@ def test_the_sweep_figure_draws_every_state_that_has_an_accuracy(tmp_path, monke
     """Trials left stopped by a Ctrl-C are drawn (they were `running` before the report told
     them apart); failed ones, with no accuracy, are counted in the title."""
     pytest.importorskip("matplotlib")
-    from nprnn import plotting
+    from nprnn.study import plotting
     made = []
     figure = plotting._figure
     monkeypatch.setattr(plotting, "_figure", lambda **kw: made.append(figure(**kw)) or made[-1])

@@ -19,11 +19,11 @@ import pytest
 from click.testing import CliRunner
 
 import nprnn
-import nprnn.datasets
-import nprnn.device
-from nprnn.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from nprnn.datasets import ArrayTask
-from nprnn.train import (TrainError, TrainingDiverged, evaluate, evaluate_checkpoint,
+import nprnn.data.datasets
+import nprnn.core.device
+from nprnn.runs.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from nprnn.data.datasets import ArrayTask
+from nprnn.runs.train import (TrainError, TrainingDiverged, evaluate, evaluate_checkpoint,
                          resolve_config, train)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -133,7 +133,7 @@ def test_the_logged_loss_accuracy_and_gradient_norm_are_the_first_batchs(tmp_pat
     train(dict(config), tmp_path, task=toy_task(), **quiet())
     logged = records(tmp_path)[0]
     assert (logged["iteration"], logged["split"]) == (1, "train")
-    model = nprnn.train.build_model(resolve_config(**config), 2, 3)
+    model = nprnn.runs.train.build_model(resolve_config(**config), 2, 3)
     x, y = next(iter(toy_task().batches("train", config["batch_size"], seed=config["seed"],
                                         epoch=0)))
     loss, grads, logits = model.loss_and_grad(x, y, return_logits=True)
@@ -258,7 +258,7 @@ def test_valid_size_holds_out_the_split_that_is_evaluated(tmp_path, monkeypatch)
         asked.append(valid_size)
         return toy_task(valid_size=valid_size)
 
-    monkeypatch.setattr(nprnn.datasets, "get_task", get_task)
+    monkeypatch.setattr(nprnn.data.datasets, "get_task", get_task)
     train(dict(CONFIG, iterations=25, valid_size=16), tmp_path, **quiet())
     assert asked == [16]
     config = json.loads((tmp_path / "config.json").read_text())
@@ -287,7 +287,7 @@ def test_evaluate_checkpoint_scores_the_split_asked_for(tmp_path):
 def test_a_checkpoint_of_another_format_or_version_is_refused(tmp_path):
     import h5py
 
-    from nprnn.checkpoint import VERSION
+    from nprnn.runs.checkpoint import VERSION
     train(dict(CONFIG, iterations=1), tmp_path, task=toy_task(), **quiet())
     with h5py.File(tmp_path / "checkpoint.h5", "r+") as f:
         f.attrs["version"] = VERSION + 1
@@ -452,7 +452,7 @@ def test_a_crash_while_saving_after_the_final_evaluation_does_not_log_it_twice(t
     """With --valid-size the test split is evaluated once at the end and a checkpoint saved
     after it. A process killed while saving that checkpoint had logged the evaluation; the
     resume, from the checkpoint before, does it again, and the log holds it once."""
-    import nprnn.train as training
+    import nprnn.runs.train as training
     config = dict(CONFIG, valid_size=16, iterations=12)
     whole = tmp_path / "whole"
     train(config, whole, task=toy_task(valid_size=16), **quiet())
@@ -538,7 +538,7 @@ CHILD = textwrap.dedent("""
     import time
     sys.path.insert(0, {tests!r})
     from test_train import CONFIG, toy_task
-    from nprnn.train import train
+    from nprnn.runs.train import train
 
     def report(it, loss):
         print("iteration", it, flush=True)
@@ -651,7 +651,7 @@ def toy_get_task(monkeypatch):
                  pixels="unit"):
         calls.append((name, seed, pixels))
         return toy_task(name=name)
-    monkeypatch.setattr(nprnn.datasets, "get_task", get_task, raising=False)
+    monkeypatch.setattr(nprnn.data.datasets, "get_task", get_task, raising=False)
     return calls
 
 
@@ -688,13 +688,13 @@ def test_train_command_gives_back_the_run_it_was_made_from(given):
     """`train_command` (what `sweep report` prints for the chosen point) parsed by `train`'s own
     options is the same run: every setting, the defaults left out of it among them."""
     config = resolve_config(**given)
-    line = nprnn.train.train_command(config, "runs/x y", always=("seed",))
+    line = nprnn.runs.train.train_command(config, "runs/x y", always=("seed",))
     words = shlex.split(line)
     assert words[:3] == ["python", "cli.py", "train"] and words[-2:] == ["--out", "runs/x y"]
     assert "--seed" in words and "--momentum" not in words     # as asked, and defaults left out
     parsed = cli.train.make_context("train", words[3:]).params
     assert parsed.pop("out") == "runs/x y"
-    assert resolve_config(**{k: parsed[k] for k in nprnn.train.DEFAULTS}) == config
+    assert resolve_config(**{k: parsed[k] for k in nprnn.runs.train.DEFAULTS}) == config
 
 
 def test_the_permutation_seed_reaches_the_task_and_is_not_the_training_seed(tmp_path,
@@ -740,7 +740,7 @@ def test_the_pixel_scaling_reaches_the_task_on_train_eval_and_resume(tmp_path, t
     with pytest.raises(TrainError, match="pixels must be one of unit, standardised, got 'z'"):
         resolve_config(pixels="z")
     with pytest.raises(TrainError, match="the in-memory task 'toy' gives its x as it is"):
-        nprnn.train.load_task(resolve_config(pixels="standardised"), toy_task())
+        nprnn.runs.train.load_task(resolve_config(pixels="standardised"), toy_task())
 
 
 def test_cli_errors_are_clean(tmp_path, toy_get_task):
@@ -757,7 +757,7 @@ def test_cli_errors_are_clean(tmp_path, toy_get_task):
 
 def test_the_progress_bar_shows_an_evaluation_in_progress_on_a_terminal_only():
     import io
-    from nprnn.progress import TrainingBar
+    from nprnn.util.progress import TrainingBar
 
     class Terminal(io.StringIO):
         def isatty(self):
@@ -789,7 +789,7 @@ def test_evaluate_checkpoint_refuses_another_task_before_fetching_its_data(tmp_p
                                                                             reference_run):
     def get_task(name, **kw):
         raise AssertionError(f"{name}'s data fetched for a model it does not fit")
-    monkeypatch.setattr(nprnn.datasets, "get_task", get_task)
+    monkeypatch.setattr(nprnn.data.datasets, "get_task", get_task)
     # reference_run is a model of m=2 inputs and 3 classes; cifar10-noise has m=96 at any T
     for name, T, sizes in [("mnist", None, "m=1, 10 classes"), ("cifar10-noise", 40, "m=96")]:
         with pytest.raises(TrainError, match=rf"task '{name}' \(input size {sizes}.*does not "
@@ -807,7 +807,7 @@ def test_train_and_evaluate_checkpoint_close_the_task_they_load(tmp_path, monkey
     class Recorded(ArrayTask):
         def close(self):
             closed.append(self.name)
-    monkeypatch.setattr(nprnn.datasets, "get_task", lambda name, **kw: Recorded(
+    monkeypatch.setattr(nprnn.data.datasets, "get_task", lambda name, **kw: Recorded(
         name, *toy_arrays(), num_classes=3), raising=False)
     run = tmp_path / "run"
     train(dict(CONFIG, iterations=4, data_dir=tmp_path), run, **quiet())      # data_dir a Path
@@ -853,7 +853,7 @@ def test_resuming_under_another_numpy_says_the_order_may_differ(tmp_path):
 def test_resuming_on_another_machine_says_the_bits_may_differ(tmp_path):
     """The kernels' bits depend on numba, scipy's BLAS and the CPU: the checkpoint records
     them, and a resume where one differs says so."""
-    from nprnn.train import _arithmetic
+    from nprnn.runs.train import _arithmetic
     train(dict(CONFIG, iterations=5), tmp_path, task=toy_task(), **quiet())
     saved = load_checkpoint(tmp_path)
     assert saved["progress"]["arithmetic"] == _arithmetic()
@@ -878,13 +878,13 @@ def test_device_auto_and_the_data_folder_are_recorded_as_used(tmp_path, monkeypa
     path, the default one too: a resume or an eval from another folder, or on a machine where
     auto would choose otherwise, uses what the run used. Restating them on resume is no change;
     a resume refused says no 'resume:' line first."""
-    monkeypatch.setattr(nprnn.datasets, "get_task", lambda name, **kw: ArrayTask(
+    monkeypatch.setattr(nprnn.data.datasets, "get_task", lambda name, **kw: ArrayTask(
         name, *toy_arrays(), num_classes=3), raising=False)
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("NPRNN_DATA_DIR", raising=False)
     train(dict(CONFIG, iterations=4, device="auto", data_dir="d"), "a", **quiet())
     config = json.loads((tmp_path / "a" / "config.json").read_text())
-    assert config["device"] == nprnn.device.resolve_device("auto")       # "cpu" without a GPU
+    assert config["device"] == nprnn.core.device.resolve_device("auto")       # "cpu" without a GPU
     assert config["data_dir"] == str(tmp_path / "d")
     train(dict(CONFIG, iterations=4), "b", **quiet())
     assert load_checkpoint(tmp_path / "b")["config"]["data_dir"] == str(tmp_path / "data")
@@ -906,7 +906,7 @@ def test_a_stop_signal_is_announced_by_the_loop_not_by_the_handler():
     """The handler only records the signal (writing from it could collide with a write it
     interrupted); the first stopping() after it says what happens, once; a second signal
     aborts."""
-    from nprnn.train import StopSignals
+    from nprnn.runs.train import StopSignals
     said = []
     with StopSignals(said.append) as stop:
         assert stop.stopping() is None
@@ -961,9 +961,9 @@ def test_a_gate_bias_run_records_it_keeps_it_on_resume_and_older_runs_start_at_0
     assert "\n  gate_bias " not in "\n".join(said)              # antisym has no gate to show
     older = resolve_config(**dict(CONFIG, model="antisym-gated"))
     del older["gate_bias"]
-    config, changes = nprnn.train.merge_resume_config(older, {})
+    config, changes = nprnn.runs.train.merge_resume_config(older, {})
     assert config["gate_bias"] == 0.0 and changes == []
-    assert np.all(nprnn.train.build_model(older, 2, 2).params["b_z"] == 0)
+    assert np.all(nprnn.runs.train.build_model(older, 2, 2).params["b_z"] == 0)
 
 
 def test_the_lr_schedule_decays_at_its_iterations_is_logged_and_resumes_bit_identical(tmp_path):
@@ -980,7 +980,7 @@ def test_the_lr_schedule_decays_at_its_iterations_is_logged_and_resumes_bit_iden
     logged = {r["iteration"]: r["lr"] for r in records(tmp_path / "whole")
               if r["split"] == "train"}
     assert logged == {4: 0.1, 8: 0.1, 12: 0.05, 16: 0.025, 20: 0.025, 24: 0.025, 26: 0.025}
-    assert [nprnn.train.lr_at(saved, it) for it in (0, 8, 9, 12, 13, 25)] == [
+    assert [nprnn.runs.train.lr_at(saved, it) for it in (0, 8, 9, 12, 13, 25)] == [
         0.1, 0.1, 0.05, 0.05, 0.025, 0.025]
 
     def interrupt(it, loss):
@@ -999,7 +999,7 @@ def test_the_lr_schedule_decays_at_its_iterations_is_logged_and_resumes_bit_iden
     assert {r["lr"] for r in records(tmp_path / "constant") if r["split"] == "train"} == {0.1}
     older = resolve_config(**CONFIG)
     del older["lr_decay_at"], older["lr_decay"]
-    assert nprnn.train.lr_at(older, 25) == 0.1
+    assert nprnn.runs.train.lr_at(older, 25) == 0.1
 
 
 def test_the_lr_schedule_may_be_given_on_resume_and_is_checked(tmp_path):
@@ -1067,7 +1067,7 @@ def test_a_full_w_run_records_its_form_and_older_runs_are_triangles(tmp_path):
     assert evaluate_checkpoint(tmp_path, task=toy_task())["iteration"] == 5
     older = resolve_config(**CONFIG)
     del older["w_form"]
-    assert nprnn.train.build_model(older, 2, 3).cell.w_form == "triangle"
+    assert nprnn.runs.train.build_model(older, 2, 3).cell.w_form == "triangle"
     with pytest.raises(ValueError, match="model 'lstm' has no such W"):
         train(dict(CONFIG, model="lstm", w_form="full"), tmp_path / "lstm", task=toy_task(),
               **quiet())
@@ -1076,7 +1076,7 @@ def test_a_full_w_run_records_its_form_and_older_runs_are_triangles(tmp_path):
 def test_a_run_saved_with_an_option_that_changes_nothing_still_resumes(tmp_path, monkeypatch):
     """check_options_used refuses new runs only: a folder from before it, with adagrad and a
     momentum, or a perm_seed on another task, resumes as it was saved."""
-    import nprnn.train as training
+    import nprnn.runs.train as training
     config = dict(CONFIG, optimizer="adagrad", momentum=0.5, perm_seed=3, iterations=6)
     with monkeypatch.context() as m:
         m.setattr(training, "check_options_used", lambda config: None)    # an older nprnn
@@ -1091,7 +1091,7 @@ def test_compiling_the_kernels_is_said_and_not_counted_as_training_time(tmp_path
     before the clock starts, and the time is said on a line of its own."""
     import time
 
-    import nprnn.train as training
+    import nprnn.runs.train as training
     warm_up = training._warm_up
 
     def slow_warm_up(*args):
@@ -1119,7 +1119,7 @@ def test_a_run_folder_is_locked_while_a_process_trains_in_it(tmp_path):
         [sys.executable, "-c", textwrap.dedent(f"""
             import sys, time
             from pathlib import Path
-            from nprnn.train import RunLock
+            from nprnn.runs.train import RunLock
             with RunLock(Path({str(out)!r})):
                 print("locked", flush=True)
                 time.sleep(60)

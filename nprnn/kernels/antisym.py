@@ -44,7 +44,7 @@ A map of this file, in reading order:
     pair;
   * GPU version 1, one thread per (batch row, unit) and one launch per step: `euler_forward_gpu`
     and the rest, with the weight-gradient products of gpu_common.py;
-  * the twins (`Twins`) that nprnn/backends.py runs.
+  * the twins (`Twins`) that nprnn/core/backends.py runs.
 The fast GPU versions, 2 (persistent: one launch per pass, the matrix in shared or global memory)
 and 3 (split: several lanes per unit, the matrix in registers), are in kernels/fast/antisym.py,
 each held to the CPU twin by tests/gpu/test_gpu_euler.py.
@@ -563,7 +563,7 @@ def euler_param_grads_gpu(dA, dV_h, db_h, ds, da, hs, x, *, tile=TILE):
 
 
 # ----------------------------------------------------------------------------------------------
-# The twins, as nprnn/backends.py runs them: the CPU kernels and GPU version 1. The fast GPU
+# The twins, as nprnn/core/backends.py runs them: the CPU kernels and GPU version 1. The fast GPU
 # versions (2: persistent, 3: split) live in kernels/fast/antisym.py, whose twins add them.
 # ----------------------------------------------------------------------------------------------
 antisym_matrix = Twins(antisym_matrix_cpu, antisym_matrix_gpu)

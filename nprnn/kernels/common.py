@@ -325,7 +325,7 @@ def sum_rows(out, D):
 
 
 # ----------------------------------------------------------------------------------------------
-# Twins: how a backend (nprnn/backends.py) finds a kernel's two versions
+# Twins: how a backend (nprnn/core/backends.py) finds a kernel's two versions
 # ----------------------------------------------------------------------------------------------
 
 class Twins(NamedTuple):

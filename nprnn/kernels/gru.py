@@ -393,6 +393,6 @@ def gru_backward_gpu_persistent(dW_ih, dW_hh, db_ih, db_hh, dh0, dgi, dgh, dh_T,
     stacked_param_grads_gpu(dW_ih, dW_hh, db_ih, db_hh, dgi, dgh, hs, x, tile=tile)
 
 
-# the twins, as nprnn/backends.py runs them
+# the twins, as nprnn/core/backends.py runs them
 gru_forward = Twins(gru_forward_cpu, gru_forward_gpu, gru_forward_gpu_persistent)
 gru_backward = Twins(gru_backward_cpu, gru_backward_gpu, gru_backward_gpu_persistent)

@@ -617,7 +617,7 @@ def peephole_lstm_backward_gpu_persistent(dW_ih, dW_hh, db_ih, db_hh, dw_ci, dw_
     peephole_grads_gpu(dw_ci, dw_cf, dw_co, da, cs)
 
 
-# the twins, as nprnn/backends.py runs them
+# the twins, as nprnn/core/backends.py runs them
 lstm_forward = Twins(lstm_forward_cpu, lstm_forward_gpu, lstm_forward_gpu_persistent)
 lstm_backward = Twins(lstm_backward_cpu, lstm_backward_gpu, lstm_backward_gpu_persistent)
 peephole_lstm_forward = Twins(peephole_lstm_forward_cpu, peephole_lstm_forward_gpu,

@@ -55,7 +55,7 @@ STATS = len(STAT_NAMES)
 @njit
 def clip_factor(norm, clip):
     """s = min(1, clip / norm), and 1 when clip = 0 (clipping off). A scalar function: the CPU
-    twins, the GPU twins (as a device function) and `nprnn.optim.clip_scale` all call it."""
+    twins, the GPU twins (as a device function) and `nprnn.core.optim.clip_scale` all call it."""
     return 1.0 if clip == 0.0 or norm <= clip else clip / norm
 
 

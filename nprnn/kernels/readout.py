@@ -152,7 +152,7 @@ def readout_backward_gpu(dW_out, db_out, dh, dlogits, h, W_out, *, block=(32, 8)
     readout_backward_kernel[grid, block](dW_out, db_out, dh, dlogits, h, W_out)
 
 
-# the twins, as nprnn/backends.py runs them, with their GPU launch settings
+# the twins, as nprnn/core/backends.py runs them, with their GPU launch settings
 readout_forward = Twins(readout_forward_cpu, readout_forward_gpu,
                         gpu_options=lambda launch: dict(block=launch.readout_block))
 softmax_xent = Twins(softmax_xent_cpu, softmax_xent_gpu,

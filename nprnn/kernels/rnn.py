@@ -167,7 +167,7 @@ def rnn_backward_gpu(dW_ih, dW_hh, db_ih, db_hh, dh0, da, dh_T, hs, x, W_hh, *, 
     stacked_param_grads_gpu(dW_ih, dW_hh, db_ih, db_hh, da, da, hs, x, tile=tile)
 
 
-# the twins, as nprnn/backends.py runs them: the CPU kernels and GPU version 1 (versions 2 and 3,
+# the twins, as nprnn/core/backends.py runs them: the CPU kernels and GPU version 1 (versions 2 and 3,
 # persistent and split, are in kernels/fast/rnn.py, whose twins add them)
 rnn_forward = Twins(rnn_forward_cpu, rnn_forward_gpu)
 rnn_backward = Twins(rnn_backward_cpu, rnn_backward_gpu)

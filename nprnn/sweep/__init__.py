@@ -41,7 +41,7 @@ once: the trial keeps its number). A driver stopped by Ctrl-C asks its trials to
 stop, and releases them; one killed outright leaves them RUNNING with its host and process id,
 and one that stopped answering (another machine) has not renewed their heartbeat for
 STALE_SECONDS: the next `sweep run` on the study takes such trials over and resumes them. Two
-processes never train one trial folder at once: a run folder's lock (nprnn.train.RunLock)
+processes never train one trial folder at once: a run folder's lock (nprnn.runs.train.RunLock)
 refuses the second, whose driver tries that trial again later.
 
 The package, in three rooms: study.py (what a sweep is: space, folder, study, sampler, pruner),

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from optuna.trial import TrialState
 
-from .. import plotting
-from ..train import DEFAULTS, METRICS, train_command
+from ..study import plotting
+from ..runs.train import DEFAULTS, METRICS, train_command
 from .study import FINAL_ITERATIONS, FINAL_SEEDS, grid_points, open_sweep, space_of
 from .workers import _free, _point, _records, trial_folder
 

@@ -15,9 +15,9 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
-from ..files import temporary_name, written_atomically
-from ..sources import DataError
-from ..train import (OPTIONS, SWEEP_VALID_SIZE, TrainError, build_model, check_options_used,
+from ..util.files import temporary_name, written_atomically
+from ..data.sources import DataError
+from ..runs.train import (OPTIONS, SWEEP_VALID_SIZE, TrainError, build_model, check_options_used,
                      load_task, resolve_config)
 
 

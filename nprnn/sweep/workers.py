@@ -20,10 +20,10 @@ from distributed.comm.addressing import parse_address, parse_host_port
 from distributed.comm.registry import get_backend
 from optuna.trial import TrialState
 
-from ..checkpoint import FILENAME, load_checkpoint
-from ..device import DeviceUnavailable, resolve_device, usable_cpus
-from ..files import pid_alive
-from ..train import (BEST, CONFIG, METRICS, RunInUse, RunLock, TrainingDiverged,
+from ..runs.checkpoint import FILENAME, load_checkpoint
+from ..core.device import DeviceUnavailable, resolve_device, usable_cpus
+from ..util.files import pid_alive
+from ..runs.train import (BEST, CONFIG, METRICS, RunInUse, RunLock, TrainingDiverged,
                      evaluate_checkpoint, train)
 from .study import (CONNECT_SECONDS, HEARTBEAT_SECONDS, RETRY_SECONDS, STALE_SECONDS, SweepError,
                     TRIALS, WHERE, draw, enqueue, load_study, open_storage, open_sweep,

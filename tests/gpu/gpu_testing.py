@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from nprnn.backends import Launch
-from nprnn.device import cuda_available
+from nprnn.core.backends import Launch
+from nprnn.core.device import cuda_available
 
 CUDA_OK, CUDA_WHY = cuda_available()
 requires_cuda = pytest.mark.skipif(
@@ -35,9 +35,9 @@ TOLERANCE = {"float64": (1e-12, 1e-12), "float32": (2e-5, 2e-5)}
 
 
 def small_launch(monkeypatch):
-    """Launch settings (nprnn.backends.LAUNCH, which models take when made) shrunk, so that each
+    """Launch settings (nprnn.core.backends.LAUNCH, which models take when made) shrunk, so that each
     kernel runs several small, ragged blocks (the simulator runs each thread in Python)."""
-    from nprnn import backends
+    from nprnn.core import backends
     monkeypatch.setattr(backends, "LAUNCH", SMALL_LAUNCH)
 
 

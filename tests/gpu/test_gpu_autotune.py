@@ -1,4 +1,4 @@
-"""The autotuner (nprnn/autotune.py) with a fake timer: it times every option of each pass, keeps
+"""The autotuner (nprnn/core/autotune.py) with a fake timer: it times every option of each pass, keeps
 the fastest, writes the choice where a later process finds it, and the model runs what it chose.
 The kernels themselves run (under the simulator, at tiny sizes); only their times are made up.
 """
@@ -9,9 +9,9 @@ import pytest
 
 import gpu_testing as gt
 import nprnn
-from nprnn import autotune
-from nprnn.backends import Kernels
-from nprnn.train import format_config
+from nprnn.core import autotune
+from nprnn.core.backends import Kernels
+from nprnn.runs.train import format_config
 
 pytestmark = gt.requires_cuda
 

@@ -10,9 +10,10 @@ import pytest
 
 import gpu_testing as gt
 import nprnn
-from nprnn import memory, noise, sources
-from nprnn.datasets import get_task
-from nprnn.device import simulator_enabled
+from nprnn.core import memory
+from nprnn.data import noise, sources
+from nprnn.data.datasets import get_task
+from nprnn.core.device import simulator_enabled
 from nprnn.kernels.gpu_common import to_host
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))        # tests/: fake_data
@@ -71,7 +72,7 @@ def test_reused_buffers_give_the_same_batches_and_are_overwritten_two_batches_la
         with pytest.raises(ValueError, match="reuse=True reuses GPU buffers: it needs "
                                              "device='cuda', got 'cpu'"):
             next(task.batches("test", 7, reuse=True))
-        with pytest.raises(ValueError, match="reuse must be True, False or an nprnn.memory.Staging"
+        with pytest.raises(ValueError, match="reuse must be True, False or an nprnn.core.memory.Staging"
                                              ", got 'yes'"):
             task.batches("test", 7, device="cuda", reuse="yes")
 
@@ -219,7 +220,7 @@ def test_data_benchmark_on_cuda(monkeypatch, capsys):
     assert out[0].startswith("device cuda, B=1")
     row = next(line.split() for line in out if line.startswith("cifar10-noise*"))
     assert row[1:3] == ["33", "96"] and row[-2] == "-" and row[-1].endswith("%")
-    assert "nprnn.noise on the GPU" in out[-2]
+    assert "nprnn.data.noise on the GPU" in out[-2]
 
 
 def test_a_head_longer_than_the_sequence_is_refused_before_any_copy():

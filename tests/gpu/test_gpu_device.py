@@ -4,7 +4,7 @@ it calls the GPU usable: here it runs on the GPU, or under the simulator (where
 import pytest
 
 from gpu_testing import requires_cuda
-from nprnn import device
+from nprnn.core import device
 from nprnn.kernels import gpu_common
 
 pytestmark = requires_cuda

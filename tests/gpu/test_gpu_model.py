@@ -14,10 +14,10 @@ import pytest
 
 import gpu_testing as gt
 import nprnn
-from nprnn import autotune, backends, memory
-from nprnn.backends import CUDA, Kernels
-from nprnn.bench import bench_inputs
-from nprnn.cells import variants
+from nprnn.core import autotune, backends, memory
+from nprnn.core.backends import CUDA, Kernels
+from nprnn.study.bench import bench_inputs
+from nprnn.core.cells import variants
 
 pytestmark = gt.requires_cuda
 
@@ -297,7 +297,7 @@ def test_time_model_times_the_change_to_time_major_layout(monkeypatch):
 def test_finite_differences_perturb_a_cuda_parameter_in_place():
     """gradcheck's numerical_gradient takes a device parameter as it takes a host one (one
     tensor of a tiny model: the simulator runs every thread in Python)."""
-    from nprnn.gradcheck import numerical_gradient, relative_error
+    from nprnn.core.gradcheck import numerical_gradient, relative_error
     model = nprnn.make_model("antisym", 1, 2, 2, eps=0.5, dtype="float64", device="cuda")
     x, y = np.random.default_rng(0).standard_normal((1, 1, 1)), np.array([1])
     _, grads = model.loss_and_grad(x, y)
@@ -337,9 +337,9 @@ def test_training_steps_stay_on_the_gpu_and_follow_the_cpu():
 
 @pytest.mark.parametrize("opt", ["sgd", "adagrad"])
 def test_optimizer_classes_train_device_parameters_like_the_cpu(opt):
-    """nprnn.optim on a cuda model: state made on the device, the clipped global norm taken there,
+    """nprnn.core.optim on a cuda model: state made on the device, the clipped global norm taken there,
     updates by the GPU twins, and a state round trip through state_dict; all as on the CPU."""
-    from nprnn.optim import clip_scale, global_norm, make_optimizer
+    from nprnn.core.optim import clip_scale, global_norm, make_optimizer
     cpu, dev = pair("antisym-gated", "float64")
     x, y = data()
     opt_cpu = make_optimizer(opt, cpu.params, lr=0.1)
@@ -367,8 +367,8 @@ def test_a_cuda_run_resumes_bit_for_bit_and_evaluates(tmp_path):
     """train on device="cuda", stop, resume, evaluate: the checkpoint's parameters and optimizer
     state go back into device arrays (by copy_to_device: a GPU's arrays take no [...] writes).
     With a full W, and an lr that decays after iteration 2, where the run is stopped."""
-    from nprnn.datasets import ArrayTask
-    from nprnn.train import evaluate_checkpoint, train
+    from nprnn.data.datasets import ArrayTask
+    from nprnn.runs.train import evaluate_checkpoint, train
     rng = np.random.default_rng(0)
     x = rng.standard_normal((8, gt.T, gt.M)).astype(np.float32)
     task = ArrayTask("toy", x, np.arange(8) % 3, x[:4], np.arange(4) % 3, num_classes=3)
@@ -392,23 +392,23 @@ def test_a_cuda_run_resumes_bit_for_bit_and_evaluates(tmp_path):
     lrs = [json.loads(line)["lr"] for line in open(tmp_path / "whole" / "metrics.jsonl")
            if json.loads(line)["split"] == "train"]
     assert lrs == pytest.approx([0.1, 0.1, 0.01])
-    from nprnn.checkpoint import load_checkpoint
+    from nprnn.runs.checkpoint import load_checkpoint
     W_gpu, W_cpu = (load_checkpoint(tmp_path / r)["params"]["W"] for r in ("whole", "cpu"))
     assert np.count_nonzero(np.tril(W_gpu, k=-1)) > 0
     np.testing.assert_allclose(W_gpu, W_cpu, rtol=1e-10, atol=1e-12)
 
 
 def test_auto_never_picks_the_simulator():
-    from nprnn.device import resolve_device, simulator_enabled
+    from nprnn.core.device import resolve_device, simulator_enabled
     assert resolve_device("auto") == ("cpu" if simulator_enabled() else "cuda")
 
 
 def test_a_diverging_cuda_run_is_stopped_at_its_first_bad_step(tmp_path):
     """On cuda the loop reads the step totals only when it reports or saves; a non-finite step
     between two readings is still named, and neither it nor any later step is applied."""
-    from nprnn.checkpoint import load_checkpoint
-    from nprnn.datasets import ArrayTask
-    from nprnn.train import TrainingDiverged, train
+    from nprnn.runs.checkpoint import load_checkpoint
+    from nprnn.data.datasets import ArrayTask
+    from nprnn.runs.train import TrainingDiverged, train
     rng = np.random.default_rng(0)
     x = rng.standard_normal((8, gt.T, gt.M)).astype(np.float32)
     x_train = x.copy()
@@ -428,10 +428,10 @@ def test_a_diverging_cuda_run_is_stopped_at_its_first_bad_step(tmp_path):
 
 
 def test_training_and_evaluation_on_cuda_take_batches_in_reused_buffers(tmp_path, monkeypatch):
-    """The loop's batches go through one nprnn.memory.Staging (no wait for the GPU per batch),
+    """The loop's batches go through one nprnn.core.memory.Staging (no wait for the GPU per batch),
     kept for the whole run: every epoch and evaluation fills the same buffers."""
-    from nprnn.datasets import ArrayTask
-    from nprnn.train import train
+    from nprnn.data.datasets import ArrayTask
+    from nprnn.runs.train import train
     asked = []
     batches = ArrayTask.batches
 

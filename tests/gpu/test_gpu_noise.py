@@ -4,7 +4,7 @@ pairs than the grid's threads (tests/gpu/conftest.py: 2 blocks), so its loop run
 import numpy as np
 
 from gpu_testing import dev, requires_cuda
-from nprnn import noise
+from nprnn.data import noise
 from nprnn.kernels import noise as K
 
 pytestmark = requires_cuda

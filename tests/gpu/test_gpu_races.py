@@ -16,7 +16,7 @@ import test_gpu_baselines
 import test_gpu_euler
 import test_gpu_optim
 from gpu_testing import T, dev, requires_cuda
-from nprnn.device import simulator_enabled
+from nprnn.core.device import simulator_enabled
 from racecheck import RaceCheck
 
 pytestmark = [requires_cuda, pytest.mark.skipif(

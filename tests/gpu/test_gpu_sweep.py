@@ -21,8 +21,8 @@ from numba import cuda                                                # noqa: E4
 from optuna.trial import TrialState                                   # noqa: E402
 
 from nprnn import sweep                                               # noqa: E402
-from nprnn.datasets import ArrayTask                                  # noqa: E402
-from nprnn.train import resolve_config                                # noqa: E402
+from nprnn.data.datasets import ArrayTask  # noqa: E402
+from nprnn.runs.train import resolve_config  # noqa: E402
 
 pytestmark = gt.requires_cuda
 

@@ -5,7 +5,7 @@ versions in dev/cuda/ beside the one a reader learns from.
 Every version here computes a unit's step and its derivative with the teaching file's functions
 (`euler_unit`, `euler_gated_unit` and their `_backward`s), takes the CPU twin's arguments, and is
 held to the CPU twin by tests/gpu/test_gpu_euler.py. The twins at the bottom are the teaching
-file's with these versions added; nprnn/cells.py runs them. Timings: docs/gpu.md.
+file's with these versions added; nprnn/core/cells.py runs them. Timings: docs/gpu.md.
 """
 import functools
 from typing import NamedTuple
@@ -52,7 +52,7 @@ from ..antisym import (euler_gated_unit, euler_gated_unit_backward,
 # A block also keeps its rows' state vectors in shared memory (`buffers` vectors of n per row).
 # Everything must fit in SHARED_BYTES_MAX (48 KiB). `persistent_layouts` lists the layouts that
 # fit a pass, global first (the faster on the one GPU measured: docs/gpu.md);
-# nprnn/autotune.py times them on the user's own GPU.
+# nprnn/core/autotune.py times them on the user's own GPU.
 
 LAYOUTS = ("skew", "dense", "global")
 SKEW, DENSE, GLOBAL = range(3)              # the kernels' `layout` argument: LAYOUTS.index(name)
@@ -687,7 +687,7 @@ def euler_gated_backward_gpu_split(dA, dV_h, db_h, dV_z, db_z, dh0, da, dzp, ds,
 
 
 # ----------------------------------------------------------------------------------------------
-# The twins, as nprnn/backends.py runs them: the teaching file's, with versions 2 and 3
+# The twins, as nprnn/core/backends.py runs them: the teaching file's, with versions 2 and 3
 # ----------------------------------------------------------------------------------------------
 antisym_matrix, shifted_matrix, antisym_dW = (
     teaching.antisym_matrix, teaching.shifted_matrix, teaching.antisym_dW)

@@ -223,7 +223,7 @@ def rnn_backward_gpu_split(dW_ih, dW_hh, db_ih, db_hh, dh0, da, dh_T, hs, x, W_h
     stacked_param_grads_gpu(dW_ih, dW_hh, db_ih, db_hh, da, da, hs, x, tile=tile)
 
 
-# the twins, as nprnn/backends.py runs them: the teaching file's, with versions 2 and 3
+# the twins, as nprnn/core/backends.py runs them: the teaching file's, with versions 2 and 3
 rnn_forward = teaching.rnn_forward._replace(gpu_persistent=rnn_forward_gpu_persistent,
                                             gpu_split=rnn_forward_gpu_split)
 rnn_backward = teaching.rnn_backward._replace(gpu_persistent=rnn_backward_gpu_persistent,

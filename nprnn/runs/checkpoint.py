@@ -33,8 +33,8 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from .files import written_atomically
-from .kernels.gpu_common import copy_into
+from ..util.files import written_atomically
+from ..kernels.gpu_common import copy_into
 
 FORMAT = "nprnn-checkpoint"
 VERSION = 2

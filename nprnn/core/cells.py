@@ -10,7 +10,7 @@ knows:
     forward_kernels, backward_kernels   its kernels' twins (kernels.common.Twins)
     persistent_layouts(n, dtype, backward, rows)   which persistent GPU passes fit
     split_lanes(n, dtype)   the lanes per unit with which split GPU passes fit (none: [])
-    reference               its float64 oracle in nprnn/reference.py (forward, backward), same
+    reference               its float64 oracle in nprnn/core/reference.py (forward, backward), same
                             contract but batch-major x (B, T, m)
     product_blocks          n-wide blocks of its recurrent and input products (bench's FLOPs)
     torch_module            the torch.nn module with the same weights, if any (bench)
@@ -34,12 +34,12 @@ import numpy as np
 
 from . import reference
 from .backends import CPU
-from .kernels import gru as K_gru
-from .kernels import lstm as K_lstm
+from ..kernels import gru as K_gru
+from ..kernels import lstm as K_lstm
 # the Euler cells' and rnn's twins: the teaching file's, with the fast versions 2 and 3 added
-from .kernels.fast import antisym as K_euler
-from .kernels.fast import rnn as K_rnn
-from .kernels.gpu_common import SHARED_BYTES_MAX, split_lanes
+from ..kernels.fast import antisym as K_euler
+from ..kernels.fast import rnn as K_rnn
+from ..kernels.gpu_common import SHARED_BYTES_MAX, split_lanes
 
 # Appendix C grid: eps in {0.01, 0.1, 1}, gamma in {0.001, 0.01, 0.1, 1}, sigma_w in
 # {0, 1, 2, 4, 8, 16}. The defaults below are points of that grid.
@@ -70,7 +70,7 @@ class Cell:
     hyper = ()
     init_schemes = ("paper",)
     sigmoid_gates = ()
-    reference = (None, None)     # its forward and backward in nprnn/reference.py
+    reference = (None, None)     # its forward and backward in nprnn/core/reference.py
     product_blocks = (1, 1)      # n-wide blocks of its recurrent and input products (bench FLOPs)
     unfitting_layout = None      # the layout named when a persistent pass does not fit
     torch_module = None          # the torch.nn module with the same weights, if any (bench)

@@ -3,7 +3,7 @@
 `Model.loss_and_grad` is full BPTT: the readout's backward gives dL/dh_T, the cell's backward
 carries it through all T steps. Inputs are validated here, once, so the kernels can trust them.
 
-The forward pass, the loss and BPTT are written once (`step_on`): a backend (nprnn/backends.py)
+The forward pass, the loss and BPTT are written once (`step_on`): a backend (nprnn/core/backends.py)
 runs each kernel's CPU or GPU twin. On device "cuda" `params` and the gradients are numba device
 arrays that stay on the GPU (`host_params()` copies the parameters out), while y, the loss, the
 logits and h_T cross as NumPy values, as on the CPU; x may be a NumPy array or a device array
@@ -15,8 +15,8 @@ from . import autotune, backends, inputs
 from .backends import CPU, CUDA, time_major
 from .cells import CELLS, DEFAULT_EPS, DEFAULT_GAMMA, gaussian
 from .device import DEVICES, resolve_device
-from .kernels.gpu_common import is_device_array, memory_of, to_host
-from .kernels import readout as K_readout
+from ..kernels.gpu_common import is_device_array, memory_of, to_host
+from ..kernels import readout as K_readout
 from .memory import DeviceWorkspace, Staging, Workspace, to_device
 
 DTYPES = ("float32", "float64")
@@ -38,8 +38,8 @@ class Model:
         self.device = device
         # The same code runs on both devices; what differs is chosen here, once. On cuda: the
         # launch settings (a backends.Launch), the kernel version ("auto", "step" or
-        # "persistent"; nprnn/backends.py) and the autotuner that chooses for "auto"
-        # (nprnn/autotune.py). Buffers reused from call to call: the activations (`_workspace`),
+        # "persistent"; nprnn/core/backends.py) and the autotuner that chooses for "auto"
+        # (nprnn/core/autotune.py). Buffers reused from call to call: the activations (`_workspace`),
         # on cuda also the returned outputs and a training step's gradients (on the CPU these
         # are fresh arrays, the caller's to keep), and the uploads of x and y.
         self.gpu_version = "auto"
@@ -97,7 +97,7 @@ class Model:
 
     def _check_x(self, x):
         """x as the kernels read it (time-major, the model's dtype), after checking it and the
-        parameters (nprnn/inputs.py): every call into the kernels passes through here."""
+        parameters (nprnn/core/inputs.py): every call into the kernels passes through here."""
         self._check_params()
         if not is_device_array(x):
             return inputs.time_major_host(x, self.input_size, self.dtype, self._inputs)
@@ -121,7 +121,7 @@ class Model:
         return self.tuner.choose(self, B, T, self.gpu_version)
 
     def backend_for(self, xt):
-        """The backend (nprnn/backends.py) that runs the passes over time-major x (T, B, m)."""
+        """The backend (nprnn/core/backends.py) that runs the passes over time-major x (T, B, m)."""
         if self.device == "cpu":
             return CPU
         choice = self.kernels_for(xt.shape[1], xt.shape[0])

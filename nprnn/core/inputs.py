@@ -4,7 +4,7 @@ names the bad value and what is allowed.
 """
 import numpy as np
 
-from .kernels import layout as K_layout
+from ..kernels import layout as K_layout
 
 
 def check_batch(x, m):

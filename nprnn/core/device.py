@@ -25,8 +25,8 @@ import re
 
 import numpy as np
 
-from .kernels import gpu_common
-from .kernels.gpu_common import simulator_enabled
+from ..kernels import gpu_common
+from ..kernels.gpu_common import simulator_enabled
 
 DEVICES = ("cpu", "cuda", "auto")
 

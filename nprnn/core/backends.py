@@ -16,7 +16,7 @@ chosen for it).
 
 On cuda, which kernels a pass can run depends on the cell, n, the dtype and the launch
 (`options`: the persistent kernels where a block's shared memory holds them, with the matrix
-layouts the cell offers, then the step ones); nprnn/autotune.py times them and the model passes
+layouts the cell offers, then the step ones); nprnn/core/autotune.py times them and the model passes
 the fastest. Kernel versions (nprnn/kernels/antisym.py explains them):
     "step"        one thread per (b, i), one launch per time step
     "persistent"  one launch per pass, each block owning batch rows for all T steps and keeping
@@ -35,9 +35,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .kernels.common import one_blas_thread
-from .kernels.gpu_common import device_array, fill
-from .kernels.layout import time_major_gpu
+from ..kernels.common import one_blas_thread
+from ..kernels.gpu_common import device_array, fill
+from ..kernels.layout import time_major_gpu
 from .memory import to_device
 
 VERSIONS = ("auto", "step", "persistent", "split")

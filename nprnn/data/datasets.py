@@ -32,7 +32,7 @@ train:       a permutation of the training examples drawn from (seed, epoch), so
 valid, test: file order, the last batch may be smaller.
 `start` skips the first `start` batches of that order, so a run resumed in the middle of an epoch
 sees exactly the batches it would have seen. Noise is drawn per batch, never stored, each example
-from its own stream (nprnn.noise): in a training batch (shuffled, of the train split) keyed by
+from its own stream (nprnn.data.noise): in a training batch (shuffled, of the train split) keyed by
 (seed, epoch, batch index, position in the batch), fresh every batch and reproducible; in every
 other batch (validation, test, and training examples taken in file order to be scored) keyed by
 the example's file and row, so every evaluation sees the same noise whatever the batch size.
@@ -43,7 +43,7 @@ reuse=True (what training uses) into buffers reused in turn, without waiting for
 The cache
 ---------
 The first use of a task builds data_dir/<task>.h5 (pmnist with a seed other than 0:
-pmnist-seed<seed>.h5) from the raw files (`nprnn.sources`):
+pmnist-seed<seed>.h5) from the raw files (`nprnn.data.sources`):
 
     /train/images  uint8 (N, H, W, C)    /train/labels  uint8 (N,)
     /test/images   uint8 (M, H, W, C)    /test/labels   uint8 (M,)
@@ -76,9 +76,9 @@ import h5py
 import numpy as np
 
 from . import noise, sources
-from .device import resolve_device
-from .files import remove_stale_temporaries, written_atomically
-from .memory import Staging, to_device
+from ..core.device import resolve_device
+from ..util.files import remove_stale_temporaries, written_atomically
+from ..core.memory import Staging, to_device
 
 SPLITS = ("train", "valid", "test")
 DEVICES = ("cpu", "cuda")                   # where batches.x lives
@@ -212,7 +212,7 @@ class Task:
         and only the image part crosses from the host; y stays a NumPy array.
 
         reuse=True (cuda only) fills a few device buffers in turn instead of fresh arrays, and
-        uploads without waiting for the GPU (nprnn.memory.Staging): each x yielded is overwritten
+        uploads without waiting for the GPU (nprnn.core.memory.Staging): each x yielded is overwritten
         two batches later, after the kernels launched on it before then. The training loop and
         evaluation use it; keep it off to hold on to batches. reuse may also be a memory.Staging
         to fill, so that passes one after another (the epochs of a run and its evaluations)
@@ -228,7 +228,7 @@ class Task:
         if device == "cuda":
             resolve_device(device)     # DeviceUnavailable, saying why, when no GPU is usable
             if not isinstance(reuse, (bool, Staging)):
-                raise ValueError(f"reuse must be True, False or an nprnn.memory.Staging, got "
+                raise ValueError(f"reuse must be True, False or an nprnn.core.memory.Staging, got "
                                  f"{reuse!r}")
         _check_split(split)
         B = _check_int("batch_size", batch_size, minimum=1)
@@ -377,7 +377,7 @@ def pixel_values(images, table=None):
     return table[images, np.arange(table.shape[1])]
 
 
-# Noise keys (nprnn.noise): every example's noise is its own stream, keyed by
+# Noise keys (nprnn.data.noise): every example's noise is its own stream, keyed by
 #   training batch:   (NOISE_TRAIN, seed, epoch, batch index, position in the batch)
 #   scored example:   (NOISE_EVAL, file, row)   file 0 = the training file, 1 = the test file
 NOISE_TRAIN, NOISE_EVAL = 1, 2
@@ -385,7 +385,7 @@ _FILE_CODE = dict(train=0, test=1)
 
 
 def fill_noise(x, t0, keys):
-    """x[b, t0:, :] = i.i.d. N(0, 1) float32 from the stream keyed by keys[b] (nprnn.noise)."""
+    """x[b, t0:, :] = i.i.d. N(0, 1) float32 from the stream keyed by keys[b] (nprnn.data.noise)."""
     noise.fill_gaussian(x, t0, keys)
 
 
@@ -420,7 +420,7 @@ def whole_image(images, table=None):
 
 def head_then_noise(head, T, keys):
     """x[:, :t0] = head (B, t0, m), then x[b, t] ~ N(0, I) for t0 <= t < T from the stream of
-    keys[b]. -> float32 (B, T, m). (`nprnn.noise.head_then_noise_device` is the same on the
+    keys[b]. -> float32 (B, T, m). (`nprnn.data.noise.head_then_noise_device` is the same on the
     device.)"""
     B, t0, m = head.shape
     x = np.empty((B, T, m), dtype=np.float32)
@@ -472,7 +472,7 @@ def sequences(layout, images, T, perm, keys, device="cpu", staging=None, table=N
 class TaskSpec:
     """A task: which raw source it reads, how an image becomes a sequence, its default T."""
     name: str
-    source: str            # key of nprnn.sources.SOURCES
+    source: str            # key of nprnn.data.sources.SOURCES
     layout: str            # key of LAYOUTS
     summary: str
     default_T: int = None  # the noise tasks' default sequence length
@@ -900,7 +900,7 @@ class CachedTask(Task):
             out["permutation"] = dict(seed=self.permutation_seed,
                                       first=self.permutation[:8].tolist())
         if self.spec.noisy:
-            out["noise"] = ("N(0, 1) float32 (nprnn.noise); training batches: fresh per "
+            out["noise"] = ("N(0, 1) float32 (nprnn.data.noise); training batches: fresh per "
                             "batch, keyed by (seed, epoch, batch, position); scored examples "
                             "(valid, test, train in file order): fixed per example, keyed by "
                             "(file, row)")
@@ -925,7 +925,7 @@ def get_task(name, data_dir=None, T=None, seed=DEFAULT_PERMUTATION_SEED, valid_s
                 (mean 0, variance 1 per channel over the training file)
     download:   fetch missing raw files from the canonical sources
     A cache that is missing, outdated, truncated or corrupt is (re)built, the latter with a
-    message on stderr. Raises nprnn.sources.DataError subclasses when the raw files are missing
+    message on stderr. Raises nprnn.data.sources.DataError subclasses when the raw files are missing
     (DataUnavailable, whose message says which files to place where), damaged or wrong."""
     spec = task_spec(name)
     spec.shape(T)                                   # reject a bad T before any work

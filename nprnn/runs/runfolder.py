@@ -1,6 +1,6 @@
 """A run folder's files and guards, apart from the loop that fills them: the errors a run raises,
 metrics.jsonl (`MetricsLog`) and its TensorBoard mirror, the stop signals (`StopSignals`), and the
-lock that keeps a second process out (`RunLock`). nprnn/train.py says what each file holds.
+lock that keeps a second process out (`RunLock`). nprnn/runs/train.py says what each file holds.
 """
 import fcntl
 import json
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .files import written_atomically
-from .kernels.gpu_common import to_host
+from ..util.files import written_atomically
+from ..kernels.gpu_common import to_host
 
 METRICS = "metrics.jsonl"
 CONFIG = "config.json"

@@ -16,11 +16,11 @@ transform; the kernels, and why they are written the way they are, are in `nprnn
 """
 import numpy as np
 
-from .kernels import gpu_common as K_gpu
-from .kernels import noise as K
-from .kernels.common import njit
-from .kernels.layout import copy_leading_steps_gpu
-from .memory import to_device
+from ..kernels import gpu_common as K_gpu
+from ..kernels import noise as K
+from ..kernels.common import njit
+from ..kernels.layout import copy_leading_steps_gpu
+from ..core.memory import to_device
 
 # the largest |z| the transform can give: R at u = 2^-32
 MAX_ABS = float(np.sqrt(64 * np.log(2.0)))
@@ -79,7 +79,7 @@ def fill_gaussian_device(x, t0, keys, staging=None):
 def head_then_noise_device(head, T, keys, staging=None):
     """x float32 (B, T, m) on the device: x[:, :t0] = head (B, t0, m, a host array, uploaded),
     then N(0, 1) noise drawn on the GPU from the streams of keys (B, k): the device twin of
-    `nprnn.datasets.head_then_noise`, so that a noise-padded batch never crosses the bus whole.
+    `nprnn.data.datasets.head_then_noise`, so that a noise-padded batch never crosses the bus whole.
     With a Staging, x and the uploads live in its slots "x", "head" and "noise_starts"."""
     B, t0, m = head.shape
     if not t0 <= T:         # checked before the copy: a kernel writing past x checks nothing

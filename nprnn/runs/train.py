@@ -3,7 +3,7 @@
 One iteration is one minibatch step (Appendix C counts 50,000 of them, batch size 128):
 
     x, y      = the next training batch (B, T, m), (B,)      in the order the task draws from
-                                                              (seed, epoch): see nprnn/datasets.py
+                                                              (seed, epoch): see nprnn/data/datasets.py
     L, g      = model.loss_and_grad(x, y)                     full BPTT
     s         = min(1, clip / ||g||)                          gradient-norm clipping (0: s = 1)
     params   <- optimizer step with s g                       SGD with momentum or Adagrad
@@ -17,7 +17,7 @@ A run lives in a folder, runs/NAME/:
                      "grad_norm", "time", "it_per_s"), "valid"/"test" for each evaluation.
                      "time" is the run's wall time so far (all its pieces, evaluations and
                      checkpoints included); "it_per_s" is iteration / time, not the interval's
-    checkpoint.h5    the latest checkpoint (nprnn/checkpoint.py): parameters, optimizer state,
+    checkpoint.h5    the latest checkpoint (nprnn/runs/checkpoint.py): parameters, optimizer state,
                      the iteration, the position in the data order, wall time so far
 
 One process at a time trains in a folder: it holds an OS lock on runs/NAME/.lock for its life
@@ -33,7 +33,7 @@ Nothing is lost:
     uninterrupted run's. metrics.jsonl is cut back to the checkpoint's iteration first, so lines
     written after the last checkpoint by a killed process are not duplicated;
   * random numbers: the model's initialisation is drawn from `seed`; during training the only
-    random draws are the data order (and the noise of the noise tasks), which nprnn.datasets
+    random draws are the data order (and the noise of the noise tasks), which nprnn.data.datasets
     derives from (seed, epoch, batch index), and epoch and batch follow from the iteration. So
     the seed and the checkpoint's iteration are the complete random state of a run, given the
     same NumPy: the order comes from NumPy's random Generator, whose streams NumPy does not
@@ -48,15 +48,15 @@ from pathlib import Path
 
 import numpy as np
 
-from . import autotune
+from ..core import autotune
 from .checkpoint import (FILENAME, CheckpointError, load_checkpoint, load_params_into,
                          read_config_json, save_checkpoint)
-from .datasets import resolve_data_dir
-from .device import cpu_model, resolve_device
-from .kernels.gpu_common import to_host
-from .memory import Staging
-from .optim import OPTIMIZERS, StepRecorder
-from .progress import TrainingBar
+from ..data.datasets import resolve_data_dir
+from ..core.device import cpu_model, resolve_device
+from ..kernels.gpu_common import to_host
+from ..core.memory import Staging
+from ..core.optim import OPTIMIZERS, StepRecorder
+from ..util.progress import TrainingBar
 # a run's settings (runconfig.py) and its folder's files and guards (runfolder.py); train's
 # callers (cli.py, nprnn/sweep/, the tests) read them through this module too
 from .runconfig import (CHANGEABLE_ON_RESUME, DEFAULTS, OPTIONS, SWEEP_VALID_SIZE,  # noqa: F401
@@ -89,7 +89,7 @@ def evaluate(model, task, split, batch_size=256, should_stop=None, progress=None
     Returns dict(loss, accuracy, count), or None if `should_stop()` became true in between
     (a stop signal during a long evaluation does not wait for it to finish). `progress`, if
     given, is called as progress(examples done, examples in all) after each batch. On cuda the
-    batches go through `staging` (an nprnn.memory.Staging that the caller keeps from one
+    batches go through `staging` (an nprnn.core.memory.Staging that the caller keeps from one
     evaluation to the next), else through buffers of their own."""
     if task.size(split) == 0:
         if split == "valid":
@@ -163,7 +163,7 @@ def format_config(config, model):
              and not (k == "w_form" and config.get(k) is None)
              and not (k == "lr_decay" and not config.get("lr_decay_at"))]
     lines.append(f"  {'parameters':<17} {model.num_params():,}")
-    if model.device == "cuda":      # which GPU kernels run (nprnn/autotune.py times them once)
+    if model.device == "cuda":      # which GPU kernels run (nprnn/core/autotune.py times them once)
         choice = model.kernels_for(config["batch_size"], config["seq_len"])
         lines.append(f"  {'kernels':<17} {choice}")
     return "\n".join(lines)
@@ -178,7 +178,7 @@ def train(config=None, out="runs/run", resume=False, given=None, task=None, echo
 
     config:   a dict for resolve_config (a new run); ignored on resume, where the saved one is
               used with the options in `given` applied (merge_resume_config)
-    task:     an in-memory task to use instead of nprnn.datasets.get_task(config["task"], ...)
+    task:     an in-memory task to use instead of nprnn.data.datasets.get_task(config["task"], ...)
     echo:     prints the messages (the configuration, evaluations, the end)
     progress: show the progress bar on stderr
     callback: called as callback(iteration, loss) after every step (tests use it to interrupt)

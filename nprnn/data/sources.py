@@ -2,7 +2,7 @@
 
 Every source returns the same thing, a `RawData`: images uint8 (N, H, W, C) - channels last, so one
 pixel's channels sit side by side - and labels uint8 (N,), for the training and the test set, plus
-the list of files it was read from with their MD5s. `nprnn.datasets` turns that into a cache.
+the list of files it was read from with their MD5s. `nprnn.data.datasets` turns that into a cache.
 
 File formats
 ------------
@@ -33,7 +33,7 @@ torchvision publishes; the extracted binary batches, for which no MD5s are publi
 their structure (10,000 whole records each, label range). Every file is also checked for its
 structure, and the MD5 of every file used is stored in the cache.
 
-Where files are looked for (data_dir: see `nprnn.datasets.resolve_data_dir`)
+Where files are looked for (data_dir: see `nprnn.data.datasets.resolve_data_dir`)
 -------------------------------------------------------------------------------
 mnist          data_dir/mnist/                 the four IDX files, .gz or not
 fashion-mnist  data_dir/fashion-mnist/, then /usr/share/datasets/fashion-mnist/ (Debian package
@@ -67,8 +67,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .files import remove_stale_temporaries, temporary_name, why_no_folder, why_not_makeable
-from .progress import DownloadBar
+from ..util.files import remove_stale_temporaries, temporary_name, why_no_folder, why_not_makeable
+from ..util.progress import DownloadBar
 
 
 # ----------------------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ optimizers and the GPU path can all use it.
 """
 import numpy as np
 
-from .kernels.gpu_common import (cuda, device_array, device_copy, is_device_array, pinned_array,
+from ..kernels.gpu_common import (cuda, device_array, device_copy, is_device_array, pinned_array,
                                  simulator_enabled)
 
 

@@ -2,7 +2,7 @@
 
 Each measurement runs the call once to warm up (compilation, caches), then `repeat` times, and
 reports the median: of the wall time on the CPU; on the GPU, of CUDA events around nprnn's
-launches (nprnn.autotune.time_model) and of the wall time up to torch.cuda.synchronize() for
+launches (nprnn.core.autotune.time_model) and of the wall time up to torch.cuda.synchronize() for
 PyTorch.
 "forward" is model.forward (cell + readout); "fwd+bwd" is model.loss_and_grad (forward, loss,
 full BPTT). The PyTorch side does the same work: the cell, the readout, cross-entropy, and
@@ -30,10 +30,10 @@ import time
 import numba
 import numpy as np
 
-from . import autotune
-from .cells import CELLS, DEFAULT_EPS, DEFAULT_GAMMA, EulerCell
-from .device import cpu_model
-from .model import make_model
+from ..core import autotune
+from ..core.cells import CELLS, DEFAULT_EPS, DEFAULT_GAMMA, EulerCell
+from ..core.device import cpu_model
+from ..core.model import make_model
 
 # (k_rec, k_in): how many n-wide blocks the recurrent and the input products have
 def flops(name, B, T, m, n):
@@ -222,7 +222,7 @@ def format_table(rows):
 
 
 def run_gpu(names, B, T, m, n, dtype="float32", repeat=5, with_torch=True, seed=0):
-    """Each GPU kernel option of each model (nprnn.autotune.time_model, CUDA events; a note says
+    """Each GPU kernel option of each model (nprnn.core.autotune.time_model, CUDA events; a note says
     which 'auto' runs on this GPU), and PyTorch on
     the same GPU in the same run: the same cell as an eager loop for the Euler family, cuDNN for
     rnn, lstm, gru. Also cuDNN nn.RNN (tanh) and nn.LSTM of the same size, the issue's yardsticks.

