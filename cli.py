@@ -1169,7 +1169,7 @@ def _sweep_module():
     """nprnn.sweep, which needs the sweep extra (optuna, dask.distributed): imported by the
     sweep commands alone, so that the rest of the CLI runs without them."""
     try:
-        from nprnn.runs import sweep
+        from nprnn import sweep
     except ImportError as e:
         raise click.ClickException(f"the sweep commands need the sweep extra ({e}): "
                                    f"pip install -e '.[sweep]'") from None
