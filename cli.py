@@ -15,21 +15,19 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import click
-import numpy as np
 
 import nprnn
-from nprnn.study import analysis, plotting
+from nprnn.study import analysis, plotting, probes
 from nprnn.core import autotune
 from nprnn.data import datasets, sources
 from nprnn.study import bench as B_
 from nprnn.runs import train as training
 from nprnn.runs.checkpoint import FILENAME, CheckpointError, load_checkpoint
-from nprnn.data.datasets import DEFAULT_PERMUTATION_SEED, MAX_SEED, TASKS
+from nprnn.data.datasets import MAX_SEED, TASKS
 from nprnn.core.device import DeviceUnavailable, resolve_device
 from nprnn.util.files import why_no_folder
 from nprnn.core.model import count_params
 from nprnn.util.progress import CountBar, SweepBar
-from nprnn.data.sources import DataError
 from nprnn.runs.train import CONFIG
 
 # Seeds are 63-bit: they become int64 keys of the noise streams (nprnn/data/noise.py).
@@ -254,56 +252,6 @@ def _given(*names):
             if ctx.get_parameter_source(n) == click.core.ParameterSource.COMMANDLINE]
 
 
-def _task_sequences(task, lengths, num, data_dir, seed, perm_seed=None, pixels="unit"):
-    """{T: xs (num, T, m)}, test sequences of task `task` made with length T (drawn by seed;
-    pmnist's permutation from perm_seed, the default one if None; pixels as datasets.get_task
-    takes them)."""
-
-
-    perm_seed = DEFAULT_PERMUTATION_SEED if perm_seed is None else perm_seed
-
-    sequences = {}
-    try:
-        for T in lengths:
-            with datasets.get_task(task, T=T, data_dir=data_dir, seed=perm_seed,
-                                   pixels=pixels) as t:
-                sequences[T] = analysis.task_sequences(t, num, seed=seed)
-    except DataError as e:
-        raise click.ClickException(f"task {task!r}: {e}") from None
-    return sequences
-
-
-def _task_for_checkpoints(task, runs, data_dir):
-    """(perm_seed, data_dir, pixels) with which task `task` is read for the models of `runs`, a
-    list of (path, config) of checkpoints (empty for models at initialisation). perm_seed is None
-    but for a permuted task (pmnist), where it is the one a run trained on `task` used (the
-    default for a run of another task); the data folder is `data_dir` (--data-dir) if given, else
-    the one recorded by the first run of `task` (or of any task), else None (the default); pixels
-    are the runs' scaling ("unit" without runs). ValueError where runs would need different
-    permutations or scalings: every model sees the same sequences."""
-
-    pixels = {path: config.get("pixels", "unit") for path, config in runs}
-    if len(set(pixels.values())) > 1:
-        raise ValueError("the checkpoints were trained on differently scaled pixels ("
-                         + ", ".join(f"{p}: {k}" for p, k in pixels.items())
-                         + "); compare models of one --pixels at a time")
-    perm_seed, spec = None, TASKS.get(task)
-    if spec is not None and spec.layout == "permuted":
-        seeds = {path: config.get("perm_seed", DEFAULT_PERMUTATION_SEED)
-                 if config.get("task") == task else DEFAULT_PERMUTATION_SEED
-                 for path, config in runs}
-        if len(set(seeds.values())) > 1:
-            raise ValueError(f"the checkpoints see different permutations of task {task!r} ("
-                             + ", ".join(f"{p}: perm seed {k}" for p, k in seeds.items())
-                             + "); compare models of one permutation at a time")
-        perm_seed = next(iter(seeds.values()), DEFAULT_PERMUTATION_SEED)
-    if data_dir is None:
-        folders = [c.get("data_dir") for _, c in runs if c.get("task") == task]
-        folders += [c.get("data_dir") for _, c in runs]
-        data_dir = next((d for d in folders if d), None)
-    return perm_seed, data_dir, next(iter(pixels.values()), "unit")
-
-
 def _task_lengths(task, lengths):
     """Refuse, before any data is read, --lengths that task `task` cannot have: a length that
     does not fit it (click.BadParameter), or the default lengths, which are for noise, where the
@@ -494,54 +442,21 @@ def jacobian(out, models, gammas, lengths, hidden_size, input_size, eps, sigma_w
         raise click.BadParameter(f"gammas must be >= 0, got {gammas}", param_hint="--gammas")
     out = _out_dir(out)                 # before the work: a bad --out is said at once
     try:
-        # 1. trained models, whose input size the inputs must have ...
-        built, runs = [], []
-        for path, name in zip(checkpoints, analysis.distinct_names(checkpoints)):
-            model, config = analysis.model_from_checkpoint(path, dtype)
-            built.append((analysis.checkpoint_label(model, name), model))
-            runs.append((path, config))
-        # 2. the test sequences of a task (with the permutation and the data folder that the
-        # checkpoints trained on it used), their m the models' input size ...
-        if task:
-            perm_seed, data_dir, pixels = _task_for_checkpoints(task, runs, data_dir)
-            seqs = _task_sequences(task, lengths, sequences, data_dir, seed, perm_seed, pixels)
-            input_size = next(iter(seqs.values())).shape[2]
-            for path, (_, model) in zip(checkpoints, built):
-                if model.input_size != input_size:
-                    raise ValueError(f"task {task!r} has input size m={input_size}, but "
-                                     f"checkpoint {path} is a model of input size "
-                                     f"m={model.input_size}: give a task it was trained on")
-        elif checkpoints:
-            sizes = sorted({m.input_size for _, m in built})
-            if len(sizes) > 1:
-                raise ValueError(f"the checkpoints have different input sizes {sizes}; compare "
-                                 f"models of one input size at a time")
-            input_size = sizes[0]
-        # 3. ... or fresh models at initialisation ...
-        if not checkpoints:
-            built = analysis.jacobian_models(models, gammas, hidden_size, input_size, eps,
-                                             sigma_w, seed, dtype)
-        # 4. ... fed those sequences, or N(0, 1) noise, the same for every model
-        if task:
-            permutation = "" if perm_seed is None else f" (permutation seed {perm_seed})"
-            source = seqs.__getitem__
-            inputs = f"test sequences of task {task!r}{permutation}, drawn by seed"
-        else:
-            def source(T):
-                return analysis.gaussian_sequences(sequences, T, input_size, seed=[seed, T])
-            inputs = "N(0, 1) noise, default_rng([seed, T])"
-        rows = analysis.jacobian_spectra(built, lengths, source, progress=_say_which)
+        found = probes.jacobian(models, gammas, hidden_size, input_size, eps, sigma_w,
+                                checkpoints, task, data_dir, lengths, sequences, seed, dtype,
+                                progress=_say_which)
     except (CheckpointError, OSError, ValueError) as e:
         raise click.ClickException(str(e)) from None
     except MemoryError as e:
         raise _memory_error(e, "--lengths, --hidden-size, --input-size or --sequences") from None
+    rows, built, inputs = found["rows"], found["models"], found["inputs"]
     stem = out / "figure2_jacobian"
     png = stem.with_suffix(".png")
     old = _earlier(png, stem.with_suffix(".csv"), stem.with_suffix(".json"))
     uses_eps = any(m.hyper.get("eps") is not None for _, m in built)
     analysis.write_csv(stem.with_suffix(".csv"), rows)
     analysis.write_json(stem.with_suffix(".json"), dict(
-        inputs=inputs, input_size=input_size, checkpoints=list(checkpoints),
+        inputs=inputs, input_size=found["input_size"], checkpoints=list(checkpoints),
         hidden_size=None if checkpoints else hidden_size,
         eps=eps if uses_eps and not checkpoints else None,
         sigma_w=None if checkpoints else sigma_w, sequences=sequences, seed=seed, dtype=dtype,
@@ -564,7 +479,7 @@ def jacobian(out, models, gammas, lengths, hidden_size, input_size, eps, sigma_w
 # ----------------------------------------------------------------------------------------------
 
 def _run_task_options(command):
-    """--task, --T and --data-dir: what trained runs are fed (`_task_of_run`)."""
+    """--task, --T and --data-dir: what trained runs are fed (SavedRun.feed)."""
     for option in reversed([
             click.option("--task", default=None, help="Feed every run this task's test "
                          "sequences [default: each run's own task]."),
@@ -609,17 +524,8 @@ def gates(runs, out, name, task, T, data_dir, sequences, batch_size, seed):
 
     out = _out_dir(out)                 # before the work: a bad --out is said at once
     try:
-        built = []                      # every checkpoint checked before any task is read
-        for run, folder in zip(runs, analysis.distinct_names(runs)):
-            model, config = analysis.model_from_checkpoint(run, dtype=None)
-            analysis.require_gates(model, run)
-            _fed_task(run, model, config, task, T)
-            built.append((run, analysis.checkpoint_label(model, folder), model, config))
-        results = []
-        for k, (run, label, model, config) in enumerate(built):
-            click.echo(f"[{k + 1}/{len(built)}] {label}", err=True)
-            results.append(_gates_of(run, label, model, config, task, T, data_dir, sequences,
-                                     batch_size, seed))
+        results = probes.gates(runs, task, T, data_dir, sequences, batch_size, seed,
+                               say=functools.partial(click.echo, err=True))
     except (CheckpointError, OSError, ValueError) as e:
         raise click.ClickException(str(e)) from None
     except MemoryError as e:
@@ -627,74 +533,15 @@ def gates(runs, out, name, task, T, data_dir, sequences, batch_size, seed):
     stem = out / name
     png = stem.with_suffix(".png")
     old = _earlier(png, stem.with_suffix(".csv"), stem.with_suffix(".json"))
-    analysis.write_csv(stem.with_suffix(".csv"), [
-        dict(label=r["label"], model=r["model"], task=r["task"], T=r["T"], gate=g, step=t + 1,
-             mean=s["mean"][t], std=s["std"][t])
-        for r in results for g, s in r["steps"].items() for t in range(r["T"])])
+    analysis.write_csv(stem.with_suffix(".csv"), probes.gate_step_rows(results))
     analysis.write_json(stem.with_suffix(".json"), dict(seed=seed, runs=results))
-    table = [(r["label"], f"{r['task']} T={r['T']}", s["gate"], f"{s['first']}-{s['last']}",
-              f"{s['mean']:.4f}", f"{s['std']:.4f}") for r in results for s in r["segments"]]
-    table.insert(0, ("run", "task", "gate", "steps", "mean", "std"))
-    _echo_table(table, left=4)
+    _echo_table(probes.gate_table(results), left=4)
     for r in results:
-        if r["sequences"] < sequences:
-            click.echo(f"note: {r['label']}: {r['task']} has {r['sequences']:,} test sequences, "
-                       f"fewer than --sequences {sequences:,}; all of them were used")
+        note = probes.fewer_sequences(r["label"], r["task"], r["sequences"], sequences)
+        if note:
+            click.echo(note)
     old = _draw(old, png, "plot_gates", results, png)
     click.echo(f"wrote {stem}.csv, {stem}.json{_replacing(old)}")
-
-
-def _fed_task(run, model, config, task, T):
-    """(name, T, own) of the task that the trained model of `run` is fed: `task` if given, else
-    the one it was trained on (own), with its T unless --T is given. ValueError where its input
-    size is not the model's (said before the task's data is fetched or cached)."""
-    own = task in (None, config.get("task"))
-    name = config.get("task") if own else task
-    if T is None and own:
-        T = config.get("T")
-    m = datasets.task_spec(name).shape(T)[1]
-    if m != model.input_size:
-        raise ValueError(f"task {name!r} has input size m={m}, but {run} is a model of input "
-                         f"size m={model.input_size}: give a task it was trained on")
-    return name, T, own
-
-
-@contextmanager
-def _task_of_run(run, model, config, task, T, data_dir):
-    """`_fed_task`'s task, open (with the run's permutation seed and data folder unless another
-    task or --data-dir is given)."""
-
-    name, T, own = _fed_task(run, model, config, task, T)
-    try:
-        with datasets.get_task(name, data_dir=data_dir or config.get("data_dir"), T=T,
-                               seed=config.get("perm_seed", 0) if own else 0,
-                               pixels=config.get("pixels", "unit")) as t:
-            yield t
-    except DataError as e:
-        raise click.ClickException(f"task {name!r}: {e}") from None
-
-
-def _gates_of(run, label, model, config, task, T, data_dir, sequences, batch_size, seed):
-    """`gates`' numbers for one trained model: its gates over `sequences` test sequences of its
-    task (`_task_of_run`)."""
-
-    with _task_of_run(run, model, config, task, T, data_dir) as t:
-        x = _first(t.batches("test", batch_size, seed=seed, shuffle=True), sequences)
-        stats, S = analysis.gate_statistics(model, x)
-    return dict(label=label, checkpoint=str(run), model=model.name, task=t.name, T=t.T,
-                image_steps=t.image_steps, sequences=S,
-                segments=analysis.gate_segments(stats, t.image_steps),
-                steps={g: dict(mean=s["mean"].tolist(), std=s["std"].tolist())
-                       for g, s in stats.items()})
-
-
-def _first(batches, num):
-    """The x of the first `num` examples of an iterator of (x, y) batches."""
-    for x, _ in batches:
-        yield x[:num]
-        num -= len(x)
-        if num <= 0:
-            return
 
 
 # ----------------------------------------------------------------------------------------------
@@ -722,37 +569,11 @@ def criticality(runs, task, T, data_dir, sequences, segments, seed):
     the share of (sequence, step) pairs where it is positive."""
 
     try:
-        built, notes = [], []           # every checkpoint checked before any task is read
-        for run, folder in zip(runs, analysis.distinct_names(runs)):
-            model, config = analysis.model_from_checkpoint(run)
-            if model.hyper.get("eps") is None:
-                euler = ", ".join(n for n, c in nprnn.CELLS.items() if "eps" in c.hyper)
-                raise ValueError(f"{run} is a {model.name} model, not an Euler cell: the "
-                                 f"criterion is for {euler}")
-            _fed_task(run, model, config, task, T)
-            built.append((run, analysis.checkpoint_label(model, folder), model, config))
-        rows = []
-        for k, (run, label, model, config) in enumerate(built):
-            click.echo(f"[{k + 1}/{len(built)}] {label}", err=True)
-            with _task_of_run(run, model, config, task, T, data_dir) as t:
-                xs = np.concatenate(list(_first(t.batches("test", sequences, seed=seed,
-                                                          shuffle=True), sequences)))
-                name = t.name
-            shown = CountBar("sequences")
-            try:
-                rows += [dict(r, task=name) for r in analysis.ode_jacobian_spectra(
-                    [(label, model)], xs, segments, progress=shown)]
-            finally:
-                shown.close()
-            if len(xs) < sequences:
-                notes.append(f"note: {label}: {name} has {len(xs):,} test sequences, fewer than "
-                             f"--sequences {sequences:,}; all of them were used")
+        rows, notes = probes.criticality(runs, task, T, data_dir, sequences, segments, seed,
+                                         say=functools.partial(click.echo, err=True))
     except (CheckpointError, OSError, ValueError) as e:
         raise click.ClickException(str(e)) from None
-    table = [("run", "task", "steps", "mean", "max", "positive")] + [
-        (r["label"], r["task"], f"{r['first']}-{r['last']}", f"{r['mean']:.3g}",
-         f"{r['max']:.3g}", f"{r['share_growing']:.1%}") for r in rows]
-    _echo_table(table, left=3)
+    _echo_table(probes.criticality_table(rows), left=3)
     for note in notes:
         click.echo(note)
 

@@ -17,6 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 import nprnn
+from nprnn.runs.saved import open_run
 from nprnn.study import analysis as A
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # cli.py is at the repo root
@@ -755,10 +756,10 @@ def trained_run(tmp_path_factory):
     return out
 
 
-def test_model_from_checkpoint(trained_run):
+def test_open_run_rebuilds_the_trained_model(trained_run):
     from nprnn.runs.checkpoint import load_checkpoint
 
-    model, config = A.model_from_checkpoint(trained_run)
+    model = open_run(trained_run).model
     saved = load_checkpoint(trained_run)["params"]
     assert model.dtype == np.float64 and model.hyper == dict(eps=0.5, gamma=0.1)
     for k, v in saved.items():
@@ -793,7 +794,7 @@ def test_jacobian_command_with_a_checkpoint(tmp_path, trained_run):
                    "--lengths", "4", "--sequences", "2"])
     assert "antisym gamma=0.1 (antisym-toy)" in out
     row = json.loads((tmp_path / "figure2_jacobian.json").read_text())["rows"][0]
-    model, _ = A.model_from_checkpoint(trained_run)
+    model = open_run(trained_run).model
     xs = A.gaussian_sequences(2, 4, 2, seed=[0, 4])
     mags = A.eigenvalue_magnitudes(model, xs)
     assert row["mean"] == pytest.approx(mags.mean(), rel=1e-12)
@@ -873,7 +874,7 @@ def test_jacobian_feeds_a_checkpoint_the_permutation_it_was_trained_on(tmp_path,
     assert asked == [("pmnist", 5, str(data.resolve()), "unit")]
     saved = json.loads((tmp_path / "fig" / "figure2_jacobian.json").read_text())
     assert saved["inputs"] == "test sequences of task 'pmnist' (permutation seed 5), drawn by seed"
-    model, _ = A.model_from_checkpoint(runs[5])
+    model = open_run(runs[5]).model
     with get_task("pmnist", data_dir=data, seed=5) as task:
         xs = A.task_sequences(task, 2)
     assert saved["rows"][0]["mean"] == pytest.approx(A.eigenvalue_magnitudes(model, xs).mean(),
@@ -994,7 +995,7 @@ def test_gates_command_on_a_noise_task(tmp_path, gated_noise_run):
     (r,) = saved["runs"]
     assert (r["task"], r["T"], r["image_steps"], r["sequences"]) == ("mnist-noise", 30, 28, 7)
     # the first 7 test digits of seed 0's order, with the test noise, as `evaluate` sees them
-    model, _ = A.model_from_checkpoint(gated_noise_run, dtype=None)
+    model = open_run(gated_noise_run, dtype=None).model
     assert model.dtype == np.float32                  # the dtype it was trained in
     with get_task("mnist-noise", data_dir=tmp_path / "data", T=30) as task:
         x, _ = next(task.batches("test", 7, seed=0, shuffle=True))
@@ -1143,7 +1144,7 @@ def test_criticality_command(tmp_path, gated_noise_run):
     out = run_cli(["criticality", str(gated_noise_run), "--sequences", "3", "--segments", "2"])
     label = "antisym-gated gamma=0.1 (gated)"
     assert f"[1/1] {label}" in out                    # stderr: which run is being measured
-    model, _ = A.model_from_checkpoint(gated_noise_run)
+    model = open_run(gated_noise_run).model
     with get_task("mnist-noise", data_dir=tmp_path / "data", T=30) as task:
         x, _ = next(task.batches("test", 3, seed=0, shuffle=True))
     expected = A.ode_jacobian_spectra([(label, model)], x, 2)

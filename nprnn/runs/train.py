@@ -49,14 +49,15 @@ from pathlib import Path
 import numpy as np
 
 from ..core import autotune
-from .checkpoint import (FILENAME, CheckpointError, load_checkpoint, load_params_into,
-                         read_config_json, save_checkpoint)
-from ..data.datasets import resolve_data_dir
 from ..core.device import cpu_model, resolve_device
-from ..kernels.gpu_common import to_host
 from ..core.memory import Staging
 from ..core.optim import OPTIMIZERS, StepRecorder
+from ..data.datasets import resolve_data_dir
+from ..kernels.gpu_common import to_host
 from ..util.progress import TrainingBar
+from .checkpoint import (FILENAME, CheckpointError, load_checkpoint, load_params_into,
+                         save_checkpoint)
+from .saved import open_run
 # a run's settings (runconfig.py) and its folder's files and guards (runfolder.py); train's
 # callers (cli.py, nprnn/sweep/, the tests) read them through this module too
 from .runconfig import (CHANGEABLE_ON_RESUME, DEFAULTS, OPTIONS, SWEEP_VALID_SIZE,  # noqa: F401
@@ -592,19 +593,9 @@ def evaluate_checkpoint(path, split="test", task_name=None, data_dir=None, T=Non
     not fit the model raises TrainError. `progress` is passed to `evaluate`. Returns dict(loss,
     accuracy, count, iteration, model, task, T (the task's sequence length), split, device (the
     one used: cpu or cuda), checkpoint)."""
-    saved = load_checkpoint(path)
-    config = dict(saved["config"])
-    where = saved["path"]
-    for key in ("model", "task", "input_size", "num_classes"):
-        if key not in config:
-            raise CheckpointError(f"{where} has no {key!r} in its configuration")
-    config_json = Path(path) / CONFIG
-    if config_json.is_file():
-        listed = read_config_json(config_json).get("model")
-        if listed != config["model"]:
-            raise CheckpointError(f"{where} is a checkpoint of model {config['model']!r}, but "
-                                  f"{config_json} describes model {listed!r}: the folder mixes "
-                                  f"two runs")
+    run = open_run(path, dtype=None, device=resolve_device(device))
+    model, where = run.model, run.checkpoint["path"]
+    config = dict(run.trained)
     trained_on = config["task"]
     if task_name is not None and task_name != trained_on:
         config["task"], config["T"] = task_name, None     # another task: its own length
@@ -612,9 +603,6 @@ def evaluate_checkpoint(path, split="test", task_name=None, data_dir=None, T=Non
         config["T"] = T
     if data_dir is not None:
         config["data_dir"] = data_dir
-    config["device"] = resolve_device(device)
-    model = build_model(config, config["input_size"], config["num_classes"])
-    load_params_into(model, saved["params"], f"checkpoint {where}")
     owns_task = task is None
     if owns_task and config["task"] != trained_on:
         check_named_task_fits(model, config, f"{where}, trained on {trained_on!r},")
@@ -626,5 +614,5 @@ def evaluate_checkpoint(path, split="test", task_name=None, data_dir=None, T=Non
     finally:
         if owns_task:
             task.close()
-    return dict(res, iteration=saved["progress"]["iteration"], model=model.name, task=task.name,
+    return dict(res, iteration=run.iteration, model=model.name, task=task.name,
                 T=task.T, split=split, device=model.device, checkpoint=str(where))

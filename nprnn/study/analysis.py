@@ -76,10 +76,10 @@ from pathlib import Path
 import numpy as np
 
 from ..core.cells import CELLS
-from ..runs.checkpoint import CheckpointError, load_checkpoint, load_params_into
-from ..util.files import written_atomically
 from ..core.model import make_model
-from ..runs.train import DEFAULTS, build_model
+from ..runs.runconfig import DEFAULTS
+from ..runs.saved import open_run
+from ..util.files import written_atomically
 
 # ----------------------------------------------------------------------------------------------
 # Section 4: the setup
@@ -435,24 +435,6 @@ def task_sequences(task, num, split="test", seed=0):
     return x
 
 
-def model_from_checkpoint(path, dtype="float64"):
-    """The trained model saved by `nprnn.runs.train` in a run folder or checkpoint file, rebuilt from
-    the checkpoint's configuration with its parameters cast to `dtype` (float64 by default, so
-    products of hundreds of step Jacobians keep their digits; None keeps the dtype it was
-    trained in). Returns (model, config)."""
-
-    saved = load_checkpoint(path)
-    config = dict(saved["config"])
-    for key in ("model", "input_size", "num_classes"):
-        if key not in config:
-            raise CheckpointError(f"{saved['path']} has no {key!r} in its configuration")
-    config.update(dtype=dtype or config.get("dtype", "float32"), device="cpu")
-    model = build_model(config, config["input_size"], config["num_classes"])
-    params = {k: np.asarray(v, dtype=model.dtype) for k, v in saved["params"].items()}
-    load_params_into(model, params, f"checkpoint {saved['path']}")
-    return model, config
-
-
 def checkpoint_label(model, name):
     """The label "antisym gamma=0.1 (NAME)": the cell, its gamma if it has one, and the name of
     the folder or file it came from (`distinct_names` of the paths compared)."""
@@ -654,52 +636,17 @@ EVAL_SPLITS = ("test", "valid")
 
 
 def read_run(path, empty_ok=False):
-    """One run folder -> dict(name, path, model, task, label, records, config, time), records
-    being a list of dict(iteration, split, loss, accuracy) in file order (loss/accuracy None where
-    absent), time the last "time" logged (the run's wall time so far) or None. An empty
+    """One run folder -> dict(name, path, model, task, label, records, config, time): its
+    config.json, and its metrics.jsonl as `open_run` reads them (records, time). An empty
     metrics.jsonl (a run that has just started) is a ValueError unless `empty_ok`."""
+    run = open_run(path)
     config_path = os.path.join(path, "config.json")
-    metrics_path = os.path.join(path, "metrics.jsonl")
-    for p in (config_path, metrics_path):
-        if not os.path.isfile(p):
-            raise FileNotFoundError(f"{p} not found: a run folder needs config.json and "
-                                    f"metrics.jsonl (written by `python cli.py train`)")
-    with open(config_path) as f:
-        try:
-            config = json.load(f)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{config_path} is not valid JSON: {e}") from None
-    if not isinstance(config, dict) or "model" not in config or "task" not in config:
-        raise ValueError(f"{config_path} must be a JSON object with keys 'model' and 'task'")
-    records, elapsed = [], None
-    with open(metrics_path) as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{metrics_path}, line {lineno}"
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{where} is not valid JSON: {e}") from None
-            if not isinstance(rec, dict):
-                raise ValueError(f"{where}: expected a JSON object, got {type(rec).__name__}")
-            it, split = rec.get("iteration"), rec.get("split")
-            if not isinstance(it, int) or isinstance(it, bool):
-                raise ValueError(f"{where}: 'iteration' must be an integer, got {it!r}")
-            if not isinstance(split, str):
-                raise ValueError(f"{where}: 'split' must be a string such as 'train' or "
-                                 f"'test', got {split!r}")
-            values = {}
-            for key in ("loss", "accuracy"):
-                v = rec.get(key)
-                if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool)):
-                    raise ValueError(f"{where}: {key!r} must be a number, got {v!r}")
-                values[key] = None if v is None else float(v)
-            records.append(dict(iteration=it, split=split, **values))
-            if isinstance(rec.get("time"), (int, float)) and not isinstance(rec["time"], bool):
-                elapsed = float(rec["time"])             # the run's wall time at this record
+    if not os.path.isfile(config_path):
+        raise FileNotFoundError(f"{config_path} not found: a run folder needs config.json and "
+                                f"metrics.jsonl (written by `python cli.py train`)")
+    config, (records, elapsed) = run.config, run.log
     if not records and not empty_ok:
-        raise ValueError(f"{metrics_path} holds no records")
+        raise ValueError(f"{os.path.join(path, 'metrics.jsonl')} holds no records")
     name = os.path.basename(os.path.normpath(path))
     return dict(name=name, path=path, model=str(config["model"]), task=str(config["task"]),
                 label=f"{config['model']} on {config['task']}", records=records, config=config,
