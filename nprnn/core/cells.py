@@ -3,6 +3,9 @@ knows:
 
     shapes(m, n)            parameter name -> shape (the names of docs/models.md's table)
     num_params(m, n)        trainable scalars (W of the antisymmetric models counts n(n-1)/2)
+    count(m, n)             the same, as a formula of m and n declared by hand from the cell's
+                            equations (tests/test_cells.py holds num_params and the arrays a
+                            model is made with to it, for every registered cell)
     init(rng, m, n, ...)    parameters at initialisation (Appendix C, or the critical one)
     forward(p, x, h0, ws, backend)   its kernels over a time-major x (T, B, m) -> (h_T, cache),
                             on the CPU or, with a backends.CUDA, the GPU: written once
@@ -34,10 +37,11 @@ import numpy as np
 
 from . import reference
 from .backends import CPU
-from ..kernels import gru as K_gru
-from ..kernels import lstm as K_lstm
-# the Euler cells' and rnn's twins: the teaching file's, with the fast versions 2 and 3 added
+# each family's twins: the teaching file's, with the fast versions added (2, persistent; and 3,
+# split, for the Euler cells and rnn)
 from ..kernels.fast import antisym as K_euler
+from ..kernels.fast import gru as K_gru
+from ..kernels.fast import lstm as K_lstm
 from ..kernels.fast import rnn as K_rnn
 from ..kernels.gpu_common import SHARED_BYTES_MAX, split_lanes
 
@@ -97,6 +101,9 @@ class Cell:
 
     def num_params(self, m, n):
         return int(sum(np.prod(s) for s in self.shapes(m, n).values()))
+
+    def count(self, m, n):
+        raise NotImplementedError
 
     def grad_mask(self, name, n):
         return None
@@ -185,6 +192,10 @@ class EulerCell(Cell):
     def num_params(self, m, n):
         total = super().num_params(m, n)
         return total - n * (n + 1) // 2 if self.w_form == "triangle" else total
+
+    def count(self, m, n):
+        W = n * (n - 1) // 2 if self.w_form == "triangle" else n * n   # the strict upper triangle
+        return W + (2 if self.gated else 1) * (n * m + n)              # V_h, b_h [, V_z, b_z]
 
     def grad_mask(self, name, n):
         if self.w_form == "triangle" and name == "W":
@@ -356,6 +367,9 @@ class StackedGateCell(Cell):
         return dict(weight_ih=(k * n, m), weight_hh=(k * n, n), bias_ih=(k * n,),
                     bias_hh=(k * n,))
 
+    def count(self, m, n):
+        return len(self.gates) * (n * m + n * n + 2 * n)   # per gate: W_ih, W_hh, b_ih, b_hh
+
     def init(self, rng, m, n, dtype, sigma_w=1.0, scheme="paper"):
         self.check_init(scheme)
         if scheme == "critical":
@@ -457,6 +471,9 @@ class LSTMCell(StackedGateCell):
         if self.peephole:
             s.update(w_ci=(n,), w_cf=(n,), w_co=(n,))
         return s
+
+    def count(self, m, n):
+        return super().count(m, n) + (3 * n if self.peephole else 0)  # w_ci, w_cf, w_co
 
     def init(self, rng, m, n, dtype, sigma_w=1.0, scheme="paper"):
         p = super().init(rng, m, n, dtype, sigma_w=sigma_w, scheme=scheme)

@@ -28,6 +28,16 @@ How the CPU work is split (the recipe of `antisym.py`, on threads that own batch
      per step, and the weight gradients are products over all stored steps, split by rows:
      dW_hh = DGH^T H and dW_ih = DGI^T X.
 The caller holds BLAS to one thread (`common.one_blas_thread`) while these kernels run.
+
+A map of this file, in reading order:
+  * one unit's step and its derivative, written once for every version: `gru_unit`,
+    `gru_unit_backward`;
+  * the CPU twins over a whole sequence: `gru_forward_cpu`, `gru_backward_cpu`;
+  * GPU version 1, one thread per (batch row, unit) and one launch per step: `gru_forward_gpu`,
+    `gru_backward_gpu`;
+  * the twins (`Twins`) of the CPU kernels and version 1.
+The fast GPU version, 2 (persistent: one launch per pass), is in kernels/fast/gru.py, held to the
+CPU twin by tests/gpu/test_gpu_baselines.py; its twins, which nprnn/core/cells.py runs, add it.
 """
 import numpy as np
 from numba import prange
@@ -35,9 +45,8 @@ from numba import prange
 from .common import (Twins, dsigmoid_from_y, dtanh_from_y, flush_denormals, flush_subnormal,
                      matmul_nt_rows, matmul_tn_rows, njit_inline, njit_parallel, num_slices,
                      restore_fp_mode, row_slice, sigmoid, sum_rows, tanh)
-from .gpu_common import (TILE, cuda, load_block_rows, persistent_kernel,
-                         rows_times_matrix_gpu, stacked_param_grads_gpu, state_launch,
-                         step_grid, transposed)
+from .gpu_common import (TILE, cuda, rows_times_matrix_gpu, stacked_param_grads_gpu, step_grid,
+                         transposed)
 
 
 # ------------------------------------------------------------------------------------------
@@ -171,23 +180,21 @@ def gru_backward_cpu(dW_ih, dW_hh, db_ih, db_hh, dh0, dgi, dgh, dh_T, hs, gates,
 
 
 # ------------------------------------------------------------------------------------------
-# GPU twins (two versions, as in antisym.py; tests/gpu/test_gpu_baselines.py checks them)
+# GPU twins (tests/gpu/test_gpu_baselines.py checks them)
 # ------------------------------------------------------------------------------------------
 #   version 1, "step"        one thread per (b, j) computes the three gates of unit j: one launch
 #                            per step (BPTT: two per step, the elementwise part and
 #                            dh_{t-1} += dgh_t W_hh)
 #   version 2, "persistent"  one launch per pass; block k owns batch rows [k R, (k+1) R) and keeps
 #                            their h_{t-1} (forward) or dL/dh and dgh_t (BPTT) in shared memory.
-# Shared memory per batch row, in vectors of n values: the forward pass keeps h_{t-1} and h_t
-# (read one, write the other); BPTT keeps dL/dh and two copies of (da_r, da_z, dgh_n).
+#                            It is in kernels/fast/gru.py.
+# Shared memory per batch row of version 2, in vectors of n values: the forward pass keeps h_{t-1}
+# and h_t (read one, write the other); BPTT keeps dL/dh and two copies of (da_r, da_z, dgh_n).
 FORWARD_VALUES = 2
 BACKWARD_VALUES = 7
-# W_hh (3n, n) is 192 KiB at n = 128 in float32, more than a block's shared memory, so the
-# persistent kernels read it from global memory every step (all blocks read the same matrix; it
-# stays in the L2 cache): the forward pass reads W_hh^T (made once per call) so that consecutive
-# threads read consecutive addresses, and BPTT reads W_hh itself. The unit's math is gru_unit and
-# gru_unit_backward above, shared with the CPU twins. The CPU twins flush float32 subnormal
-# gradients to zero (a CPU speed measure, as in lstm.py); the GPU twins keep them.
+# Every version's unit math is gru_unit and gru_unit_backward above, shared with the CPU twins.
+# The CPU twins flush float32 subnormal gradients to zero (a CPU speed measure, as in lstm.py);
+# the GPU twins keep them.
 
 @cuda.jit
 def gru_forward_step_kernel(hs, gates, hn, x, W_ih, WT, b_ih, b_hh, t):
@@ -240,109 +247,6 @@ def gru_backward_unit_kernel(dgi, dgh, dh, hs, gates, hn, t):
         dh[b, j] = carry
 
 
-@persistent_kernel
-def gru_forward_persistent_kernel(hs, gates, hn, x, W_ih, WT, b_ih, b_hh, rows):
-    """All T steps in one launch, see gru_unit.
-
-    Written (=): hs[1:] of (T+1, B, n), gates (T, B, 3n), hn (T, B, n). Read: hs[0], x (T, B, m),
-    W_ih (3n, m), WT = W_hh^T (n, 3n), b_ih, b_hh (3n,). Work split: block k owns batch rows
-    k*rows .. k*rows + rows - 1; thread `tid` computes units j = tid, tid + blockDim, ... (all
-    three gates) of each. Shared memory: two (rows, n) copies of h, one barrier per step.
-    """
-    T, B, m = x.shape
-    n = WT.shape[0]
-    tid, nthreads = cuda.threadIdx.x, cuda.blockDim.x
-    b0 = cuda.blockIdx.x * rows
-    hbuf = cuda.shared.array(0, dtype=hs.dtype)
-    load_block_rows(hbuf, hs[0], b0, rows)
-    cuda.syncthreads()
-    for t in range(T):
-        cur, nxt = (t % 2) * rows * n, ((t + 1) % 2) * rows * n
-        for row in range(rows):
-            b = b0 + row
-            if b < B:
-                for j in range(tid, n, nthreads):
-                    gi_r, gi_z, gi_n = b_ih[j], b_ih[n + j], b_ih[2 * n + j]
-                    gh_r, gh_z, gh_n = b_hh[j], b_hh[n + j], b_hh[2 * n + j]
-                    for k in range(m):
-                        xk = x[t, b, k]
-                        gi_r += W_ih[j, k] * xk
-                        gi_z += W_ih[n + j, k] * xk
-                        gi_n += W_ih[2 * n + j, k] * xk
-                    for k in range(n):
-                        hk = hbuf[cur + row * n + k]
-                        gh_r += WT[k, j] * hk
-                        gh_z += WT[k, n + j] * hk
-                        gh_n += WT[k, 2 * n + j] * hk
-                    r, z, n_t, h = gru_unit(gi_r, gi_z, gi_n, gh_r, gh_z, gh_n,
-                                            hbuf[cur + row * n + j])
-                    gates[t, b, j] = r
-                    gates[t, b, n + j] = z
-                    gates[t, b, 2 * n + j] = n_t
-                    hn[t, b, j] = gh_n
-                    hs[t + 1, b, j] = h
-                    hbuf[nxt + row * n + j] = h
-        cuda.syncthreads()
-
-
-@persistent_kernel
-def gru_backward_persistent_kernel(dh0, dgi, dgh, dh_T, hs, gates, hn, W_hh, rows):
-    """BPTT through all T steps in one launch (gru_unit_backward, then
-    dh_{t-1} = dh_t * z + dgh_t W_hh in row form).
-
-    Written (=): dh0 (B, n), dgi, dgh (T, B, 3n). Read: dh_T (B, n), hs, gates, hn, W_hh (3n, n).
-    Work split as in the forward kernel. Shared memory: the rows' dL/dh (each value touched only
-    by its owner thread) and two copies of their dgh_t (3n values per row; one barrier per step).
-    """
-    T, B, n = hn.shape
-    tid, nthreads = cuda.threadIdx.x, cuda.blockDim.x
-    b0 = cuda.blockIdx.x * rows
-    smem = cuda.shared.array(0, dtype=dh0.dtype)
-    dh = smem[:rows * n]
-    dbuf = smem[rows * n:7 * rows * n]                   # two copies of (rows, 3n)
-    load_block_rows(dh, dh_T, b0, rows)
-    for t in range(T - 1, -1, -1):
-        cur = (t % 2) * rows * 3 * n
-        for row in range(rows):
-            b = b0 + row
-            if b < B:
-                base = cur + row * 3 * n
-                for j in range(tid, n, nthreads):
-                    r = gates[t, b, j]
-                    da_r, da_z, da_n, dgh_n, carry = gru_unit_backward(
-                        dh[row * n + j], r, gates[t, b, n + j], gates[t, b, 2 * n + j],
-                        hn[t, b, j], hs[t, b, j])
-                    dgi[t, b, j] = da_r
-                    dgi[t, b, n + j] = da_z
-                    dgi[t, b, 2 * n + j] = da_n
-                    dgh[t, b, j] = da_r
-                    dgh[t, b, n + j] = da_z
-                    dgh[t, b, 2 * n + j] = dgh_n
-                    dbuf[base + j] = da_r
-                    dbuf[base + n + j] = da_z
-                    dbuf[base + 2 * n + j] = dgh_n
-                    dh[row * n + j] = carry
-        cuda.syncthreads()
-        for row in range(rows):
-            b = b0 + row
-            if b < B:
-                base = cur + row * 3 * n
-                for j in range(tid, n, nthreads):
-                    # dh_{t-1}[j] += sum_k dgh_t[k] W_hh[k, j], one accumulator per gate block
-                    # (three chains of n dependent multiply-adds, not one of 3n)
-                    acc_r = acc_z = acc_n = dh.dtype.type(0)
-                    for k in range(n):
-                        acc_r += dbuf[base + k] * W_hh[k, j]
-                        acc_z += dbuf[base + n + k] * W_hh[n + k, j]
-                        acc_n += dbuf[base + 2 * n + k] * W_hh[2 * n + k, j]
-                    dh[row * n + j] += (acc_r + acc_z) + acc_n
-    for row in range(rows):
-        b = b0 + row
-        if b < B:
-            for j in range(tid, n, nthreads):
-                dh0[b, j] = dh[row * n + j]
-
-
 def gru_forward_gpu(hs, gates, hn, x, W_ih, W_hh, b_ih, b_hh, *, block=(128, 1)):
     """Version 1 twin of gru_forward_cpu: T launches of gru_forward_step_kernel.
     Written (=): hs[1:], gates, hn. Read: hs[0], x, W_ih, W_hh, b_ih, b_hh."""
@@ -369,30 +273,7 @@ def gru_backward_gpu(dW_ih, dW_hh, db_ih, db_hh, dh0, dgi, dgh, dh_T, hs, gates,
     stacked_param_grads_gpu(dW_ih, dW_hh, db_ih, db_hh, dgi, dgh, hs, x, tile=tile)
 
 
-def gru_forward_gpu_persistent(hs, gates, hn, x, W_ih, W_hh, b_ih, b_hh, *, rows=1,
-                               threads=None):
-    """Version 2 twin of gru_forward_cpu: W_hh^T into a scratch buffer, then one launch of
-    gru_forward_persistent_kernel. Written (=): hs[1:], gates, hn."""
-    T, B, _ = x.shape
-    n = W_hh.shape[1]
-    grid, threads, shared = state_launch(B, n, hs.dtype, FORWARD_VALUES * n, rows, threads)
-    WT = transposed(W_hh, "gru_WT")
-    gru_forward_persistent_kernel[grid, threads, 0, shared](hs, gates, hn, x, W_ih, WT, b_ih,
-                                                            b_hh, rows)
-
-
-def gru_backward_gpu_persistent(dW_ih, dW_hh, db_ih, db_hh, dh0, dgi, dgh, dh_T, hs, gates, hn,
-                                x, W_hh, *, rows=1, threads=None, tile=TILE):
-    """Version 2 twin of gru_backward_cpu: one launch of gru_backward_persistent_kernel, then
-    the weight gradients. Written (=): dW_ih, dW_hh, db_ih, db_hh, dh0, dgi, dgh."""
-    T, B, _ = x.shape
-    n = W_hh.shape[1]
-    grid, threads, shared = state_launch(B, n, dh0.dtype, BACKWARD_VALUES * n, rows, threads)
-    gru_backward_persistent_kernel[grid, threads, 0, shared](dh0, dgi, dgh, dh_T, hs, gates, hn,
-                                                             W_hh, rows)
-    stacked_param_grads_gpu(dW_ih, dW_hh, db_ih, db_hh, dgi, dgh, hs, x, tile=tile)
-
-
-# the twins, as nprnn/core/backends.py runs them
-gru_forward = Twins(gru_forward_cpu, gru_forward_gpu, gru_forward_gpu_persistent)
-gru_backward = Twins(gru_backward_cpu, gru_backward_gpu, gru_backward_gpu_persistent)
+# the twins, as nprnn/core/backends.py runs them: the CPU kernels and GPU version 1 (version 2,
+# persistent, is in kernels/fast/gru.py, whose twins add it)
+gru_forward = Twins(gru_forward_cpu, gru_forward_gpu)
+gru_backward = Twins(gru_backward_cpu, gru_backward_gpu)

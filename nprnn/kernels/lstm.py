@@ -31,6 +31,17 @@ How the CPU work is split (the recipe of `antisym.py`, on threads that own batch
      per step, and the weight gradients are products over all stored steps, split by rows:
      dW_hh = DA^T H with DA (T*B, 4n), H (T*B, n).
 The caller holds BLAS to one thread (`common.one_blas_thread`) while these kernels run.
+
+A map of this file, in reading order:
+  * one unit's step and its derivative, written once for every version: `lstm_unit`,
+    `lstm_unit_backward` (with `peephole` a flag);
+  * the CPU twins over a whole sequence: `lstm_forward_cpu`, `lstm_backward_cpu` and the peephole
+    pair, both inlining `_forward` and `_backward`;
+  * GPU version 1, one thread per (batch row, unit) and one launch per step:
+    `lstm_forward_gpu` and the rest, with the peephole gradients `peephole_grads_gpu`;
+  * the twins (`Twins`) of the CPU kernels and version 1.
+The fast GPU version, 2 (persistent: one launch per pass), is in kernels/fast/lstm.py, held to the
+CPU twin by tests/gpu/test_gpu_baselines.py; its twins, which nprnn/core/cells.py runs, add it.
 """
 import numpy as np
 from numba import prange
@@ -38,9 +49,8 @@ from numba import prange
 from .common import (Twins, BLOCK_ROWS, dsigmoid_from_y, dtanh_from_y, flush_denormals,
                      flush_subnormal, matmul_nt_rows, matmul_tn_rows, njit_inline, njit_parallel,
                      num_slices, restore_fp_mode, row_slice, sigmoid, sum_rows, tanh)
-from .gpu_common import (TILE, WARP, cdiv, cuda, fill, load_block_rows, persistent_kernel,
-                         rows_times_matrix_gpu, scratch, splits_for, stacked_param_grads_gpu,
-                         state_launch, step_grid, transposed)
+from .gpu_common import (TILE, WARP, cdiv, cuda, fill, rows_times_matrix_gpu, scratch, splits_for,
+                         stacked_param_grads_gpu, step_grid, transposed)
 
 
 # ------------------------------------------------------------------------------------------
@@ -254,28 +264,25 @@ def peephole_lstm_backward_cpu(dW_ih, dW_hh, db_ih, db_hh, dw_ci, dw_cf, dw_co, 
 
 
 # ------------------------------------------------------------------------------------------
-# GPU twins (two versions, as in antisym.py; tests/gpu/test_gpu_baselines.py checks them)
+# GPU twins (tests/gpu/test_gpu_baselines.py checks them)
 # ------------------------------------------------------------------------------------------
 #   version 1, "step"        one thread per (b, j) computes all four gates of unit j: one launch
 #                            per step (BPTT: two per step, the elementwise part and
 #                            dh_{t-1} = da_t W_hh)
 #   version 2, "persistent"  one launch per pass; block k owns batch rows [k R, (k+1) R) and keeps
 #                            their h_{t-1} (forward) or dL/dh, dL/dc and da_t (BPTT) in shared
-#                            memory.
-# Shared memory per batch row, in vectors of n values: the forward pass keeps h_{t-1} and h_t
-# (read one, write the other); BPTT keeps dL/dh, dL/dc and two copies of (da_i, da_f, da_g, da_o).
+#                            memory. It is in kernels/fast/lstm.py.
+# Shared memory per batch row of version 2, in vectors of n values: the forward pass keeps h_{t-1}
+# and h_t (read one, write the other); BPTT keeps dL/dh, dL/dc and two copies of
+# (da_i, da_f, da_g, da_o).
 FORWARD_VALUES = 2
 BACKWARD_VALUES = 10
-# W_hh (4n, n) is 256 KiB at n = 128 in float32, far more than a block's shared memory, so the
-# persistent kernels read it from global memory every step (all blocks read the same matrix; it
-# stays in the L2 cache): the forward pass reads W_hh^T (made once per call) so that consecutive
-# threads read consecutive addresses, and BPTT reads W_hh itself. The standard and the peephole
-# LSTM share every GPU kernel through `peephole`; without peepholes w_ci, w_cf, w_co are not read
-# (the standard LSTM's host functions pass a bias vector in their place). c_t of a unit is touched
-# only by the thread that owns it. Both versions call the CPU twins' `lstm_unit` and
-# `lstm_unit_backward` (above), here with `peephole` a kernel argument. The CPU twins flush
-# float32 subnormal gradients to zero (a CPU speed measure); GPUs handle subnormals at full
-# speed, so the GPU twins keep them (a difference below 1.2e-38).
+# The standard and the peephole LSTM share every GPU kernel through `peephole`; without peepholes
+# w_ci, w_cf, w_co are not read (the standard LSTM's host functions pass a bias vector in their
+# place). c_t of a unit is touched only by the thread that owns it. Every version calls the CPU
+# twins' `lstm_unit` and `lstm_unit_backward` (above), here with `peephole` a kernel argument. The
+# CPU twins flush float32 subnormal gradients to zero (a CPU speed measure); GPUs handle
+# subnormals at full speed, so the GPU twins keep them (a difference below 1.2e-38).
 
 @cuda.jit
 def lstm_forward_step_kernel(hs, cs, gates, x, W_ih, WT, b_ih, b_hh, w_ci, w_cf, w_co,
@@ -332,124 +339,6 @@ def lstm_backward_unit_kernel(da, dc, dh, cs, gates, w_ci, w_cf, w_co, peephole,
         da[t, b, 2 * n + j] = da_g
         da[t, b, 3 * n + j] = da_o
         dc[b, j] = dc_prev
-
-
-@persistent_kernel
-def lstm_forward_persistent_kernel(hs, cs, gates, x, W_ih, WT, b_ih, b_hh, w_ci, w_cf, w_co,
-                                   peephole, rows):
-    """All T steps of the (peephole) LSTM in one launch, see lstm_unit.
-
-    Written (=): hs[1:], cs[1:] of (T+1, B, n), gates (T, B, 4n). Read: hs[0], cs[0], x (T, B, m),
-    W_ih (4n, m), WT = W_hh^T (n, 4n), b_ih, b_hh (4n,), w_c* (n,). Work split: block k owns
-    batch rows k*rows .. k*rows + rows - 1; thread `tid` computes units j = tid, tid + blockDim,
-    ... (all four gates) of each. Shared memory: two (rows, n) copies of h, one barrier per step.
-    """
-    T, B, m = x.shape
-    n = WT.shape[0]
-    tid, nthreads = cuda.threadIdx.x, cuda.blockDim.x
-    b0 = cuda.blockIdx.x * rows
-    hbuf = cuda.shared.array(0, dtype=hs.dtype)
-    load_block_rows(hbuf, hs[0], b0, rows)
-    cuda.syncthreads()
-    for t in range(T):
-        cur, nxt = (t % 2) * rows * n, ((t + 1) % 2) * rows * n
-        for r in range(rows):
-            b = b0 + r
-            if b < B:
-                for j in range(tid, n, nthreads):
-                    a_i = b_ih[j] + b_hh[j]
-                    a_f = b_ih[n + j] + b_hh[n + j]
-                    a_g = b_ih[2 * n + j] + b_hh[2 * n + j]
-                    a_o = b_ih[3 * n + j] + b_hh[3 * n + j]
-                    for k in range(m):
-                        xk = x[t, b, k]
-                        a_i += W_ih[j, k] * xk
-                        a_f += W_ih[n + j, k] * xk
-                        a_g += W_ih[2 * n + j, k] * xk
-                        a_o += W_ih[3 * n + j, k] * xk
-                    for k in range(n):
-                        hk = hbuf[cur + r * n + k]
-                        a_i += WT[k, j] * hk
-                        a_f += WT[k, n + j] * hk
-                        a_g += WT[k, 2 * n + j] * hk
-                        a_o += WT[k, 3 * n + j] * hk
-                    i, f, g, o, c, h = lstm_unit(a_i, a_f, a_g, a_o, cs[t, b, j], w_ci[j],
-                                                 w_cf[j], w_co[j], peephole)
-                    gates[t, b, j] = i
-                    gates[t, b, n + j] = f
-                    gates[t, b, 2 * n + j] = g
-                    gates[t, b, 3 * n + j] = o
-                    cs[t + 1, b, j] = c
-                    hs[t + 1, b, j] = h
-                    hbuf[nxt + r * n + j] = h
-        cuda.syncthreads()
-
-
-@persistent_kernel
-def lstm_backward_persistent_kernel(dh0, da, dh_T, cs, gates, W_hh, w_ci, w_cf, w_co, peephole,
-                                    rows):
-    """BPTT through all T steps of the (peephole) LSTM in one launch (lstm_unit_backward, then
-    dh_{t-1} = da_t W_hh in row form; the dL/dc_t arriving through c_{t+1} starts at 0).
-
-    Written (=): dh0 (B, n), da (T, B, 4n). Read: dh_T (B, n), cs (T+1, B, n), gates, W_hh (4n, n),
-    w_c* (n,). Work split as in the forward kernel. Shared memory: the rows' dL/dh and dL/dc
-    (each value touched only by its owner thread) and two copies of their da_t (4n values per
-    row; one barrier per step).
-    """
-    T, B, n = cs.shape[0] - 1, cs.shape[1], cs.shape[2]
-    tid, nthreads = cuda.threadIdx.x, cuda.blockDim.x
-    b0 = cuda.blockIdx.x * rows
-    smem = cuda.shared.array(0, dtype=dh0.dtype)
-    dh = smem[:rows * n]
-    dc = smem[rows * n:2 * rows * n]
-    dbuf = smem[2 * rows * n:10 * rows * n]              # two copies of (rows, 4n)
-    for r in range(rows):                  # dL/dh_T in; nothing arrives through c_{T+1}
-        b = b0 + r
-        if b < B:
-            for j in range(tid, n, nthreads):
-                dh[r * n + j] = dh_T[b, j]
-                dc[r * n + j] = 0
-    for t in range(T - 1, -1, -1):
-        cur = (t % 2) * rows * 4 * n
-        for r in range(rows):
-            b = b0 + r
-            if b < B:
-                for j in range(tid, n, nthreads):
-                    da_i, da_f, da_g, da_o, dc_prev = lstm_unit_backward(
-                        dh[r * n + j], dc[r * n + j], gates[t, b, j], gates[t, b, n + j],
-                        gates[t, b, 2 * n + j], gates[t, b, 3 * n + j], cs[t, b, j],
-                        cs[t + 1, b, j], w_ci[j], w_cf[j], w_co[j], peephole)
-                    da[t, b, j] = da_i
-                    da[t, b, n + j] = da_f
-                    da[t, b, 2 * n + j] = da_g
-                    da[t, b, 3 * n + j] = da_o
-                    row = cur + r * 4 * n
-                    dbuf[row + j] = da_i
-                    dbuf[row + n + j] = da_f
-                    dbuf[row + 2 * n + j] = da_g
-                    dbuf[row + 3 * n + j] = da_o
-                    dc[r * n + j] = dc_prev
-        cuda.syncthreads()
-        for r in range(rows):
-            b = b0 + r
-            if b < B:
-                row = cur + r * 4 * n
-                for j in range(tid, n, nthreads):
-                    # dh_{t-1}[j] = sum_k da_t[k] W_hh[k, j], one accumulator per gate block:
-                    # four chains of n dependent multiply-adds, as in the forward pass, rather
-                    # than one of 4n (with which BPTT took 4x the forward's time on an H100)
-                    acc_i = acc_f = acc_g = acc_o = dh.dtype.type(0)
-                    for k in range(n):
-                        acc_i += dbuf[row + k] * W_hh[k, j]
-                        acc_f += dbuf[row + n + k] * W_hh[n + k, j]
-                        acc_g += dbuf[row + 2 * n + k] * W_hh[2 * n + k, j]
-                        acc_o += dbuf[row + 3 * n + k] * W_hh[3 * n + k, j]
-                    dh[r * n + j] = (acc_i + acc_f) + (acc_g + acc_o)
-    for r in range(rows):
-        b = b0 + r
-        if b < B:
-            for j in range(tid, n, nthreads):
-                dh0[b, j] = dh[r * n + j]
 
 
 @cuda.jit
@@ -523,16 +412,6 @@ def _forward_steps(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, w_ci, w_cf, w_co, p
                                               w_ci, w_cf, w_co, peephole, t)
 
 
-def _forward_persistent(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, w_ci, w_cf, w_co, peephole,
-                        rows, threads):
-    T, B, _ = x.shape
-    n = W_hh.shape[1]
-    grid, threads, shared = state_launch(B, n, hs.dtype, FORWARD_VALUES * n, rows, threads)
-    WT = transposed(W_hh, "lstm_WT")
-    lstm_forward_persistent_kernel[grid, threads, 0, shared](
-        hs, cs, gates, x, W_ih, WT, b_ih, b_hh, w_ci, w_cf, w_co, peephole, rows)
-
-
 def _backward_steps(dh0, da, dh_T, cs, gates, W_hh, w_ci, w_cf, w_co, peephole, block):
     T, B, n = cs.shape[0] - 1, cs.shape[1], cs.shape[2]
     grid, block = step_grid(B, n, block)
@@ -545,14 +424,6 @@ def _backward_steps(dh0, da, dh_T, cs, gates, W_hh, w_ci, w_cf, w_co, peephole, 
         rows_times_matrix_gpu(dh0, da, W_hh, t, False, block=block)
 
 
-def _backward_persistent(dh0, da, dh_T, cs, gates, W_hh, w_ci, w_cf, w_co, peephole, rows,
-                         threads):
-    B, n = dh0.shape
-    grid, threads, shared = state_launch(B, n, dh0.dtype, BACKWARD_VALUES * n, rows, threads)
-    lstm_backward_persistent_kernel[grid, threads, 0, shared](
-        dh0, da, dh_T, cs, gates, W_hh, w_ci, w_cf, w_co, peephole, rows)
-
-
 def lstm_forward_gpu(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, *, block=(128, 1)):
     """Version 1 twin of lstm_forward_cpu: T launches of lstm_forward_step_kernel.
     Written (=): hs[1:], cs[1:], gates. Read: hs[0], cs[0], x, W_ih, W_hh, b_ih, b_hh."""
@@ -563,21 +434,6 @@ def peephole_lstm_forward_gpu(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, w_ci, w_
                               block=(128, 1)):
     """Version 1 twin of peephole_lstm_forward_cpu (as lstm_forward_gpu, with peepholes)."""
     _forward_steps(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, w_ci, w_cf, w_co, True, block)
-
-
-def lstm_forward_gpu_persistent(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, *, rows=1,
-                                threads=None):
-    """Version 2 twin of lstm_forward_cpu: W_hh^T into a scratch buffer, then one launch of
-    lstm_forward_persistent_kernel. Written (=): hs[1:], cs[1:], gates."""
-    _forward_persistent(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, b_ih, b_ih, b_ih, False, rows,
-                        threads)
-
-
-def peephole_lstm_forward_gpu_persistent(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, w_ci, w_cf,
-                                         w_co, *, rows=1, threads=None):
-    """Version 2 twin of peephole_lstm_forward_cpu."""
-    _forward_persistent(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, w_ci, w_cf, w_co, True, rows,
-                        threads)
 
 
 def lstm_backward_gpu(dW_ih, dW_hh, db_ih, db_hh, dh0, da, dh_T, hs, cs, gates, x, W_hh, *,
@@ -599,28 +455,9 @@ def peephole_lstm_backward_gpu(dW_ih, dW_hh, db_ih, db_hh, dw_ci, dw_cf, dw_co, 
     peephole_grads_gpu(dw_ci, dw_cf, dw_co, da, cs, threads=block[0])
 
 
-def lstm_backward_gpu_persistent(dW_ih, dW_hh, db_ih, db_hh, dh0, da, dh_T, hs, cs, gates, x,
-                                 W_hh, *, rows=1, threads=None, tile=TILE):
-    """Version 2 twin of lstm_backward_cpu: one launch of lstm_backward_persistent_kernel, then
-    the weight gradients. Written (=): dW_ih, dW_hh, db_ih, db_hh, dh0, da."""
-    _backward_persistent(dh0, da, dh_T, cs, gates, W_hh, db_ih, db_ih, db_ih, False, rows,
-                         threads)
-    stacked_param_grads_gpu(dW_ih, dW_hh, db_ih, db_hh, da, da, hs, x, tile=tile)
-
-
-def peephole_lstm_backward_gpu_persistent(dW_ih, dW_hh, db_ih, db_hh, dw_ci, dw_cf, dw_co, dh0,
-                                          da, dh_T, hs, cs, gates, x, W_hh, w_ci, w_cf, w_co, *,
-                                          rows=1, threads=None, tile=TILE):
-    """Version 2 twin of peephole_lstm_backward_cpu."""
-    _backward_persistent(dh0, da, dh_T, cs, gates, W_hh, w_ci, w_cf, w_co, True, rows, threads)
-    stacked_param_grads_gpu(dW_ih, dW_hh, db_ih, db_hh, da, da, hs, x, tile=tile)
-    peephole_grads_gpu(dw_ci, dw_cf, dw_co, da, cs)
-
-
-# the twins, as nprnn/core/backends.py runs them
-lstm_forward = Twins(lstm_forward_cpu, lstm_forward_gpu, lstm_forward_gpu_persistent)
-lstm_backward = Twins(lstm_backward_cpu, lstm_backward_gpu, lstm_backward_gpu_persistent)
-peephole_lstm_forward = Twins(peephole_lstm_forward_cpu, peephole_lstm_forward_gpu,
-                              peephole_lstm_forward_gpu_persistent)
-peephole_lstm_backward = Twins(peephole_lstm_backward_cpu, peephole_lstm_backward_gpu,
-                               peephole_lstm_backward_gpu_persistent)
+# the twins, as nprnn/core/backends.py runs them: the CPU kernels and GPU version 1 (version 2,
+# persistent, is in kernels/fast/lstm.py, whose twins add it)
+lstm_forward = Twins(lstm_forward_cpu, lstm_forward_gpu)
+lstm_backward = Twins(lstm_backward_cpu, lstm_backward_gpu)
+peephole_lstm_forward = Twins(peephole_lstm_forward_cpu, peephole_lstm_forward_gpu)
+peephole_lstm_backward = Twins(peephole_lstm_backward_cpu, peephole_lstm_backward_gpu)

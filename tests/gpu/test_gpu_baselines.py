@@ -1,4 +1,5 @@
-"""GPU twins of the baselines (nprnn/kernels/rnn.py, lstm.py, gru.py) against their CPU twins.
+"""GPU twins of the baselines (nprnn/kernels/rnn.py, lstm.py, gru.py, and their fast versions in
+nprnn/kernels/fast/) against their CPU twins.
 
 As in test_gpu_euler.py: the CPU twin runs first, the GPU twin runs on the same inputs, and every
 output is compared; the backward tests start from the CPU's forward results.
@@ -9,6 +10,8 @@ import pytest
 from gpu_testing import (B, DTYPES, M, N, ROWS, STEP_BLOCK, T, THREADS, TILE, assert_close, dev,
                          empty_like, rand, requires_cuda)
 from nprnn.kernels import gru, lstm, rnn
+from nprnn.kernels.fast import gru as fast_gru
+from nprnn.kernels.fast import lstm as fast_lstm
 from nprnn.kernels.fast import rnn as fast_rnn
 
 pytestmark = requires_cuda
@@ -24,9 +27,13 @@ def options(version, backward, rows=ROWS, lanes=2):
     return dict(opts, tile=TILE) if backward else opts
 
 
+# teaching module -> its fast sibling, which holds versions 2 (and 3, for rnn)
+FAST = {rnn: fast_rnn, lstm: fast_lstm, gru: fast_gru}
+
+
 def gpu_function(module, prefix, direction, version):
-    if module is rnn and version != "step":          # its versions 2 and 3: kernels/fast/rnn.py
-        module = fast_rnn
+    if version != "step":                            # versions 2 and 3: kernels/fast/
+        module = FAST[module]
     return getattr(module, f"{prefix}_{direction}_gpu"
                            + {"step": "", "split": "_split"}.get(version, "_persistent"))
 
