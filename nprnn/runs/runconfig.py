@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..data import datasets
+from ..data import datasets, tasks
 from ..core.cells import CELLS, INIT_SCHEMES, W_FORMS
 from ..data.datasets import MAX_SEED
 from ..core.device import DEVICES, resolve_device
@@ -52,7 +52,7 @@ OPTIONS = dict(
     pixels=Option("unit", "How a pixel p becomes an input: unit, p / 255 in [0, 1]; "
                           "standardised, (p / 255 - mean) / std per channel, the training "
                           "file's mean and std (the paper does not say).", "choice",
-                  choices=datasets.PIXEL_SCALINGS),
+                  choices=tasks.PIXEL_SCALINGS),
     device=Option("cpu", "Where the kernels run.", "choice", choices=DEVICES, on_resume=True),
     hidden=Option(128, "Hidden units n.", minimum=1),
     eps=Option(None, "Step size eps of the Euler cells (Appendix C grid: 0.01, 0.1, 1) "
@@ -232,7 +232,7 @@ def resolve_config(**options):
         elif option.kind == "iterations":
             config[key] = parse_iterations(key, config[key])
     try:
-        datasets.check_pixels(config["pixels"])
+        tasks.check_pixels(config["pixels"])
     except ValueError as e:
         raise TrainError(str(e)) from None
     if config["optimizer"] not in OPTIMIZERS:   # the other choices: the model and task say
@@ -368,7 +368,7 @@ def check_task_fits(model, task, source):
 def check_named_task_fits(model, config, source):
     """check_task_fits for the task that config["task"] and config["T"] name, from its spec
     alone: a task that does not fit is refused before its data is fetched or cached."""
-    spec = datasets.task_spec(config["task"])
+    spec = tasks.task_spec(config["task"])
     _check_fits(model, spec.name, spec.shape(config["T"])[1], spec.num_classes, source)
 
 

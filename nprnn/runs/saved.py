@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..data import datasets
+from ..data import datasets, tasks
 from ..data.sources import DataError
 from .checkpoint import CheckpointError, load_checkpoint, load_params_into, read_config_json
 from .runconfig import build_model
@@ -131,13 +131,13 @@ class SavedRun:
         name = trained["task"] if own else task
         if T is None and own:
             T = trained.get("T")
-        m = datasets.task_spec(name).shape(T)[1]
+        m = tasks.task_spec(name).shape(T)[1]
         if m != trained["input_size"]:
             raise ValueError(f"task {name!r} has input size m={m}, but {self.path} is a model "
                              f"of input size m={trained['input_size']}: give a task it was "
                              f"trained on")
-        perm_seed = trained.get("perm_seed", datasets.DEFAULT_PERMUTATION_SEED) if own else (
-            datasets.DEFAULT_PERMUTATION_SEED)
+        perm_seed = trained.get("perm_seed", tasks.DEFAULT_PERMUTATION_SEED) if own else (
+            tasks.DEFAULT_PERMUTATION_SEED)
         return Feed(name, T, perm_seed, data_dir or trained.get("data_dir"),
                     trained.get("pixels", "unit"), own)
 
@@ -197,7 +197,7 @@ def common_feed(task, runs, data_dir=None):
         raise ValueError("the checkpoints were trained on differently scaled pixels ("
                          + ", ".join(f"{p}: {k}" for p, k in pixels.items())
                          + "); compare models of one --pixels at a time")
-    perm_seed, spec = datasets.DEFAULT_PERMUTATION_SEED, datasets.TASKS.get(task)
+    perm_seed, spec = tasks.DEFAULT_PERMUTATION_SEED, tasks.TASKS.get(task)
     if spec is not None and spec.layout == "permuted":
         seeds = {run.path: run.trained.get("perm_seed", perm_seed)
                  if run.trained["task"] == task else perm_seed for run in runs}

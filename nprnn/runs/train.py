@@ -52,7 +52,7 @@ from ..core import autotune
 from ..core.device import cpu_model, resolve_device
 from ..core.memory import Staging
 from ..core.optim import OPTIMIZERS, StepRecorder
-from ..data.datasets import resolve_data_dir
+from ..data.tasks import resolve_data_dir
 from ..kernels.gpu_common import to_host
 from ..util.progress import TrainingBar
 from .checkpoint import (FILENAME, CheckpointError, load_checkpoint, load_params_into,

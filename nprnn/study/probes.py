@@ -4,7 +4,7 @@ to print and write; the numbers themselves come from nprnn.study.analysis.
 """
 import numpy as np
 
-from ..data import datasets
+from ..data import datasets, tasks
 from ..data.sources import DataError
 from ..runs.saved import common_feed, open_run
 from ..util.progress import CountBar
@@ -49,7 +49,7 @@ def jacobian(models, gammas, hidden_size, input_size, eps, sigma_w, checkpoints,
         try:
             for T in lengths:
                 with datasets.get_task(task, T=T, data_dir=feed.data_dir, pixels=feed.pixels,
-                                       seed=datasets.DEFAULT_PERMUTATION_SEED
+                                       seed=tasks.DEFAULT_PERMUTATION_SEED
                                        if feed.perm_seed is None else feed.perm_seed) as t:
                     seqs[T] = analysis.task_sequences(t, sequences, seed=seed)
         except DataError as e:
