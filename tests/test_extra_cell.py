@@ -1,7 +1,8 @@
 """A cell added from one spec (tests/extra_cell.py) gets the checks every registered cell gets,
 with no file of nprnn or of the tests touched: the registry-driven tests of test_cells.py
 (central finite differences against the reference and the kernels, the kernels against the
-reference, float32 against float64, workspaces), its kernels' PTX and a row of `bench`.
+reference, float32 against float64, workspaces, the parameter count its spec declares), its
+kernels' PTX and a row of `bench`.
 """
 import numpy as np
 import pytest
@@ -10,10 +11,7 @@ import extra_cell
 import test_cells
 from nprnn.study import bench
 
-CELL_CHECKS = [check for check in extra_cell.registry_checks(test_cells, "name",
-                                                             test_cells.CELL_NAMES)
-               # a hand count per cell: the paper's table, not a property of the registry
-               if check.__name__ != "test_exact_parameter_counts_and_the_params_command"]
+CELL_CHECKS = extra_cell.registry_checks(test_cells, "name", test_cells.CELL_NAMES)
 
 
 @pytest.fixture(autouse=True)
@@ -27,7 +25,8 @@ def test_the_registry_checks_were_found():
             "test_kernel_bptt_matches_finite_differences",
             "test_initial_state_gradient_matches_finite_differences",
             "test_kernels_match_reference_float64",
-            "test_float32_kernels_agree_with_float64"} <= names, names
+            "test_float32_kernels_agree_with_float64",
+            "test_exact_parameter_counts_and_the_params_command"} <= names, names
 
 
 @pytest.mark.parametrize("check", CELL_CHECKS, ids=lambda check: check.__name__)

@@ -22,15 +22,20 @@ LAYERS = [
     # study/: what trained runs did, and how fast the kernels run
     ["nprnn.study"],
     ["nprnn.study.plotting"],                   # figures of what analysis computes
+    ["nprnn.study.probes"],                     # what jacobian, gates, criticality compute
     ["nprnn.study.analysis", "nprnn.study.bench"],  # dynamics, Jacobians, gates; the benchmark
     # runs/: a run, from its options to its folder
     ["nprnn.runs"],
     ["nprnn.runs.train"],                       # the training loop
+    ["nprnn.runs.saved"],                       # one door to a saved run: open_run
     ["nprnn.runs.runconfig"],                   # a run's settings: options, model, task
     ["nprnn.runs.checkpoint", "nprnn.runs.runfolder"],  # a run folder's files and guards
     # data/: the tasks, their files and their noise
     ["nprnn.data"],
-    ["nprnn.data.datasets"],
+    ["nprnn.data.info"],                        # what `data info` says of a task
+    ["nprnn.data.datasets"],                    # a task's batches, over its cache
+    ["nprnn.data.cache"],                       # the HDF5 cache: built, checked
+    ["nprnn.data.tasks"],                       # images to sequences; the registry of tasks
     ["nprnn.data.noise", "nprnn.data.sources"],
     # core/: the model, its cells and optimisers, and where their kernels run
     ["nprnn.core"],
@@ -42,12 +47,13 @@ LAYERS = [
     # util/: files written whole, progress bars
     ["nprnn.util"],
     ["nprnn.util.files", "nprnn.util.progress"],
-    # kernels/: the numba kernels, CPU twin above GPU twin
-    ["nprnn.kernels.fast.antisym",              # fast GPU versions, beside their teaching file
-     "nprnn.kernels.fast.rnn"],
-    ["nprnn.kernels.antisym", "nprnn.kernels.rnn", "nprnn.kernels.lstm", "nprnn.kernels.gru",
-     "nprnn.kernels.readout", "nprnn.kernels.optim", "nprnn.kernels.noise",
-     "nprnn.kernels.layout"],
+    # kernels/: the numba kernels, CPU twin above GPU twin. Every file of kernels/fast/ (a
+    # family's fast GPU versions) sits above every other file of kernels/ (one per family, the
+    # readout, the optimisers, ...): a new family's files take their layers with no line here.
+    [f"nprnn.kernels.fast.{p.stem}" for p in sorted((ROOT / "nprnn/kernels/fast").glob("*.py"))
+     if p.stem != "__init__"],
+    [f"nprnn.kernels.{p.stem}" for p in sorted((ROOT / "nprnn/kernels").glob("*.py"))
+     if p.stem not in ("__init__", "common", "gpu_common")],
     ["nprnn.kernels.gpu_common"],
     ["nprnn.kernels.common"],
     ["nprnn.kernels", "nprnn.kernels.fast"],    # the packages' __init__.py
@@ -91,14 +97,18 @@ def test_every_module_has_a_layer():
     assert not unplaced, f"place these modules in a layer of tests/test_layers.py: {unplaced}"
 
 
+def upward_imports(path, name, known, layer=None):
+    """The imports of the file `path`, module `name`, that run up or across the layers from its
+    layer (`layer`, for a file outside nprnn: tests/test_extra_family.py places a family's)."""
+    here = LAYER.get(name) if layer is None else layer
+    return [f"{path.relative_to(ROOT)}:{line} imports {target} (layer {LAYER.get(target)}) "
+            f"from layer {here}" for line, target in imports(path, name, known)
+            if target != name and LAYER.get(target, -1) <= (len(LAYERS) if here is None else here)]
+
+
 def test_imports_run_down_the_layers():
     known = modules()
-    wrong = []
-    for name, path in known.items():
-        for line, target in imports(path, name, known):
-            if target != name and LAYER.get(target, -1) <= LAYER.get(name, len(LAYERS)):
-                wrong.append(f"{path.relative_to(ROOT)}:{line} imports {target} "
-                             f"(layer {LAYER.get(target)}) from layer {LAYER.get(name)}")
+    wrong = [w for name, path in known.items() for w in upward_imports(path, name, known)]
     assert not wrong, "imports that run up or across the layers:\n" + "\n".join(wrong)
 
 

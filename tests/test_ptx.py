@@ -4,11 +4,13 @@ This runs without a GPU: `numba.cuda.compile_ptx` needs only NVVM, which the num
 wheels bring. The simulator accepts some Python that the real compiler rejects (and the other
 way round), so this catches a kernel that passes the simulator tests but could not run on a GPU.
 
-Kernels are found by scanning every module of nprnn.kernels for @cuda.jit kernels
-(device functions are compiled inside the kernels that call them), so a new kernel is compiled
-here without being listed; their number is checked against the kernel decorators in the source.
-Argument types follow from the argument names, which the kernels use consistently (ARG_KINDS); a
-kernel with a new argument name fails here until the name is added.
+Kernels are found by scanning every module of nprnn.kernels, and the kernel modules of every
+registered cell's twins, for @cuda.jit kernels (device functions are compiled inside the kernels
+that call them), so a new kernel is compiled here without being listed; their number is checked
+against the kernel decorators in the source. Argument types follow from the argument names, which
+the kernels use consistently (ARG_KINDS); a module whose kernels take a name that the others do
+not declares its kind in its own ARG_KINDS (tests/extra_family/kernels.py does), and a kernel
+with an argument name declared nowhere fails here.
 
 One numba-cuda detail: while compiling a kernel, numba-cuda compiles the functions it calls
 (our `common.py` scalar math, `@overload`s, `@cuda.jit(device=True)` helpers) as device functions
@@ -48,13 +50,24 @@ from nprnn.kernels.gpu_common import MAX_THREADS_PER_BLOCK
 
 CC = (9, 0)
 NPRNN = Path(nprnn.__file__).parent
-MODULES = [m.name for m in pkgutil.walk_packages([str(NPRNN / "kernels")], "nprnn.kernels.")
-           if not m.ispkg]
 
-# argument name -> kind: "1", "2", "3" a C-contiguous array of the model dtype with that many
-# dimensions; "f" a scalar of the model dtype; "f64" a Python float; "i" a Python int;
-# "b" a bool; "i64_1" int64 labels (B,); "f64_1" a float64 (1,) accumulator; "u64_1" uint64 (B,)
-# noise streams' starting states.
+
+def kernel_modules(cell):
+    """The modules of `cell`'s GPU twins (its teaching file, its fast versions' file)."""
+    return list(dict.fromkeys(run.__module__ for twins in (cell.forward_kernels,
+                                                            cell.backward_kernels)
+                              for run in (twins.gpu, twins.gpu_persistent, twins.gpu_split)
+                              if run is not None))
+
+
+MODULES = list(dict.fromkeys(
+    [m.name for m in pkgutil.walk_packages([str(NPRNN / "kernels")], "nprnn.kernels.")
+     if not m.ispkg] + [m for cell in nprnn.CELLS.values() for m in kernel_modules(cell)]))
+
+# argument name -> kind, for nprnn's kernels (a module may add its own ARG_KINDS): "1", "2", "3"
+# a C-contiguous array of the model dtype with that many dimensions; "f" a scalar of the model
+# dtype; "f64" a Python float; "i" a Python int; "b" a bool; "i64_1" int64 labels (B,); "f64_1"
+# a float64 (1,) accumulator; "u64_1" uint64 (B,) noise streams' starting states.
 ARG_KINDS = {
     **{k: "3" for k in ("hs", "cs", "th", "z", "x", "da", "dzp", "ds", "gates", "hn", "dgi",
                         "dgh", "partial", "D", "head", "u")},
@@ -76,11 +89,11 @@ OVERRIDES = {("matmul_tn_partial_kernel", "A"): "2", ("matmul_tn_partial_kernel"
              ("time_major_kernel", "out"): "3"}
 
 
-def kernels():
-    """(module name, kernel name, dispatcher) of every @cuda.jit kernel in MODULES (a module
+def kernels(modules=MODULES):
+    """(module name, kernel name, dispatcher) of every @cuda.jit kernel in `modules` (a module
     that fails to import fails here: its kernels must not drop out of the checks unseen)."""
     found = []
-    for mod_name in MODULES:
+    for mod_name in modules:
         mod = importlib.import_module(mod_name)
         for name, obj in vars(mod).items():
             if (isinstance(obj, numba.cuda.dispatcher.CUDADispatcher)
@@ -95,12 +108,15 @@ def arg_types(kernel_name, py_func, dtype):
              "f64": numba.float64, "i": numba.int64, "b": numba.boolean,
              "i64_1": numba.int64[::1], "f64_1": numba.float64[::1], "u64_1": numba.uint64[::1]}
     names = py_func.__code__.co_varnames[:py_func.__code__.co_argcount]
+    module = importlib.import_module(py_func.__module__)
+    known = {**ARG_KINDS, **getattr(module, "ARG_KINDS", {})}      # the module's names too
     out = []
     for a in names:
-        kind = OVERRIDES.get((kernel_name, a), ARG_KINDS.get(a))
+        kind = OVERRIDES.get((kernel_name, a), known.get(a))
         if kind is None:
             raise AssertionError(f"kernel {kernel_name}: argument {a!r} has no entry in ARG_KINDS "
-                                 f"of tests/test_ptx.py; add its kind there")
+                                 f"of tests/test_ptx.py nor of {module.__name__}; add its kind "
+                                 f"to one of them")
         out.append(kinds[kind])
     return tuple(out)
 
@@ -112,6 +128,11 @@ KERNELS = [] if simulator_enabled() else kernels()
 def ptx_target(monkeypatch):
     """Let numba-cuda compile device functions for CC without asking a GPU (see the module
     docstring); untouched when a real GPU is present."""
+    target_without_a_gpu(monkeypatch)
+
+
+def target_without_a_gpu(monkeypatch):
+    """What ptx_target does, for a test of another module (tests/test_extra_family.py)."""
     if not cuda_available()[0]:
         import numba.cuda.dispatcher as dispatcher
         monkeypatch.setattr(dispatcher, "get_current_device",
@@ -153,9 +174,9 @@ F64_ARITHMETIC = re.compile(r"^\s*(?:@!?%p\d+\s+)?((?:add|sub|mul|div|fma|rcp|sq
 
 
 @functools.lru_cache(maxsize=None)
-def compile_to_ptx(name, dtype):
-    """The PTX of kernel `name` for CC, with the launch bound it declares (if any)."""
-    kernel = next(k for _, n, k in KERNELS if n == name)
+def compile_to_ptx(kernel, dtype):
+    """The PTX of `kernel` for CC, with the launch bound it declares (if any)."""
+    name = kernel.py_func.__name__
     ptx, _ = cuda.compile_ptx(kernel.py_func, arg_types(name, kernel.py_func, dtype), cc=CC,
                               launch_bounds=kernel.targetoptions.get("launch_bounds"))
     return ptx
@@ -164,7 +185,7 @@ def compile_to_ptx(name, dtype):
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("module, name, kernel", KERNELS, ids=[k[1] for k in KERNELS])
 def test_kernel_compiles_to_ptx_for_sm90(ptx_target, module, name, kernel, dtype):
-    ptx = compile_to_ptx(name, dtype)
+    ptx = compile_to_ptx(kernel, dtype)
     assert f".target sm_{CC[0]}{CC[1]}" in ptx
     assert ".entry" in ptx, f"{module}.{name}: no kernel entry point in the PTX"
     if dtype == "float32":
@@ -245,7 +266,7 @@ def test_kernel_fits_its_largest_block_on_sm90(ptx_target, tmp_path, ptxas_repor
     has no static shared memory (the launchers budget SHARED_BYTES_MAX for the dynamic shared
     memory alone). What ptxas reported goes to the session's summary (tests/conftest.py prints
     it as a table)."""
-    assemble(f"{module}.{name}", name, compile_to_ptx(name, dtype), dtype, tmp_path,
+    assemble(f"{module}.{name}", name, compile_to_ptx(kernel, dtype), dtype, tmp_path,
              ptxas_report)
 
 

@@ -29,7 +29,8 @@ knows:
 The tests, the model, bench, gates and jacobian iterate over `CELLS`: a cell registered is a cell
 checked (tests/test_extra_cell.py registers one from a spec alone). A new cell of a family here
 is its reference functions and one `register(...)` line; a new family adds its kernels file and a
-spec class (`forward`, `backward`, `persistent_layouts` beside the rest).
+spec class (`forward`, `backward`, `count`, `persistent_layouts` beside the rest), as
+tests/extra_family/ does in three files that tests/test_extra_family.py registers.
 """
 import copy
 

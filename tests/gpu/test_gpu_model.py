@@ -55,15 +55,33 @@ def data(seed=0):
 
 
 EULER = ("antisym", "antisym-gated", "ablation", "feedback", "antisym-xgate")
-# every cell's step and persistent versions, the Euler cells' matrix in shared memory, and the
-# split kernels of the Euler cells and rnn
+
+
+def shared_layouts(cell):
+    """The layouts in which `cell`'s persistent passes keep the matrix in shared memory, at the
+    tests' sizes (the Euler cells' "skew" or "dense"; not "global", nor the baselines' None)."""
+    return [layout for layout in cell.persistent_layouts(gt.N, "float64", True, gt.ROWS)
+            if layout not in (None, "global")]
+
+
+def gpu_versions(cell):
+    """The GPU versions its spec gives `cell`: step; persistent, where its twins have persistent
+    kernels ("shared" too, where they keep its matrix in shared memory); split, where they have
+    split kernels."""
+    twins = cell.forward_kernels
+    persistent = twins.gpu_persistent is not None
+    return (("step",) + (("persistent",) if persistent else ())
+            + (("shared",) if persistent and shared_layouts(cell) else ())
+            + (("split",) if twins.gpu_split is not None else ()))
+
+
+# every cell in each version it has (for the Euler cells: step, persistent, the matrix in shared
+# memory, and split; for rnn: step, persistent, split; ...)
 # (another form of W changes only the initialisation and dW from dA, which run after any version:
 # its step version is enough)
 VERSIONS = [(label, version) for label, (name, options) in sorted(VARIANTS.items())
             for version in ("step",) if options] + [
-    (name, version) for name in sorted(nprnn.CELLS)
-    for version in ("step", "persistent") + (("shared", "split") if name in EULER else
-                                             ("split",) if name == "rnn" else ())]
+    (name, version) for name in sorted(nprnn.CELLS) for version in gpu_versions(nprnn.CELLS[name])]
 # h_0 and dh_0 in the shared layouts and the split kernels: tests/gpu/test_gpu_euler.py
 H0_VERSIONS = [(name, version) for name, version in VERSIONS if version not in ("shared", "split")]
 
@@ -73,8 +91,7 @@ def kernels(name, version):
     global memory), or "shared" (their matrix in shared memory: a Kernels value)."""
     if version != "shared":
         return version
-    cell = nprnn.CELLS[VARIANTS.get(name, (name, {}))[0]]
-    return Kernels("persistent", "skew" if cell.antisymmetric else "dense")
+    return Kernels("persistent", shared_layouts(nprnn.CELLS[VARIANTS.get(name, (name, {}))[0]])[0])
 
 
 @pytest.mark.parametrize("name, version", VERSIONS)
