@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numba
 import optuna
+from tqdm import tqdm
 from numba import cuda
 from distributed import Client, Event, Nanny, Scheduler, SpecCluster, TimeoutError, WorkerPlugin
 from distributed.comm.addressing import parse_address, parse_host_port
@@ -90,6 +91,10 @@ def run_trial(folder, number, driver, task=None, threads=None, where=None):
     options that replace the study's. Returns
     dict(number, params, state, value, iteration, test_accuracy, message)."""
     share_cores(threads)
+    # tqdm's default lock is a multiprocessing one: a named semaphore, which a worker killed
+    # while it holds a bar cannot release ("leaked semaphore objects" at exit). A worker's bars
+    # are drawn by its own threads alone.
+    tqdm.set_lock(threading.RLock())
     folder = Path(folder)
     spec = read_sweep(folder)
     store = open_storage(folder, spec["storage"])
