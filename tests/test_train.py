@@ -1208,3 +1208,15 @@ def test_tensorboard_mirrors_the_metrics_log(tmp_path):
     assert json.loads((tmp_path / "config.json").read_text())["tensorboard"] is True
     train(dict(CONFIG, iterations=4), tmp_path / "plain", task=toy_task(), **quiet())
     assert not list((tmp_path / "plain").glob("events.out.tfevents.*"))
+
+
+def test_each_default_said_in_the_help_comes_from_its_home():
+    """The help of --eps, --gamma, --w-form and --task is made from the values the model and
+    the data use, so the two cannot drift apart."""
+    from nprnn.core.cells import DEFAULT_EPS, DEFAULT_GAMMA, W_FORMS
+    from nprnn.data.tasks import TASKS
+    from nprnn.runs.runconfig import OPTIONS
+    assert f"[default: {DEFAULT_EPS:g}]" in OPTIONS["eps"].help
+    assert f"[default: {DEFAULT_GAMMA:g}]" in OPTIONS["gamma"].help
+    assert f"[default: {W_FORMS[0]}]" in OPTIONS["w_form"].help
+    assert all(name in OPTIONS["task"].help for name in TASKS)

@@ -7,6 +7,8 @@ knows:
                             equations (tests/test_cells.py holds num_params and the arrays a
                             model is made with to it, for every registered cell)
     init(rng, m, n, ...)    parameters at initialisation (Appendix C, or the critical one)
+    hyper                   the names of its hyperparameters (eps, gamma of the Euler cells),
+                            which its passes take as keyword arguments of those names
     forward(p, x, h0, ws, backend)   its kernels over a time-major x (T, B, m) -> (h_T, cache),
                             on the CPU or, with a backends.CUDA, the GPU: written once
     backward(p, cache, dh_T, ws, out, backend) -> (grads, dh_0), grads with the keys of p
@@ -118,10 +120,15 @@ class Cell:
     def init(self, rng, m, n, dtype, sigma_w=1.0, scheme="paper"):
         raise NotImplementedError
 
-    def forward(self, p, x, h0, ws=None, **hyper):
+    # Each cell's passes take its hyperparameters (those `hyper` names) as keyword arguments of
+    # those names, after these: EulerCell.forward(..., eps=, gamma=). A cell without any takes
+    # none, and a model refuses them at make_model.
+    def forward(self, p, x, h0=None, ws=None, backend=CPU):
+        """(h_T, cache) over a time-major x (T, B, m), running the cell's kernels on `backend`."""
         raise NotImplementedError
 
-    def backward(self, p, cache, dh_T, ws=None, **hyper):
+    def backward(self, p, cache, dh_T, ws=None, out=None, backend=CPU):
+        """(grads, dh_0) from dL/dh_T, by the kernels that undo `forward`'s."""
         raise NotImplementedError
 
     def gate_values(self, cache):
@@ -393,10 +400,6 @@ class StackedGateCell(Cell):
         # is fixed), so with weight_hh all 0 (sigma_w = 0) h_1 is a function of x_1 only
         return not np.any(p["weight_hh"])
 
-    def _no_hyper(self, hyper):
-        if hyper:
-            raise ValueError(f"model {self.name!r} takes no hyperparameters, got "
-                             f"{', '.join(sorted(hyper))}")
 
 
 class RNNCell(StackedGateCell):
@@ -406,16 +409,14 @@ class RNNCell(StackedGateCell):
     forward_kernels, backward_kernels = K_rnn.rnn_forward, K_rnn.rnn_backward
     torch_module = "RNN"
 
-    def forward(self, p, x, h0=None, ws=None, backend=CPU, **hyper):
-        self._no_hyper(hyper)
+    def forward(self, p, x, h0=None, ws=None, backend=CPU):
         T = x.shape[0]
         hs = backend.states(ws, "hs", x, p["weight_hh"].shape[1], h0)
         backend.run_pass(self.forward_kernels, False, hs, x, p["weight_ih"], p["weight_hh"],
                          p["bias_ih"], p["bias_hh"])
         return hs[T], dict(x=x, hs=hs)
 
-    def backward(self, p, cache, dh_T, ws=None, out=None, backend=CPU, **hyper):
-        self._no_hyper(hyper)
+    def backward(self, p, cache, dh_T, ws=None, out=None, backend=CPU):
         x, hs = cache["x"], cache["hs"]
         T, B, _ = x.shape
         n = p["weight_hh"].shape[1]
@@ -487,8 +488,7 @@ class LSTMCell(StackedGateCell):
         return _stacked(rng, m, n, dtype, [v / m for v in c["nu2"]],
                         [v / n for v in c["sigma2"]], c["mu"])
 
-    def forward(self, p, x, h0=None, ws=None, backend=CPU, **hyper):
-        self._no_hyper(hyper)
+    def forward(self, p, x, h0=None, ws=None, backend=CPU):
         T, B, _ = x.shape
         n = p["weight_hh"].shape[1]
         hs = backend.states(ws, "hs", x, n, h0)
@@ -499,8 +499,7 @@ class LSTMCell(StackedGateCell):
                          p["weight_hh"], p["bias_ih"], p["bias_hh"], *peepholes)
         return hs[T], dict(x=x, hs=hs, cs=cs, gates=gates)
 
-    def backward(self, p, cache, dh_T, ws=None, out=None, backend=CPU, **hyper):
-        self._no_hyper(hyper)
+    def backward(self, p, cache, dh_T, ws=None, out=None, backend=CPU):
         x, hs, cs, gates = cache["x"], cache["hs"], cache["cs"], cache["gates"]
         T, B, _ = x.shape
         n = p["weight_hh"].shape[1]
@@ -529,8 +528,7 @@ class GRUCell(StackedGateCell):
     def ignores_h0(self, p):
         return False                         # h_t = (1 - z) n + z h_{t-1}: h_{t-1} passes z
 
-    def forward(self, p, x, h0=None, ws=None, backend=CPU, **hyper):
-        self._no_hyper(hyper)
+    def forward(self, p, x, h0=None, ws=None, backend=CPU):
         T, B, _ = x.shape
         n = p["weight_hh"].shape[1]
         hs = backend.states(ws, "hs", x, n, h0)
@@ -540,8 +538,7 @@ class GRUCell(StackedGateCell):
                          p["weight_hh"], p["bias_ih"], p["bias_hh"])
         return hs[T], dict(x=x, hs=hs, gates=gates, hn=hn)
 
-    def backward(self, p, cache, dh_T, ws=None, out=None, backend=CPU, **hyper):
-        self._no_hyper(hyper)
+    def backward(self, p, cache, dh_T, ws=None, out=None, backend=CPU):
         x, hs, gates, hn = cache["x"], cache["hs"], cache["gates"], cache["hn"]
         T, B, _ = x.shape
         n = p["weight_hh"].shape[1]

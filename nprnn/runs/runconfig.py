@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from ..data import datasets, tasks
-from ..core.cells import CELLS, INIT_SCHEMES, W_FORMS
+from ..core.cells import CELLS, DEFAULT_EPS, DEFAULT_GAMMA, INIT_SCHEMES, W_FORMS
 from ..data.datasets import MAX_SEED
 from ..core.device import DEVICES, resolve_device
 from ..core.model import DTYPES, make_model
@@ -47,18 +47,17 @@ class Option:
 OPTIONS = dict(
     model=Option("antisym", "The recurrent cell (see `params`).", "choice",
                  choices=tuple(CELLS)),
-    task=Option("mnist", "mnist, pmnist, cifar10, cifar10-noise, padded-mnist, mnist-noise, "
-                         "fashion-mnist, mnist-sample (see nprnn/data/datasets.py).", "text"),
+    task=Option("mnist", f"{', '.join(tasks.TASKS)} (see nprnn/data/tasks.py).", "text"),
     pixels=Option("unit", "How a pixel p becomes an input: unit, p / 255 in [0, 1]; "
                           "standardised, (p / 255 - mean) / std per channel, the training "
                           "file's mean and std (the paper does not say).", "choice",
                   choices=tasks.PIXEL_SCALINGS),
     device=Option("cpu", "Where the kernels run.", "choice", choices=DEVICES, on_resume=True),
     hidden=Option(128, "Hidden units n.", minimum=1),
-    eps=Option(None, "Step size eps of the Euler cells (Appendix C grid: 0.01, 0.1, 1) "
-                     "[default: 0.01].", "float", minimum=0, above=True),
-    gamma=Option(None, "Diffusion gamma (grid: 0.001, 0.01, 0.1, 1) [default: 0.01].", "float",
-                 minimum=0),
+    eps=Option(None, f"Step size eps of the Euler cells (Appendix C grid: 0.01, 0.1, 1) "
+                     f"[default: {DEFAULT_EPS:g}].", "float", minimum=0, above=True),
+    gamma=Option(None, f"Diffusion gamma (grid: 0.001, 0.01, 0.1, 1) [default: "
+                       f"{DEFAULT_GAMMA:g}].", "float", minimum=0),
     sigma_w=Option(1.0, "Recurrent init W ~ N(0, sigma_w^2 / n) (grid: 0, 1, 2, 4, 8, 16); "
                         "--init paper only.", "float", minimum=0),
     gate_bias=Option(0.0, "Start the gate bias b_z of antisym-gated, ablation and antisym-xgate "
@@ -67,7 +66,7 @@ OPTIONS = dict(
     w_form=Option(None, "How antisym, antisym-gated and antisym-xgate hold W in A = W - W^T - "
                         "gamma I: triangle, strictly upper triangular (n(n-1)/2 parameters, the "
                         "paper's count); full, all n^2 (the paper's W_h in R^{n x n}, as public "
-                        "re-implementations hold it) [default: triangle].", "choice",
+                        f"re-implementations hold it) [default: {W_FORMS[0]}].", "choice",
                   choices=W_FORMS),
     init=Option("paper", "Initialisation: Appendix C, or critical (LSTMs only).", "choice",
                 choices=INIT_SCHEMES),
