@@ -13,6 +13,9 @@ ROOT = Path(__file__).resolve().parents[1]
 # top to bottom; each package's modules sit together (test_packages_are_layers)
 LAYERS = [
     ["cli"],
+    # shell/: cli.py's click building blocks that are not commands
+    ["nprnn.shell"],
+    ["nprnn.shell.options", "nprnn.shell.output"],  # options and their checks; printing, files
     ["nprnn"],                                  # the public API (__init__.py)
     # sweep/: searches of hyperparameters over runs (Optuna, Dask)
     ["nprnn.sweep"],
@@ -43,7 +46,8 @@ LAYERS = [
     ["nprnn.core.autotune"],                    # times the GPU kernel options
     ["nprnn.core.cells"],
     ["nprnn.core.backends"],                    # where kernels run: memory, twins, launch
-    ["nprnn.core.device", "nprnn.core.reference", "nprnn.core.memory", "nprnn.core.inputs"],
+    ["nprnn.core.device", "nprnn.core.reference", "nprnn.core.inputs"],
+    ["nprnn.core.memory"],                      # arrays on either device; buffers, uploads
     # util/: files written whole, progress bars
     ["nprnn.util"],
     ["nprnn.util.files", "nprnn.util.progress"],
@@ -145,3 +149,25 @@ def test_packages_are_layers():
                 order.append(package)
     repeated = sorted({p for p in order if order.count(p) > 1})
     assert not repeated, f"packages split across the layers: {repeated} (order: {order})"
+
+
+ARRAY_HELPERS = {"is_device_array", "memory_of", "to_host", "copy_into", "device_array",
+                 "device_copy", "pinned_array", "fill"}
+
+
+def test_modules_above_the_kernels_take_array_helpers_from_memory():
+    """Arrays on either device are nprnn.core.memory's business: no module above kernels/
+    reaches into kernels/gpu_common.py for them (it keeps the GPU allocators that the kernels'
+    own scratch memory needs, and memory.py fronts them)."""
+    wrong = []
+    for name, path in modules().items():
+        if name.startswith("nprnn.kernels") or name == "nprnn.core.memory":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").endswith("gpu_common"):
+                taken = ARRAY_HELPERS & {a.name for a in node.names}
+                wrong += [f"{path.relative_to(ROOT)}:{node.lineno} {h}" for h in sorted(taken)]
+            if isinstance(node, ast.Attribute) and node.attr in ARRAY_HELPERS and isinstance(
+                    node.value, ast.Name) and "gpu" in node.value.id.lower():
+                wrong.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.value.id}.{node.attr}")
+    assert not wrong, "array helpers taken from kernels/gpu_common.py: " + ", ".join(wrong)

@@ -28,8 +28,8 @@ import numpy as np
 
 from .backends import CUDA, options, time_major
 from ..util.files import written_atomically
-from ..kernels.gpu_common import cuda, device_copy, simulator_enabled
-from .memory import DeviceWorkspace
+from ..kernels.gpu_common import cuda, simulator_enabled
+from .memory import DeviceWorkspace, device_copy
 
 CACHE_NAME = "kernel-choices.json"
 FORMAT = 1

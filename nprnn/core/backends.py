@@ -36,9 +36,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..kernels.common import one_blas_thread
-from ..kernels.gpu_common import device_array, fill
 from ..kernels.layout import time_major_gpu
-from .memory import to_device
+from .memory import device_array, fill, to_device
 
 VERSIONS = ("auto", "step", "persistent", "split")
 

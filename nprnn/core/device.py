@@ -25,8 +25,8 @@ import re
 
 import numpy as np
 
-from ..kernels import gpu_common
 from ..kernels.gpu_common import simulator_enabled
+from .memory import device_array, fill
 
 DEVICES = ("cpu", "cuda", "auto")
 
@@ -113,8 +113,8 @@ def launch_check():
     element back. A GPU whose compiler libraries (NVVM, nvJitLink) or driver cannot build or
     launch code is not usable: this finds out before any work starts, not at the first launch
     of a training run. Raises what the failure raised."""
-    a = gpu_common.device_array(1, np.float32)
-    gpu_common.fill(a, 1.0)
+    a = device_array(1, np.float32)
+    fill(a, 1.0)
     if a.copy_to_host()[0] != 1.0:
         raise RuntimeError("a kernel that writes 1.0 left another value")
 

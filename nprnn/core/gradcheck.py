@@ -13,7 +13,7 @@ the tensor's largest entry keeps the check strict (1e-6 of the largest gradient)
 """
 import numpy as np
 
-from ..kernels.gpu_common import is_device_array
+from .memory import is_device_array
 
 
 def numerical_gradient(f, p, h=1e-5, mask=None):

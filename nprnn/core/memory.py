@@ -1,12 +1,44 @@
 """Memory on either device: buffers kept from call to call (`Workspace`, and `DeviceWorkspace` on
 the GPU), arrays copied to the GPU (`to_device`), and batches uploaded without making the host wait
-for the GPU (`Staging`). Imports nothing of nprnn above kernels/, so the cells, the data, the
-optimizers and the GPU path can all use it.
+for the GPU (`Staging`), and the array helpers that every module above kernels/ takes from here
+(`is_device_array`, `to_host`, `copy_into`, ...). Imports nothing of nprnn above kernels/, so the
+cells, the data, the optimizers and the GPU path can all use it.
 """
 import numpy as np
 
-from ..kernels.gpu_common import (cuda, device_array, device_copy, is_device_array, pinned_array,
-                                 simulator_enabled)
+from ..kernels.gpu_common import (cuda, device_array, device_copy, fill,  # noqa: F401
+                                  pinned_array, simulator_enabled)
+
+# The array helpers of every module above kernels/: these four, and the GPU allocators above
+# (device_array, device_copy, pinned_array, fill), which the kernels' own scratch memory uses.
+
+
+def is_device_array(a):
+    """Whether `a` lives on the GPU (a numba device array, or the simulator's stand-in). Safe to
+    call without numba-cuda installed."""
+    return hasattr(a, "copy_to_host")
+
+
+def memory_of(a):
+    """"GPU" or "host": where `a` lives, for messages."""
+    return "GPU" if is_device_array(a) else "host"
+
+
+def to_host(tree):
+    """NumPy copies of a device array, or of every array in a dict (host arrays are copied too)."""
+    if isinstance(tree, dict):
+        return {k: to_host(v) for k, v in tree.items()}
+    return tree.copy_to_host() if is_device_array(tree) else np.array(tree)
+
+
+def copy_into(live, a):
+    """live[...] = a, for a host array `a` and `live` a numpy array or a device array of the same
+    shape. A numba device array takes no `[...]` assignment on a GPU (TypeError; the simulator's
+    stand-in accepts it), so device arrays are written with copy_to_device."""
+    if is_device_array(live):
+        live.copy_to_device(np.ascontiguousarray(a, dtype=live.dtype))
+    else:
+        live[...] = a
 
 
 def grown_view(memory, shape, dtype, allocate):

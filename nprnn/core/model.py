@@ -15,9 +15,9 @@ from . import autotune, backends, inputs
 from .backends import CPU, CUDA, time_major
 from .cells import CELLS, DEFAULT_EPS, DEFAULT_GAMMA, gaussian
 from .device import DEVICES, resolve_device
-from ..kernels.gpu_common import is_device_array, memory_of, to_host
 from ..kernels import readout as K_readout
-from .memory import DeviceWorkspace, Staging, Workspace, to_device
+from .memory import (DeviceWorkspace, Staging, Workspace, is_device_array, memory_of, to_device,
+                     to_host)
 
 DTYPES = ("float32", "float64")
 

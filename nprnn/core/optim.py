@@ -24,7 +24,7 @@ import math
 import numpy as np
 
 from ..kernels import optim as K_optim
-from ..kernels.gpu_common import copy_into, device_array, fill, is_device_array, memory_of, to_host
+from .memory import copy_into, device_array, fill, is_device_array, memory_of, to_host
 from .memory import to_device
 
 

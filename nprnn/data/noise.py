@@ -16,11 +16,10 @@ transform; the kernels, and why they are written the way they are, are in `nprnn
 """
 import numpy as np
 
-from ..kernels import gpu_common as K_gpu
 from ..kernels import noise as K
 from ..kernels.common import njit
 from ..kernels.layout import copy_leading_steps_gpu
-from ..core.memory import to_device
+from ..core.memory import device_array, is_device_array, to_device
 
 # the largest |z| the transform can give: R at u = 2^-32
 MAX_ABS = float(np.sqrt(64 * np.log(2.0)))
@@ -69,7 +68,7 @@ def fill_gaussian_device(x, t0, keys, staging=None):
     """The same numbers as `fill_gaussian` (to float32 rounding), drawn on the GPU into the
     device array x float32 (B, T, m); keys (B, k) is a host array of non-negative integers.
     The streams' starting states are uploaded through `staging` (a memory.Staging) if given."""
-    if not K_gpu.is_device_array(x) or x.dtype != np.float32 or len(x.shape) != 3:
+    if not is_device_array(x) or x.dtype != np.float32 or len(x.shape) != 3:
         raise ValueError(f"x must be a float32 device array of shape (B, T, m), got "
                          f"{type(x).__name__} {getattr(x, 'dtype', '')} {getattr(x, 'shape', '')}")
     starts = to_device(_starts(x, t0, keys), staging=staging, name="noise_starts")
@@ -85,7 +84,7 @@ def head_then_noise_device(head, T, keys, staging=None):
     if not t0 <= T:         # checked before the copy: a kernel writing past x checks nothing
         raise ValueError(f"the head's {t0} steps do not fit in T = {T} steps")
     if staging is None:
-        x = K_gpu.device_array((B, T, m), np.float32)
+        x = device_array((B, T, m), np.float32)
     else:
         x = staging.buffer("x", (B, T, m), np.float32)
     if t0:

@@ -91,34 +91,6 @@ TARGET_BLOCKS = 512             # matmul_tn_gpu, peephole_grads_gpu: ~132 SMs fi
 LINE_BLOCKS = 4096
 
 
-def is_device_array(a):
-    """Whether `a` lives on the GPU (a numba device array, or the simulator's stand-in). Safe to
-    call without numba-cuda installed."""
-    return hasattr(a, "copy_to_host")
-
-
-def memory_of(a):
-    """"GPU" or "host": where `a` lives, for messages."""
-    return "GPU" if is_device_array(a) else "host"
-
-
-def to_host(tree):
-    """NumPy copies of a device array, or of every array in a dict (host arrays are copied too)."""
-    if isinstance(tree, dict):
-        return {k: to_host(v) for k, v in tree.items()}
-    return tree.copy_to_host() if is_device_array(tree) else np.array(tree)
-
-
-def copy_into(live, a):
-    """live[...] = a, for a host array `a` and `live` a numpy array or a device array of the same
-    shape. A numba device array takes no `[...]` assignment on a GPU (TypeError; the simulator's
-    stand-in accepts it), so device arrays are written with copy_to_device."""
-    if is_device_array(live):
-        live.copy_to_device(np.ascontiguousarray(a, dtype=live.dtype))
-    else:
-        live[...] = a
-
-
 def persistent_kernel(func):
     """@cuda.jit for a persistent kernel, with launch bounds: at most PERSISTENT_THREADS threads
     per block, and one block per SM is enough. The second half matters: told only the first,

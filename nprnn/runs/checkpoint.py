@@ -34,7 +34,7 @@ import h5py
 import numpy as np
 
 from ..util.files import written_atomically
-from ..kernels.gpu_common import copy_into
+from ..core.memory import copy_into
 
 FORMAT = "nprnn-checkpoint"
 VERSION = 2

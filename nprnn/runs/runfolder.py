@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from ..util.files import written_atomically
-from ..kernels.gpu_common import to_host
+from ..core.memory import to_host
 
 METRICS = "metrics.jsonl"
 CONFIG = "config.json"

@@ -50,10 +50,9 @@ import numpy as np
 
 from ..core import autotune
 from ..core.device import cpu_model, resolve_device
-from ..core.memory import Staging
+from ..core.memory import Staging, to_host
 from ..core.optim import OPTIMIZERS, StepRecorder
 from ..data.tasks import resolve_data_dir
-from ..kernels.gpu_common import to_host
 from ..util.progress import TrainingBar
 from .checkpoint import (FILENAME, CheckpointError, load_checkpoint, load_params_into,
                          save_checkpoint)

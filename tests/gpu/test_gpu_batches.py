@@ -14,7 +14,7 @@ from nprnn.core import memory
 from nprnn.data import noise, sources
 from nprnn.data.datasets import get_task
 from nprnn.core.device import simulator_enabled
-from nprnn.kernels.gpu_common import to_host
+from nprnn.core.memory import to_host
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))        # tests/: fake_data
 import fake_data as fd                                                # noqa: E402

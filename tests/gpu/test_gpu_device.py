@@ -17,6 +17,6 @@ def test_launch_check_runs_a_kernel_and_reads_its_result():
 def test_launch_check_fails_when_the_kernel_writes_the_wrong_value(monkeypatch):
     def wrong_fill(a, value):
         gpu_common.fill_kernel[1, 32](a, a.dtype.type(2))
-    monkeypatch.setattr(gpu_common, "fill", wrong_fill)
+    monkeypatch.setattr(device, "fill", wrong_fill)
     with pytest.raises(RuntimeError, match="a kernel that writes 1.0 left another value"):
         device.launch_check()
