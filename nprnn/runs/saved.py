@@ -122,6 +122,24 @@ class SavedRun:
     def records(self):
         return self.log[0]
 
+    def records_so_far(self):
+        """Every record of metrics.jsonl that parses, whole and in order, read afresh: for a run
+        still being written (a sweep's trial), a line cut by a kill is skipped (train cuts it
+        on resume); none before the file exists."""
+        try:
+            lines = (self.path / METRICS).read_text().splitlines()
+        except FileNotFoundError:
+            return []
+        out = []
+        for line in lines:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict):
+                out.append(record)
+        return out
+
     def feed(self, task=None, T=None, data_dir=None):
         """The Feed of `task` (None: the run's own, at its T unless `T` is given) from
         `data_dir` (None: the run's). ValueError where the task's input size is not the
