@@ -5,99 +5,30 @@
     python cli.py --help                  everything else
 """
 import functools
-import math
-import os
+import json
 import signal
-import sys
+import time
 import warnings
-from contextlib import contextmanager
-from pathlib import Path
 
 import click
 
 import nprnn
-from nprnn.study import analysis, plotting, probes
+from nprnn.study import analysis, probes
 from nprnn.core import autotune
 from nprnn.data import datasets, sources
 from nprnn.data import info as data_facts
 from nprnn.study import bench as B_
 from nprnn.runs import train as training
-from nprnn.runs.checkpoint import FILENAME, CheckpointError, load_checkpoint
-from nprnn.data.datasets import MAX_SEED
+from nprnn.runs.checkpoint import CheckpointError
 from nprnn.data.tasks import TASKS
 from nprnn.core.device import DeviceUnavailable, resolve_device
-from nprnn.util.files import why_no_folder
 from nprnn.core.model import count_params
 from nprnn.util.progress import CountBar, SweepBar
-from nprnn.runs.train import CONFIG
-
-# Seeds are 63-bit: they become int64 keys of the noise streams (nprnn/data/noise.py).
-SEED = click.IntRange(min=0, max=MAX_SEED)
-
-
-class Folder(click.Path):
-    """A folder's path (click.Path, files refused); an empty one, which would silently mean the
-    current folder (the repository's root, among the sources), is refused too."""
-
-    def __init__(self):
-        super().__init__(file_okay=False)
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, str) and value.strip() == "":
-            self.fail("is empty, which would mean the current folder; name a folder", param, ctx)
-        return super().convert(value, param, ctx)
-
-
-FOLDER = Folder()
-
-
-class Iterations(click.ParamType):
-    """ITER[,ITER...]: distinct iterations >= 1, as a sorted list (train's --lr-decay-at)."""
-
-    name = "ITER[,ITER...]"
-
-    def convert(self, value, param, ctx):
-        try:
-            return training.parse_iterations(param.name if param else "value", value)
-        except training.TrainError as e:
-            self.fail(str(e), param, ctx)
-
-
-ITERATIONS = Iterations()
-
-
-class FiniteFloat(click.FloatRange):
-    """click.FloatRange that also refuses nan and inf. FloatRange lets nan through (every
-    comparison with nan is false), and inf wherever no max is given; step sizes, scales and
-    rates must be finite numbers."""
-
-    def convert(self, value, param, ctx):
-        number = super().convert(value, param, ctx)
-        if not math.isfinite(number):
-            within = "" if self.min is None and self.max is None else (
-                f" in the range {self._describe_range()}")
-            self.fail(f"{number} is not a finite number{within}.", param, ctx)
-        return number
-
-    def _describe_range(self):
-        """As click's, but an option without bounds (gate_bias) reads as such, not x<=None."""
-        if self.min is None and self.max is None:
-            return "any finite number"
-        return super()._describe_range()
-
-
-@contextmanager
-def _reader_may_leave():
-    """A table piped into a reader that stops early (`sweep report ... | head`): the rest of
-    the output is dropped without a word, and the command exits as one ended by SIGPIPE (141),
-    as other tools do, after finishing its work (the report draws its figure first)."""
-    try:
-        yield
-        sys.stdout.flush()
-    except BrokenPipeError:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())        # Python's last flush has nowhere to fail
-        sys.exit(128 + signal.SIGPIPE)
+from nprnn.shell import output
+from nprnn.shell.options import (FOLDER, SEED, FiniteFloat, bench_models, check_jacobian,
+                                 check_simulation, data_dir_option, file_name, given_flags,
+                                 given_values, name_list, number_list, perm_seed_option,
+                                 run_options, run_task_options, task_choice)
 
 
 # On a GPU numba warns, once per grid size, of any launch with fewer than 128 blocks. Ours are
@@ -145,177 +76,15 @@ def params(K):
 
 
 # ----------------------------------------------------------------------------------------------
-# simulate, jacobian, plot: the paper's figures. nprnn/study/analysis.py computes the numbers, every
-# command writes them (CSV/JSON), and nprnn/study/plotting.py draws the PNG when matplotlib is there.
+# simulate, jacobian, plot: the paper's figures. nprnn/study/analysis.py computes the numbers,
+# every command writes them (CSV/JSON), and nprnn/study/plotting.py draws the PNG when matplotlib
+# is there.
 # ----------------------------------------------------------------------------------------------
-
-def _items(value, what):
-    """The comma-separated items of `value`, stripped; empty ones are dropped ("a,,b," is a, b),
-    and click.BadParameter says "expected at least one `what`" if none is left. The one rule of
-    every comma-separated option."""
-    items = [s.strip() for s in value.split(",") if s.strip()]
-    if not items:
-        raise click.BadParameter(f"expected at least one {what}, got {value!r}")
-    return items
-
-
-def _once(items, value):
-    """`items` (parsed from `value`) unless one is given twice: click.BadParameter naming it. For
-    the lists that each make rows of their own, where a repeat would only repeat rows."""
-    seen = []
-    for item in items:
-        if item in seen:
-            raise click.BadParameter(f"{item} is given twice in {value!r}; give each once")
-        seen.append(item)
-    return items
-
-
-def _name_list(what, once=False):
-    """A click callback turning "a,b,c" into a list of names (`what`: "model name"); with `once`,
-    a name given twice is refused."""
-    def parse(ctx, param, value):
-        names = _items(value, what)
-        return _once(names, value) if once else names
-    return parse
-
-
-def _number_list(kind, once=False):
-    """A click callback turning "a,b,c" into a list of `kind` (int or float; floats finite); with
-    `once`, a number given twice ("1,1.0" too) is refused."""
-    def parse(ctx, param, value):
-        try:
-            numbers = [kind(v) for v in _items(value, f"{kind.__name__} value")]
-        except ValueError:
-            raise click.BadParameter(f"expected comma-separated {kind.__name__} values such as "
-                                     f"'1,2', got {value!r}") from None
-        bad = [x for x in numbers if isinstance(x, float) and not math.isfinite(x)]
-        if bad:
-            raise click.BadParameter(f"expected finite numbers, got {bad[0]} in {value!r}")
-        return _once(numbers, value) if once else numbers
-    return parse
-
-
-def _file_name(ctx, param, value):
-    """A click callback for an option naming a file inside --out: a bare name, no folder part."""
-    if value in ("", ".", "..") or any(sep and sep in value for sep in (os.sep, os.altsep, "/")):
-        raise click.BadParameter(f"expected a file name without a folder (not empty, '.' or "
-                                 f"'..', no '/'), got {value!r}")
-    return value
-
-
-def _out_dir(out):
-    """The folder `out` as a Path, created with its parents if missing; where it cannot be,
-    click.BadParameter for --out naming the path and the reason."""
-    path = Path(out)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise click.BadParameter(f"cannot create folder {out}: {why_no_folder(path, e)}",
-                                 param_hint="--out") from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise click.BadParameter(f"cannot write into folder {out}: permission denied",
-                                 param_hint="--out")
-    return path
-
-
-def _memory_error(error, lower, note=""):
-    """The one-line click.ClickException for a MemoryError (numpy's _ArrayMemoryError among them:
-    numpy refuses an impossible allocation at once): numpy's account of it, the options `lower`
-    that shrink it, then `note` (what a failed run left behind)."""
-    detail = f" ({error})" if str(error) else ""
-    return click.ClickException(f"not enough memory for this size{detail}; lower {lower}{note}")
-
-
-# What running out of memory looks like besides MemoryError: numpy's refusal of a shape whose
-# size overflows, and PyTorch's allocators (RuntimeError; torch.OutOfMemoryError on the GPU).
-_OUT_OF_MEMORY = ("array is too big", "maximum allowed dimension exceeded", "out of memory",
-                  "can't allocate memory")
-
-
-@contextmanager
-def _enough_memory(lower):
-    """A MemoryError inside, or a ValueError or RuntimeError that says memory ran out (numpy,
-    PyTorch), becomes _memory_error(e, lower)."""
-    try:
-        yield
-    except MemoryError as e:
-        raise _memory_error(e, lower) from None
-    except (ValueError, RuntimeError) as e:
-        if not any(words in str(e).lower() for words in _OUT_OF_MEMORY):
-            raise
-        raise _memory_error(e, lower) from None
-
-
-def _given(*names):
-    """The options among `names` that were typed on the command line, as "--name"."""
-    ctx = click.get_current_context()
-    return [training.flag(n) for n in names
-            if ctx.get_parameter_source(n) == click.core.ParameterSource.COMMANDLINE]
-
-
-def _task_lengths(task, lengths):
-    """Refuse, before any data is read, --lengths that task `task` cannot have: a length that
-    does not fit it (click.BadParameter), or the default lengths, which are for noise, where the
-    task has a fixed length (a click.UsageError saying which --lengths to give). A name that is no
-    task is get_task's to refuse."""
-
-    spec = TASKS.get(task)
-    for T in lengths if spec else []:
-        try:
-            spec.shape(T)
-        except ValueError as e:
-            if _given("lengths"):
-                raise click.BadParameter(str(e), param_hint="--lengths") from None
-            natural = spec.shape()[0]
-            raise click.UsageError(f"task {task!r} has a fixed length T = {natural}, and the "
-                                   f"default --lengths {','.join(map(str, lengths))} are for "
-                                   f"noise: give --lengths {natural}") from None
-
-
-def _say_which(done, total, label, T):
-    """A line on stderr as each (model, T) of `jacobian` starts: at the defaults (and more so
-    with trained models of large n) the whole takes minutes."""
-    click.echo(f"[{done + 1}/{total}] {label}, T={T}", err=True)
-
-
-def _earlier(png, *numbers):
-    """Those of the files `png`, `numbers` that an earlier run left (call it before writing them),
-    deleting the earlier PNG at once: it shows the earlier numbers, and without matplotlib no new
-    PNG takes its place, so kept it would disagree with the new numbers written beside it."""
-    old = [p for p in (png, *numbers) if p.exists()]
-    if png in old:
-        png.unlink()
-    return old
-
-
-def _replacing(old):
-    """", replacing the earlier X, Y" for the paths `old` (the files this run wrote over), else
-    ""."""
-    return f", replacing the earlier {', '.join(map(str, old))}" if old else ""
-
-
-def _draw(old, png, draw, *args, indent=""):
-    """Draw `png` with nprnn.study.plotting.<draw>(*args) (`png` among them) and say so; without
-    matplotlib print how to get it and, where an earlier run left one (it is in `old`, from
-    `_earlier`, which deleted it), that it was removed. Returns the files of `old` that this run
-    wrote over: the earlier PNG only if a new one was drawn."""
-
-    try:
-        getattr(plotting, draw)(*args)
-    except plotting.PlotUnavailable as e:
-        click.echo(str(e))
-    else:
-        click.echo(f"{indent}wrote {png}")
-        return old
-    if png in old:
-        click.echo(f"{indent}removed the earlier {png}: it showed the numbers these replace")
-    return [p for p in old if p != png]
-
 
 @cli.command(short_help="Section 4's two-dimensional RNNs: Figures 1, 3, 4 and 5.")
 @click.option("--out", required=True, type=FOLDER,
               help="Folder for figureN.png/.json/.csv (created if missing).")
-@click.option("--figures", default="1,3,4,5", show_default=True, callback=_number_list(int),
+@click.option("--figures", default="1,3,4,5", show_default=True, callback=number_list(int),
               help="Which of the paper's simulation figures: 1 (section 4), 3, 4, 5 (App. D).")
 @click.option("--steps", default=50, show_default=True, type=click.IntRange(min=1),
               help="T, the number of steps.")
@@ -333,51 +102,34 @@ def simulate(out, figures, steps, eps, seed):
     --seed given for figures none of which uses it is refused. The choices the paper leaves open
     are stated in nprnn/study/analysis.py."""
 
-    bad = [f for f in figures if f not in analysis.SIMULATION_FIGURES]
-    if bad:
-        raise click.BadParameter(f"no simulation figure {bad[0]}; choose from "
-                                 f"{analysis.SIMULATION_FIGURES}", param_hint="--figures")
-    for option in _given("eps", "seed"):
-        takers = [n for n, used in analysis.FIGURE_SETTINGS.items() if option[2:] in used]
-        if not set(takers) & set(figures):
-            raise click.UsageError(f"{option} is for figures {', '.join(map(str, takers))}, and "
-                                   f"none of --figures {','.join(map(str, figures))} uses it; "
-                                   f"leave it out")
-    out = _out_dir(out)
+    check_simulation(figures)
+    out = output.out_dir(out)
     for number in figures:
-        with _enough_memory("--steps"):
+        with output.enough_memory("--steps"):
             try:
                 panels, summary = analysis.simulation_summary(number, steps, eps, seed)
             except ValueError as e:                 # states beyond float64: eps too large
                 raise click.ClickException(str(e)) from None
-        caption = summary["caption"]
         stem = out / f"figure{number}"
         png = stem.with_suffix(".png")
-        old = _earlier(png, stem.with_suffix(".json"), stem.with_suffix(".csv"))
-        analysis.write_json(stem.with_suffix(".json"), summary)
-        analysis.write_csv(stem.with_suffix(".csv"),
-                           analysis.panels_to_rows(f"figure{number}", panels))
-        click.echo(f"{caption}\n  {'panel':<8} {'kind':<9} |h_T| / |h_0| for each initial state")
-        for p in panels:
-            ratios = "  ".join(f"{e / s:9.4g}" for s, e in zip(p["radius_start"],
-                                                             p["radius_end"]))
-            panel = f"{p['key']} {p['matrix']}" if p["matrix"] else p["key"]
-            click.echo(f"  {panel:<8} {p['kind']:<9} {ratios}")
-        old = _draw(old, png, "plot_simulation", panels, png, 4, caption, indent="  ")
-        click.echo(f"  wrote {stem}.json, {stem}.csv{_replacing(old)}")
+        old = output.earlier(png, stem.with_suffix(".json"), stem.with_suffix(".csv"))
+        click.echo("\n".join(probes.write_simulation(stem, number, panels, summary)))
+        old = output.draw(old, png, "plot_simulation", panels, png, 4, summary["caption"],
+                          indent="  ")
+        click.echo(f"  wrote {stem}.json, {stem}.csv{output.replacing(old)}")
 
 
 @cli.command(short_help='Figure 2: eigenvalues of dh_T/dh_0, by model and length.')
 @click.option("--out", required=True, type=FOLDER,
               help="Folder for figure2_jacobian.png/.csv/.json (created if missing).")
 @click.option("--models", default="antisym,lstm", show_default=True,
-              callback=_name_list("model name", once=True),
+              callback=name_list("model name", only_once=True),
               help="Comma-separated cells (see `python cli.py params`); a cell with a diffusion "
                    "gamma gives one model per --gammas value.")
 @click.option("--gammas", default="0.001,0.01,0.1,1,5,10", show_default=True,
-              callback=_number_list(float, once=True), help="Diffusion constants (Figure 2's).")
+              callback=number_list(float, only_once=True), help="Diffusion constants (Figure 2's).")
 @click.option("--lengths", default="100,200,400,800", show_default=True,
-              callback=_number_list(int, once=True), help="Sequence lengths T (Figure 2's).")
+              callback=number_list(int, only_once=True), help="Sequence lengths T (Figure 2's).")
 @click.option("--hidden-size", default=128, show_default=True, type=click.IntRange(min=1),
               help="n, hidden units.")
 @click.option("--input-size", default=96, show_default=True, type=click.IntRange(min=1),
@@ -393,10 +145,10 @@ def simulate(out, figures, steps, eps, seed):
                    "Repeat for several. Replaces --models, --gammas, --hidden-size, "
                    "--input-size, --eps, --sigma-w.")
 @click.option("--task", default=None,
-              help="Take the inputs from this task's test split (nprnn.data.datasets.get_task(TASK, "
-                   "T=T)) instead of N(0, 1) noise. A task of fixed length (mnist: 784) needs "
-                   "--lengths to be that length. With --checkpoint, pmnist's permutation is the "
-                   "one the run was trained with.")
+              help="Take the inputs from this task's test split "
+                   "(nprnn.data.datasets.get_task(TASK, T=T)) instead of N(0, 1) noise. A task "
+                   "of fixed length (mnist: 784) needs --lengths to be that length. With "
+                   "--checkpoint, pmnist's permutation is the one the run was trained with.")
 @click.option("--data-dir", default=None, type=FOLDER,
               help="Data folder for --task [default: the one a --checkpoint run recorded, else "
                    "the datasets module's default].")
@@ -418,95 +170,40 @@ def jacobian(out, models, gammas, lengths, hidden_size, input_size, eps, sigma_w
     the seed; every model sees the same ones. A line on stderr names each (model, T) as it
     starts."""
 
-    unknown = [m for m in models if m not in nprnn.CELLS]
-    if unknown:
-        raise click.BadParameter(f"unknown model(s) {', '.join(unknown)}; choose from "
-                                 f"{', '.join(nprnn.CELLS)}", param_hint="--models")
-    model_options = _given("models", "gammas", "hidden_size", "input_size", "eps", "sigma_w")
-    if checkpoints and model_options:
-        raise click.UsageError(f"--checkpoint takes the model from the checkpoint; leave out "
-                               f"{', '.join(model_options)}")
-    if task and "--input-size" in model_options:
-        raise click.UsageError("--task sets the input size; leave out --input-size")
-    if data_dir is not None and not task:
-        raise click.UsageError("--data-dir is where --task's data is; without --task the inputs "
-                               "are N(0, 1) noise")
-    for option, hyper in (("--gammas", "gamma"), ("--eps", "eps")):
-        if option in model_options and not any(hyper in nprnn.CELLS[m].hyper for m in models):
-            raise click.UsageError(f"{option} is for cells with {hyper}, and none of "
-                                   f"{', '.join(models)} has one; leave it out")
-    if any(T < 1 for T in lengths):
-        raise click.BadParameter(f"lengths must be >= 1, got {lengths}", param_hint="--lengths")
-    if task:
-        _task_lengths(task, lengths)
-    if any(g < 0 for g in gammas):
-        raise click.BadParameter(f"gammas must be >= 0, got {gammas}", param_hint="--gammas")
-    out = _out_dir(out)                 # before the work: a bad --out is said at once
+    check_jacobian(models, gammas, lengths, checkpoints, task, data_dir)
+    out = output.out_dir(out)                 # before the work: a bad --out is said at once
     try:
         found = probes.jacobian(models, gammas, hidden_size, input_size, eps, sigma_w,
                                 checkpoints, task, data_dir, lengths, sequences, seed, dtype,
-                                progress=_say_which)
+                                progress=output.say_which)
     except (CheckpointError, OSError, ValueError) as e:
         raise click.ClickException(str(e)) from None
     except MemoryError as e:
-        raise _memory_error(e, "--lengths, --hidden-size, --input-size or --sequences") from None
-    rows, built, inputs = found["rows"], found["models"], found["inputs"]
+        raise output.memory_error(e, "--lengths, --hidden-size, --input-size or "
+                                     "--sequences") from None
     stem = out / "figure2_jacobian"
     png = stem.with_suffix(".png")
-    old = _earlier(png, stem.with_suffix(".csv"), stem.with_suffix(".json"))
-    uses_eps = any(m.hyper.get("eps") is not None for _, m in built)
-    analysis.write_csv(stem.with_suffix(".csv"), rows)
-    analysis.write_json(stem.with_suffix(".json"), dict(
-        inputs=inputs, input_size=found["input_size"], checkpoints=list(checkpoints),
-        hidden_size=None if checkpoints else hidden_size,
-        eps=eps if uses_eps and not checkpoints else None,
-        sigma_w=None if checkpoints else sigma_w, sequences=sequences, seed=seed, dtype=dtype,
-        rows=rows))
-    click.echo(f"{'model':<28} {'T':>5} {'mean |lambda|':>14} {'std |lambda|':>13} "
-               f"{'max |lambda|':>13}")
-    for r in rows:
-        click.echo(f"{r['label']:<28} {r['T']:>5} {r['mean']:>14.4g} {r['std']:>13.4g} "
-                   f"{r['max']:>13.4g}")
-    for note in analysis.zero_eigenvalue_notes(built, rows, dtype):
-        click.echo(f"note: {note}")
+    old = output.earlier(png, stem.with_suffix(".csv"), stem.with_suffix(".json"))
+    click.echo("\n".join(probes.write_jacobian(stem, found, checkpoints, hidden_size, eps,
+                                                sigma_w, sequences, seed, dtype)))
     what = "trained models" if checkpoints else f"initialisation, n = {hidden_size}"
-    old = _draw(old, png, "plot_jacobian", rows, png,
-                f"End-to-end Jacobian dh_T/dh_0 ({what}); inputs: {inputs}, {sequences} per T")
-    click.echo(f"wrote {stem}.csv, {stem}.json{_replacing(old)}")
+    old = output.draw(old, png, "plot_jacobian", found["rows"], png,
+                      f"End-to-end Jacobian dh_T/dh_0 ({what}); inputs: {found['inputs']}, "
+                      f"{sequences} per T")
+    click.echo(f"wrote {stem}.csv, {stem}.json{output.replacing(old)}")
 
 
 # ----------------------------------------------------------------------------------------------
 # gates: what the gates of trained models do at each step
 # ----------------------------------------------------------------------------------------------
 
-def _run_task_options(command):
-    """--task, --T and --data-dir: what trained runs are fed (SavedRun.feed)."""
-    for option in reversed([
-            click.option("--task", default=None, help="Feed every run this task's test "
-                         "sequences [default: each run's own task]."),
-            click.option("--T", "T", default=None, type=click.IntRange(min=1),
-                         help="Sequence length of a noise-padded task [default: each run's]."),
-            click.option("--data-dir", default=None, type=FOLDER,
-                         help="Where the task's data is [default: each run's].")]):
-        command = option(command)
-    return command
-
-
-def _echo_table(table, left):
-    """Print rows of strings in columns, the first `left` columns flush left, the rest right."""
-    widths = [max(len(row[k]) for row in table) for k in range(len(table[0]))]
-    for row in table:
-        click.echo("  ".join(f"{v:<{w}}" if k < left else f"{v:>{w}}"
-                             for k, (v, w) in enumerate(zip(row, widths))).rstrip())
-
-
 @cli.command(short_help='The gates of trained models, step by step.')
 @click.argument("runs", nargs=-1, required=True, type=click.Path(exists=True))
 @click.option("--out", required=True, type=FOLDER,
               help="Folder for NAME.png/.csv/.json (created if missing).")
-@click.option("--name", default="gates", show_default=True, callback=_file_name,
+@click.option("--name", default="gates", show_default=True, callback=file_name,
               help="File name (without extension) of the outputs in --out.")
-@_run_task_options
+@run_task_options
 @click.option("--sequences", default=1000, show_default=True, type=click.IntRange(min=1),
               help="Test sequences to pool over: the first of the order --seed shuffles.")
 @click.option("--batch-size", default=100, show_default=True, type=click.IntRange(min=1),
@@ -523,26 +220,26 @@ def gates(runs, out, name, task, T, data_dir, sequences, batch_size, seed):
     units), NAME.json (the same, and each gate over the image steps and over the noise steps of
     a noise-padded task) and NAME.png, and prints the latter table."""
 
-    out = _out_dir(out)                 # before the work: a bad --out is said at once
+    out = output.out_dir(out)                 # before the work: a bad --out is said at once
     try:
         results = probes.gates(runs, task, T, data_dir, sequences, batch_size, seed,
                                say=functools.partial(click.echo, err=True))
     except (CheckpointError, OSError, ValueError) as e:
         raise click.ClickException(str(e)) from None
     except MemoryError as e:
-        raise _memory_error(e, "--batch-size or --T") from None
+        raise output.memory_error(e, "--batch-size or --T") from None
     stem = out / name
     png = stem.with_suffix(".png")
-    old = _earlier(png, stem.with_suffix(".csv"), stem.with_suffix(".json"))
+    old = output.earlier(png, stem.with_suffix(".csv"), stem.with_suffix(".json"))
     analysis.write_csv(stem.with_suffix(".csv"), probes.gate_step_rows(results))
     analysis.write_json(stem.with_suffix(".json"), dict(seed=seed, runs=results))
-    _echo_table(probes.gate_table(results), left=4)
+    output.echo_table(probes.gate_table(results), left=4)
     for r in results:
         note = probes.fewer_sequences(r["label"], r["task"], r["sequences"], sequences)
         if note:
             click.echo(note)
-    old = _draw(old, png, "plot_gates", results, png)
-    click.echo(f"wrote {stem}.csv, {stem}.json{_replacing(old)}")
+    old = output.draw(old, png, "plot_gates", results, png)
+    click.echo(f"wrote {stem}.csv, {stem}.json{output.replacing(old)}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -551,7 +248,7 @@ def gates(runs, out, name, task, T, data_dir, sequences, batch_size, seed):
 
 @cli.command(short_help='The criterion of eq. (5) along test sequences of runs.')
 @click.argument("runs", nargs=-1, required=True, type=click.Path(exists=True))
-@_run_task_options
+@run_task_options
 @click.option("--sequences", default=8, show_default=True, type=click.IntRange(min=1),
               help="Test sequences, the first of the order --seed shuffles (each step of each "
                    "costs an n x n eigenvalue problem).")
@@ -574,7 +271,7 @@ def criticality(runs, task, T, data_dir, sequences, segments, seed):
                                          say=functools.partial(click.echo, err=True))
     except (CheckpointError, OSError, ValueError) as e:
         raise click.ClickException(str(e)) from None
-    _echo_table(probes.criticality_table(rows), left=3)
+    output.echo_table(probes.criticality_table(rows), left=3)
     for note in notes:
         click.echo(note)
 
@@ -583,7 +280,7 @@ def criticality(runs, task, T, data_dir, sequences, segments, seed):
 @click.argument("runs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
 @click.option("--out", required=True, type=FOLDER,
               help="Folder for the PNG and the CSV (created if missing).")
-@click.option("--name", default="learning_curves", show_default=True, callback=_file_name,
+@click.option("--name", default="learning_curves", show_default=True, callback=file_name,
               help="File name (without extension or folder) of the PNG and the CSV.")
 def plot_runs(runs, out, name):
     """Learning curves of RUNS... (run folders with config.json and metrics.jsonl): loss and
@@ -593,24 +290,15 @@ def plot_runs(runs, out, name):
         loaded = analysis.read_runs(runs)
     except (OSError, ValueError) as e:
         raise click.ClickException(str(e)) from None
-    out = _out_dir(out)
+    out = output.out_dir(out)
     # NAME.csv and NAME.png, not with_suffix: NAME may have a dot of its own ("curves.v2")
     csv_path, png_path = out / f"{name}.csv", out / f"{name}.png"
-    old = _earlier(png_path, csv_path)
+    old = output.earlier(png_path, csv_path)
     analysis.write_csv(csv_path, analysis.runs_to_rows(loaded))
     for r in loaded:
         click.echo(f"{r['name']}: {r['label']}, {len(r['records'])} records")
-    old = _draw(old, png_path, "plot_learning_curves", loaded, png_path)
-    click.echo(f"wrote {csv_path}{_replacing(old)}")
-
-
-def _duration(seconds):
-    minutes = round(seconds / 60)
-    return f"{minutes // 60} h {minutes % 60} min" if minutes >= 60 else f"{minutes} min"
-
-
-def _at(point):
-    return "-" if point is None else f"{point[1]:.2%} at {point[0]:,}"
+    old = output.draw(old, png_path, "plot_learning_curves", loaded, png_path)
+    click.echo(f"wrote {csv_path}{output.replacing(old)}")
 
 
 @cli.command("results", short_help='What runs reached: a row per run folder.')
@@ -624,52 +312,19 @@ def results(runs, markdown):
         rows = [analysis.run_summary(r) for r in analysis.read_runs(runs, empty_ok=True)]
     except (OSError, ValueError) as e:
         raise click.ClickException(str(e)) from None
-    table = [("run", "model", "task", "settings", "iterations", "time", "split", "last",
-              "best")] + [
-        (r["name"], r["model"], r["task"], r["settings"],
-         f"{r['reached']:,}" + ("" if r["planned"] is None else f" of {r['planned']:,}"),
-         "-" if r["time"] is None else _duration(r["time"]), r["split"], _at(r["last"]),
-         _at(r["best"])) for r in rows]
-    if not markdown:
-        _echo_table(table, left=4)
-        return
-    click.echo("| " + " | ".join(table[0]) + " |")
-    click.echo("|" + "---|" * len(table[0]))
-    for row in table[1:]:
-        click.echo("| " + " | ".join(row) + " |")
+    table = output.results_table(rows)
+    if markdown:
+        output.echo_markdown(table)
+    else:
+        output.echo_table(table, left=4)
 
 
 # ----------------------------------------------------------------------------------------------
 # train, eval: the experiments of section 5 (settings of Appendix C); see nprnn/runs/train.py
 # ----------------------------------------------------------------------------------------------
 
-def _run_options(command, defaults=None):
-    """`train`'s options for a run's settings, made from nprnn.runs.train.OPTIONS, where each is
-    declared once: its default (or the command's own, in `defaults`), its type and range (click
-    refuses what the run would), its help."""
-    for name, option in reversed(training.OPTIONS.items()):
-        flag = training.flag(name)
-        default = (defaults or {}).get(name, option.default)
-        kw = dict(default=default, help=option.help, show_default=default is not None)
-        if option.kind == "int":
-            kw["type"] = click.IntRange(min=option.minimum, max=option.maximum)
-        elif option.kind == "float":
-            kw["type"] = FiniteFloat(min=option.minimum, max=option.maximum,
-                                     min_open=option.above, max_open=option.below)
-        elif option.kind == "choice":
-            kw["type"] = click.Choice(list(option.choices))
-        elif option.kind == "folder":
-            kw["type"] = FOLDER
-        elif option.kind == "iterations":
-            kw["type"] = ITERATIONS
-        elif option.kind == "flag":
-            flag = f"{flag}/--no-{flag[2:]}"
-        command = click.option(flag, name, **kw)(command)
-    return command
-
-
 @cli.command(short_help='Train a model on a task in a run folder (resumable).')
-@_run_options
+@run_options
 @click.option("--out", default=None, type=FOLDER,
               help="Run folder [default: runs/MODEL-TASK].")
 @click.option("--resume", is_flag=True,
@@ -694,8 +349,7 @@ def train(progress, out, resume, allow_lost_log, **options):
     ctx = click.get_current_context()
     if out is None:
         out = f"runs/{options['model']}-{options['task']}"
-    given = {k: options[k] for k in options
-             if ctx.get_parameter_source(k) == click.core.ParameterSource.COMMANDLINE}
+    given = given_values(options)
     try:
         if resume:
             result = training.train(out=out, resume=True, given=given, echo=click.echo,
@@ -708,44 +362,13 @@ def train(progress, out, resume, allow_lost_log, **options):
     except (training.TrainError, CheckpointError, ValueError, RuntimeError, OSError) as e:
         raise click.ClickException(str(e)) from None
     except MemoryError as e:
-        raise _memory_error(e, "--hidden, --batch-size, --eval-batch-size or --T",
-                            _left_behind(out)) from None
+        raise output.memory_error(e, "--hidden, --batch-size, --eval-batch-size or --T",
+                                  output.left_behind(out)) from None
     except training.SecondSignal as e:
-        # aborted mid-step; the checkpoints are atomic, so the last one written stands
-        at = _saved_iteration(Path(out))
-        click.echo(f"{e.name} received again: aborted"
-                   + (f". The checkpoint of iteration {at} is kept: continue with `python "
-                      f"cli.py train --out {out} --resume`" if at is not None else ""),
-                   err=True)
+        click.echo(output.aborted(e.name, out), err=True)
         ctx.exit(128 + signal.Signals[e.name])
     if result["stopped"]:
         ctx.exit(128 + signal.Signals[result["stopped"]])
-
-
-def _saved_iteration(out):
-    """The iteration of run folder `out`'s checkpoint, or None if it has none that loads."""
-    try:
-        return load_checkpoint(out / FILENAME)["progress"]["iteration"]
-    except (CheckpointError, OSError, KeyError):
-        return None
-
-
-def _left_behind(out):
-    """What a `train` that failed left in its run folder `out`, and what to do with it ("" if
-    nothing): train writes config.json, then the checkpoint of iteration 0, before the first
-    step."""
-
-    out, ckpt = Path(out), Path(out) / FILENAME
-    if ckpt.is_file():
-        at = _saved_iteration(out)
-        at = "" if at is None else f" (iteration {at})"
-        return (f". The run folder keeps its checkpoint {ckpt}{at}: continue it with `python "
-                f"cli.py train --out {out} --resume` where more memory is free (--hidden, "
-                f"--batch-size and --T cannot change on resume), or delete {out} to start again "
-                f"with smaller sizes")
-    if (out / CONFIG).is_file():
-        return f". {out} holds a {CONFIG} but no checkpoint: delete it to start again"
-    return ""
 
 
 @cli.command("eval", short_help="Test (or validation) accuracy of a run's checkpoint.")
@@ -768,7 +391,7 @@ def eval_run(run, split, task, data_dir, T, batch_size, device):
 
     shown = CountBar(f"evaluating {split}")
     try:
-        with _enough_memory("--batch-size or --T"):
+        with output.enough_memory("--batch-size or --T"):
             r = training.evaluate_checkpoint(run, split=split, task_name=task, data_dir=data_dir,
                                              T=T, batch_size=batch_size, device=device,
                                              progress=shown)
@@ -784,7 +407,7 @@ def eval_run(run, split, task, data_dir, T, batch_size, device):
 
 @cli.command(short_help='Time per batch of each model, beside PyTorch when installed.')
 @click.option("--model", "models", default="antisym", show_default=True,
-              callback=_name_list("model name"), help="Comma-separated models to time, or 'all'.")
+              callback=name_list("model name"), help="Comma-separated models to time, or 'all'.")
 @click.option("--batch", "B", default=128, show_default=True, type=click.IntRange(min=1),
               help="Batch size B.")
 @click.option("--T", "T", default=784, show_default=True, type=click.IntRange(min=1),
@@ -809,15 +432,7 @@ def bench(models, B, T, m, n, dtype, repeat, with_torch, device):
 
     Prints medians of --repeat runs after a warm-up run. The last column is nprnn's time over
     PyTorch's (below 1: nprnn is faster). Install PyTorch with `pip install -e '.[bench]'`."""
-    models = list(dict.fromkeys(models))            # each once, in the order given
-    if "all" in models and models != ["all"]:
-        raise click.BadParameter(f"'all' stands alone, got {','.join(models)!r}",
-                                 param_hint="--model")
-    names = list(nprnn.CELLS) if models == ["all"] else models
-    unknown = [s for s in names if s not in nprnn.CELLS]
-    if unknown:
-        raise click.BadParameter(f"unknown model(s) {', '.join(unknown)}; choose from "
-                                 f"{', '.join(nprnn.CELLS)} or 'all'", param_hint="--model")
+    names = bench_models(models)
     try:                                # no GPU: say so before anything about PyTorch
         device = resolve_device(device)
     except DeviceUnavailable as e:
@@ -828,7 +443,7 @@ def bench(models, B, T, m, n, dtype, repeat, with_torch, device):
                    if not B_.torch_available() else "PyTorch cannot use the GPU (a CPU-only "
                    "build?): timing nprnn alone.")
         with_torch = False
-    with _enough_memory("--batch, --T, --input-size or --hidden"):
+    with output.enough_memory("--batch, --T, --input-size or --hidden"):
         if device == "cuda":
             click.echo(f"B={B} T={T} m={m} n={n} {dtype}, median of {repeat}; "
                        f"{autotune.device_name()}")
@@ -844,21 +459,6 @@ def bench(models, B, T, m, n, dtype, repeat, with_torch, device):
 # data: build the tasks' caches and describe them (nprnn/data/datasets.py, nprnn/data/sources.py)
 # ----------------------------------------------------------------------------------------------
 
-def _data_dir_option(f):
-    return click.option("--data-dir", default=None, type=FOLDER,
-                        help="Where raw files and caches are [default: $NPRNN_DATA_DIR, else "
-                             "./data].")(f)
-
-
-def _task_choice(*extra):
-    return click.Choice([*extra, *TASKS])
-
-
-def _perm_seed_option(f):
-    return click.option("--perm-seed", default=0, show_default=True, type=SEED,
-                        help="pmnist's permutation seed (other tasks ignore it).")(f)
-
-
 @cli.group(short_help='Datasets: build their caches, describe them.')
 def data():
     """The tasks' datasets: build their caches, describe them (see data/README.md)."""
@@ -866,19 +466,17 @@ def data():
 
 @data.command("prepare")
 @click.option("--task", "tasks", multiple=True, required=True,
-              type=_task_choice("all"),
+              type=task_choice("all"),
               help="Task whose cache to build (repeatable; 'all' for every task).")
-@_data_dir_option
-@_perm_seed_option
+@data_dir_option
+@perm_seed_option
 @click.option("--download/--no-download", default=True, show_default=True,
               help="Fetch missing raw files from the canonical sources.")
 def data_prepare(tasks, data_dir, perm_seed, download):
     """Find (or download) a task's raw files, check them and build DATA_DIR/<task>.h5.
 
     An existing cache is checked and kept if it is good, rebuilt if not."""
-    import time
-
-    names = list(tasks.TASKS) if "all" in tasks else list(dict.fromkeys(tasks))
+    names = list(TASKS) if "all" in tasks else list(dict.fromkeys(tasks))
     failed = []
     for name in names:
         start = time.perf_counter()
@@ -899,10 +497,10 @@ def data_prepare(tasks, data_dir, perm_seed, download):
 
 @data.command("info")
 @click.option("--task", required=True,
-              type=_task_choice(),
+              type=task_choice(),
               help="The task to describe.")
-@_data_dir_option
-@_perm_seed_option
+@data_dir_option
+@perm_seed_option
 @click.option("--T", "T", default=None, type=click.IntRange(min=1),
               help="Sequence length of a noise-padded task [default: the task's].")
 @click.option("--json", "as_json", is_flag=True, help="Print the description as JSON.")
@@ -910,8 +508,6 @@ def data_info(task, data_dir, perm_seed, T, as_json):
     """Shapes, split sizes, label histograms, raw files and their MD5s, and the cache's state.
 
     Builds nothing: without a usable cache it says where the raw files are and what is missing."""
-    import json
-
     try:
         facts, lines = data_facts.describe(task, data_dir, perm_seed, T)
     except (sources.DataError, ValueError, RuntimeError, OSError) as e:
@@ -970,7 +566,7 @@ SWEEP_DEFINITION = ("space", "params", "sampler", "trials", "prune", "sampler_se
 @click.option("--storage", default=None, metavar="URL",
               help="An Optuna storage URL (e.g. postgresql://...) [default: study.journal in "
                    "the sweep folder].")
-@functools.partial(_run_options, defaults=dict(valid_size=training.SWEEP_VALID_SIZE))
+@functools.partial(run_options, defaults=dict(valid_size=training.SWEEP_VALID_SIZE))
 def sweep_run(out, space, params, sampler, trials, prune, sampler_seed, points, workers,
               scheduler, storage, **options):
     """Run (or continue) the sweep in --out on a Dask cluster: each trial trains a run with the
@@ -980,28 +576,11 @@ def sweep_run(out, space, params, sampler, trials, prune, sampler_seed, points, 
     elsewhere from now on (e.g. --device cuda)."""
     sw = _sweep_module()
     ctx = click.get_current_context()
-    source = ctx.get_parameter_source
-    given = {k: options[k] for k in options
-             if source(k) == click.core.ParameterSource.COMMANDLINE}
-    defined = any(k not in sw.WHERE for k in given) or any(
-        source(k) == click.core.ParameterSource.COMMANDLINE for k in SWEEP_DEFINITION)
+    defines = bool(given_flags(*SWEEP_DEFINITION))
     stop = training.StopSignals(click.echo)      # a first signal stops, a second aborts
     try:
-        fixed = training.resolve_config(**dict({"valid_size": training.SWEEP_VALID_SIZE},
-                                               **given))
-        where = {k: fixed[k] for k in sw.WHERE if k in given}
-        if defined or not (Path(out) / sw.SWEEP).exists():
-            the_space = sw.make_space(space, [sw.parse_param(p) for p in params])
-            both = sorted(set(the_space) & set(given))
-            if both:
-                raise sw.SweepError(f"{', '.join(map(training.flag, both))} "
-                                    f"is both searched and held fixed: give it one way")
-            if sampler is None:
-                sampler = "tpe" if any(p.is_range for p in the_space.values()) else "grid"
-            args = dict(fixed=fixed, space=the_space, sampler=sampler, trials=trials,
-                        prune=prune, seed=sampler_seed, storage=storage)
-        else:
-            args = {}
+        where, args = sw.run_arguments(out, given_values(options), defines, space, params,
+                                       sampler, trials, prune, sampler_seed, storage)
         bar = SweepBar()
         with stop:
             result = sw.run(out, workers=workers, scheduler=scheduler, echo=bar.message,
@@ -1033,7 +612,7 @@ def sweep_report(folder, png):
     accuracy, test accuracy of the best checkpoint) and the chosen trial; draw a PNG."""
     sw = _sweep_module()
     try:
-        with _reader_may_leave():
+        with output.reader_may_leave():
             sw.report(folder, png, echo=click.echo)
     except (sw.SweepError, OSError) as e:
         raise click.ClickException(str(e)) from None

@@ -498,3 +498,14 @@ def test_a_sweep_says_where_it_stands_in_a_log_at_most_once_a_minute(monkeypatch
     assert log.getvalue().splitlines() == [
         "trials: 0/12 done (0 pruned, 0 failed), 2 running, best valid -",
         "trials: 1/12 done (1 pruned, 0 failed), 2 running, best valid 0.9312"]
+
+
+def test_data_prepare_all_tries_every_task_and_names_those_it_could_not(tmp_path):
+    """--task all without downloads into an empty folder: each task is tried and said, and the
+    command fails naming the tasks left unprepared."""
+    from nprnn.data.tasks import TASKS
+    result = invoke(["data", "prepare", "--task", "all", "--no-download", "--data-dir", tmp_path])
+    assert result.exit_code == 1, result.output
+    assert "not prepared: mnist, pmnist" in result.output
+    for name in TASKS:
+        assert f"{name}: " in result.output

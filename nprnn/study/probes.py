@@ -1,6 +1,7 @@
 """What the commands `jacobian`, `gates` and `criticality` compute, for models at initialisation
 or trained runs (opened through nprnn.runs.saved.open_run): each returns rows for the command
-to print and write; the numbers themselves come from nprnn.study.analysis.
+to print and write; the numbers themselves come from nprnn.study.analysis. The files and tables
+of `simulate` and `jacobian` are written and made here too.
 """
 import numpy as np
 
@@ -33,6 +34,30 @@ def first_examples(batches, num):
 
 # ----------------------------------------------------------------------------------------------
 # Figure 2: the end-to-end Jacobian dh_T/dh_0
+# ----------------------------------------------------------------------------------------------
+
+# ----------------------------------------------------------------------------------------------
+# simulate: section 4's two-dimensional RNNs
+# ----------------------------------------------------------------------------------------------
+
+def write_simulation(stem, number, panels, summary):
+    """Write Figure `number`'s simulation (analysis.simulation_summary's `panels`, `summary`) to
+    stem.json (the summary) and stem.csv (every state h_t); return the lines that print it: its
+    caption, then |h_T| / |h_0| of each panel for each initial state."""
+    analysis.write_json(stem.with_suffix(".json"), summary)
+    analysis.write_csv(stem.with_suffix(".csv"),
+                       analysis.panels_to_rows(f"figure{number}", panels))
+    lines = [f"{summary['caption']}\n  {'panel':<8} {'kind':<9} |h_T| / |h_0| for each initial "
+             f"state"]
+    for p in panels:
+        ratios = "  ".join(f"{e / s:9.4g}" for s, e in zip(p["radius_start"], p["radius_end"]))
+        panel = f"{p['key']} {p['matrix']}" if p["matrix"] else p["key"]
+        lines.append(f"  {panel:<8} {p['kind']:<9} {ratios}")
+    return lines
+
+
+# ----------------------------------------------------------------------------------------------
+# jacobian: Figure 2
 # ----------------------------------------------------------------------------------------------
 
 def jacobian(models, gammas, hidden_size, input_size, eps, sigma_w, checkpoints, task, data_dir,
@@ -79,6 +104,28 @@ def jacobian(models, gammas, hidden_size, input_size, eps, sigma_w, checkpoints,
                                          seed, dtype)
     rows = analysis.jacobian_spectra(built, lengths, source, progress=progress)
     return dict(rows=rows, models=built, inputs=inputs, input_size=input_size)
+
+
+def write_jacobian(stem, found, checkpoints, hidden_size, eps, sigma_w, sequences, seed,
+                   dtype):
+    """Write `jacobian`'s result `found` to stem.csv (its rows) and stem.json (the rows and the
+    settings that made them; those of models at initialisation are None for `checkpoints`, and
+    eps where no model has one); return the lines that print it: a row per (model, T), then the
+    notes on eigenvalues at zero."""
+    rows, built = found["rows"], found["models"]
+    uses_eps = any(m.hyper.get("eps") is not None for _, m in built)
+    analysis.write_csv(stem.with_suffix(".csv"), rows)
+    analysis.write_json(stem.with_suffix(".json"), dict(
+        inputs=found["inputs"], input_size=found["input_size"], checkpoints=list(checkpoints),
+        hidden_size=None if checkpoints else hidden_size,
+        eps=eps if uses_eps and not checkpoints else None,
+        sigma_w=None if checkpoints else sigma_w, sequences=sequences, seed=seed, dtype=dtype,
+        rows=rows))
+    lines = [f"{'model':<28} {'T':>5} {'mean |lambda|':>14} {'std |lambda|':>13} "
+             f"{'max |lambda|':>13}"]
+    lines += [f"{r['label']:<28} {r['T']:>5} {r['mean']:>14.4g} {r['std']:>13.4g} "
+              f"{r['max']:>13.4g}" for r in rows]
+    return lines + [f"note: {note}" for note in analysis.zero_eigenvalue_notes(built, rows, dtype)]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -53,7 +53,8 @@ from .study import (SPACES, SEARCHABLE, SAMPLERS, SWEEP, JOURNAL, TRIALS, VALID_
                     STALE_SECONDS, HEARTBEAT_SECONDS, CONNECT_SECONDS, RETRY_SECONDS, REDUCTION,
                     FORMAT, FINAL_ITERATIONS, FINAL_SEEDS, WHERE, SweepError, Param, parse_param,
                     parse_point, parse_points, enqueue, make_space, grid_points, task_shape,
-                    check_space, definition, space_of, read_sweep, open_storage, RungPruner,
+                    check_space, definition, run_arguments,
+                    space_of, read_sweep, open_storage, RungPruner,
                     make_pruner, waits_at_rung, make_sampler, REDRAWS, draw, load_study,
                     open_sweep)
 from .workers import (trial_folder, share_cores, run_trial, local_cluster,

@@ -18,7 +18,7 @@ from optuna.trial import TrialState
 from ..util.files import temporary_name, written_atomically
 from ..data.sources import DataError
 from ..runs.train import (OPTIONS, SWEEP_VALID_SIZE, TrainError, build_model, check_options_used,
-                     load_task, resolve_config)
+                     flag, load_task, resolve_config)
 
 
 # Appendix C of Chang et al. (2019): the grid searched for the Euler cells
@@ -274,6 +274,30 @@ def definition(fixed, space, sampler, trials, prune, seed):
     """What a study is (what sweep.json records apart from where it is stored)."""
     return dict(fixed=fixed, space={n: p.to_json() for n, p in sorted(space.items())},
                 sampler=sampler, trials=trials, prune=prune, sampler_seed=seed)
+
+
+def run_arguments(folder, given, defines=False, space=None, params=(), sampler=None,
+                  trials=None, prune=False, seed=0, storage=None):
+    """What `sweep run --out folder` asks of `run`: (where, definition). `given` holds the run
+    options typed (name -> value), `space`, `params` (--param texts), `sampler` ... the sweep's
+    own, and `defines` says whether any of those was typed. `where`: the WHERE options typed,
+    resolved. The definition, `run`'s arguments for a new study: the options typed held fixed
+    (valid_size VALID_SIZE unless typed), the space, the sampler (tpe where a range is searched,
+    else grid), ...; it is {} where `folder` holds a study and nothing typed but WHERE options,
+    so that the study goes on as defined. SweepError for an option both searched and fixed."""
+    fixed = resolve_config(**dict({"valid_size": VALID_SIZE}, **given))
+    where = {k: fixed[k] for k in WHERE if k in given}
+    if not (defines or any(k not in WHERE for k in given)) and (Path(folder) / SWEEP).exists():
+        return where, {}
+    searched = make_space(space, [parse_param(p) for p in params])
+    both = sorted(set(searched) & set(given))
+    if both:
+        raise SweepError(f"{', '.join(map(flag, both))} is both searched and held fixed: give "
+                         f"it one way")
+    if sampler is None:
+        sampler = "tpe" if any(p.is_range for p in searched.values()) else "grid"
+    return where, dict(fixed=fixed, space=searched, sampler=sampler, trials=trials, prune=prune,
+                       seed=seed, storage=storage)
 
 
 def space_of(spec):
