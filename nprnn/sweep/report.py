@@ -7,9 +7,10 @@ from pathlib import Path
 from optuna.trial import TrialState
 
 from ..study import plotting
-from ..runs.train import DEFAULTS, METRICS, train_command
+from ..runs.saved import open_run
+from ..runs.train import DEFAULTS, train_command
 from .study import FINAL_ITERATIONS, FINAL_SEEDS, grid_points, open_sweep, space_of
-from .workers import _free, _point, _records, trial_folder
+from .workers import _free, _point, trial_folder
 
 
 # ----------------------------------------------------------------------------------------------
@@ -18,7 +19,7 @@ from .workers import _free, _point, _records, trial_folder
 
 def _reached(out):
     """The last iteration a trial's metrics.jsonl records, or None."""
-    return next((r["iteration"] for r in reversed(_records(out / METRICS))
+    return next((r["iteration"] for r in reversed(open_run(out).records_so_far())
                  if "iteration" in r), None)
 
 

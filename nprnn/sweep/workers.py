@@ -1,7 +1,6 @@
 """How a sweep runs: a trial trained on a Dask worker (`run_trial`), the local cluster, and the
 driver (`run`) that claims trials, hands them to workers, takes over the abandoned ones and stops
 them on Ctrl-C."""
-import json
 import logging
 import os
 import signal
@@ -22,6 +21,7 @@ from distributed.comm.registry import get_backend
 from optuna.trial import TrialState
 
 from ..runs.checkpoint import FILENAME, load_checkpoint
+from ..runs.saved import open_run
 from ..core.device import DeviceUnavailable, resolve_device, usable_cpus
 from ..util.files import pid_alive
 from ..runs.train import (BEST, CONFIG, METRICS, RunInUse, RunLock, TrainingDiverged,
@@ -39,26 +39,10 @@ def trial_folder(folder, number):
     return Path(folder) / TRIALS / f"{number:04d}"
 
 
-def _records(metrics):
-    """The records of a metrics.jsonl that parse, in order (a line cut by a kill is skipped:
-    train cuts it on resume); none if there is no file yet."""
-    try:
-        with open(metrics) as f:
-            lines = f.readlines()
-    except FileNotFoundError:
-        return []
-    out = []
-    for line in lines:
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
-    return out
-
-
-def _valid_records(metrics):
-    """(iteration, accuracy) of every validation line of a metrics.jsonl, in order."""
-    return [(r["iteration"], r["accuracy"]) for r in _records(metrics)
+def _valid_records(out):
+    """(iteration, accuracy) of every validation line that run folder `out` has logged so far,
+    in order."""
+    return [(r["iteration"], r["accuracy"]) for r in open_run(out).records_so_far()
             if r.get("split") == "valid"]
 
 
@@ -160,7 +144,7 @@ def run_trial(folder, number, driver, task=None, threads=None, where=None):
     if resume:         # what the checkpoint holds was reported before, unless a kill lost it;
         # an evaluation at the checkpoint (where a trial waits at its rung) is judged again
         saved_at = load_checkpoint(out / FILENAME)["progress"]["iteration"]
-        for iteration, accuracy in _valid_records(out / METRICS):
+        for iteration, accuracy in _valid_records(out):
             if iteration <= saved_at:
                 report(iteration, accuracy, judge=iteration == saved_at)
     out.mkdir(parents=True, exist_ok=True)
@@ -178,7 +162,7 @@ def run_trial(folder, number, driver, task=None, threads=None, where=None):
             return dict(result, state="fail", message=str(e))
         except RunInUse as e:
             return dict(result, state="busy", message=str(e))
-    valid = _valid_records(out / METRICS)
+    valid = _valid_records(out)
     best = max((a for _, a in valid), default=None)
     result.update(iteration=summary["iteration"], value=best)
     store.set_trial_user_attr(trial_id, "iteration", summary["iteration"])
