@@ -15,6 +15,7 @@ import nprnn
 from nprnn.core import reference
 from nprnn.core.cells import variants
 from nprnn.core.gradcheck import check_model_gradients, numerical_gradient, relative_error
+from nprnn.core.model import LOSSES                  # "xent", "mse": the readout's losses
 
 CELL_NAMES = [label for label, _, _ in variants()]   # "antisym", ..., "antisym[w_form=full]"
 B, T, M, N, K = 3, 7, 3, 5, 4          # tiny, but several steps of full BPTT
@@ -34,11 +35,11 @@ def make(label, *args, **kw):
     return nprnn.make_model(name, *args, **options, **kw)
 
 
-def random_model(label, dtype="float64", seed=0):
+def random_model(label, dtype="float64", seed=0, loss="xent"):
     """A model whose parameters are all non-zero (biases and peepholes too), so that every
     gradient path is exercised; the strict upper triangle of an antisymmetric W is respected."""
     hyper = nprnn.CELLS[variant(label)[0]].hyper
-    model = make(label, M, N, K, dtype=dtype, seed=seed, sigma_w=2.0,
+    model = make(label, M, N, K, dtype=dtype, seed=seed, sigma_w=2.0, loss=loss,
                  **({"eps": 0.5, "gamma": 0.1} if "gamma" in hyper
                     else {"eps": 0.5} if "eps" in hyper else {}))
     rng = np.random.default_rng(seed + 100)
@@ -49,27 +50,35 @@ def random_model(label, dtype="float64", seed=0):
     return model
 
 
-def batch(seed=1, dtype=np.float64):
+def batch(seed=1, dtype=np.float64, loss="xent"):
+    """x (B, T, M) and y: labels (B,) in [0, K) for "xent", float64 targets (B, K) for "mse"."""
     rng = np.random.default_rng(seed)
-    return rng.standard_normal((B, T, M)).astype(dtype), rng.integers(0, K, size=B)
+    x = rng.standard_normal((B, T, M)).astype(dtype)
+    return x, rng.integers(0, K, size=B) if loss == "xent" else rng.standard_normal((B, K))
+
+
+# the float64 oracle's readout and loss of each loss: (readout_loss, readout_backward)
+REFERENCE_READOUT = {"xent": (reference.readout_loss, reference.readout_backward),
+                     "mse": (reference.readout_mse_loss, reference.readout_mse_backward)}
 
 
 def reference_loss_and_grads(model, x, y, return_logits=False):
-    """The whole model through the float64 oracle: cell, readout, loss, and BPTT."""
+    """The whole model through the float64 oracle: cell, readout, loss (the model's), and BPTT."""
     p = model.cell_params()
     h_T, cache = model.cell.reference_forward(p, x, **model.hyper)
-    loss, logits, rcache = reference.readout_loss(h_T, model.params["W_out"],
-                                                  model.params["b_out"], y)
-    dW_out, db_out, dh_T = reference.readout_backward(rcache)
+    readout_loss, readout_backward = REFERENCE_READOUT[model.loss]
+    loss, logits, rcache = readout_loss(h_T, model.params["W_out"], model.params["b_out"], y)
+    dW_out, db_out, dh_T = readout_backward(rcache)
     grads, _ = model.cell.reference_backward(p, cache, dh_T, **model.hyper)
     grads.update(W_out=dW_out, b_out=db_out)
     return (loss, grads, logits) if return_logits else (loss, grads)
 
 
+@pytest.mark.parametrize("loss", LOSSES)
 @pytest.mark.parametrize("name", CELL_NAMES)
-def test_reference_bptt_matches_finite_differences(name):
-    model = random_model(name)
-    x, y = batch()
+def test_reference_bptt_matches_finite_differences(name, loss):
+    model = random_model(name, loss=loss)
+    x, y = batch(loss=loss)
     _, grads = reference_loss_and_grads(model, x, y)
     assert set(grads) == set(model.params)
     for key, p in model.params.items():
@@ -79,36 +88,41 @@ def test_reference_bptt_matches_finite_differences(name):
         assert err < 1e-6, f"{name}: d{key} relative error {err:.2e}"
 
 
+@pytest.mark.parametrize("loss", LOSSES)
 @pytest.mark.parametrize("name", CELL_NAMES)
-def test_the_reference_computes_in_float64_whatever_it_is_given(name):
+def test_the_reference_computes_in_float64_whatever_it_is_given(name, loss):
     """float32 parameters and inputs give the oracle's float64 result for the same values."""
-    model = random_model(name, dtype="float32")
-    x, y = batch(dtype=np.float32)
+    model = random_model(name, dtype="float32", loss=loss)
+    x, y = batch(dtype=np.float32, loss=loss)
+    y = y.astype(np.float32) if loss == "mse" else y
     loss32, grads32 = reference_loss_and_grads(model, x, y)
-    model64 = random_model(name, dtype="float32")
+    model64 = random_model(name, dtype="float32", loss=loss)
     model64.params = {k: v.astype(np.float64) for k, v in model64.params.items()}
-    loss64, grads64 = reference_loss_and_grads(model64, x.astype(np.float64), y)
+    loss64, grads64 = reference_loss_and_grads(model64, x.astype(np.float64),
+                                               y.astype(np.float64) if loss == "mse" else y)
     assert loss32 == loss64
     for k in grads64:
         assert grads32[k].dtype == np.float64 and np.array_equal(grads32[k], grads64[k]), k
 
 
+@pytest.mark.parametrize("loss", LOSSES)
 @pytest.mark.parametrize("name", CELL_NAMES)
-def test_kernel_bptt_matches_finite_differences(name):
+def test_kernel_bptt_matches_finite_differences(name, loss):
     """The product's own gradient (CPU kernels, full BPTT over T steps) against central
-    differences, every parameter tensor of the cell and of the readout."""
-    model = random_model(name)
-    x, y = batch()
+    differences, every parameter tensor of the cell and of the readout, under each loss."""
+    model = random_model(name, loss=loss)
+    x, y = batch(loss=loss)
     errors = check_model_gradients(model, x, y)
     assert set(errors) == set(model.params)
     bad = {k: e for k, e in errors.items() if e >= 1e-6}
     assert not bad, f"{name}: relative errors {bad}"
 
 
+@pytest.mark.parametrize("loss", LOSSES)
 @pytest.mark.parametrize("name", CELL_NAMES)
-def test_kernels_match_reference_float64(name):
-    model = random_model(name)
-    x, y = batch()
+def test_kernels_match_reference_float64(name, loss):
+    model = random_model(name, loss=loss)
+    x, y = batch(loss=loss)
     ref_loss, ref_grads, ref_logits = reference_loss_and_grads(model, x, y, return_logits=True)
     loss, grads, logits = model.loss_and_grad(x, y, return_logits=True)
     assert abs(loss - ref_loss) < 1e-12
@@ -175,13 +189,14 @@ def test_kernels_match_reference_over_several_row_slices_and_blocks(name):
         assert relative_error(grads[key], ref_grads[key]) < 1e-10, key
 
 
+@pytest.mark.parametrize("loss", LOSSES)
 @pytest.mark.parametrize("name", CELL_NAMES)
-def test_float32_kernels_agree_with_float64(name):
-    m64 = random_model(name)
-    m32 = random_model(name, dtype="float32")
+def test_float32_kernels_agree_with_float64(name, loss):
+    m64 = random_model(name, loss=loss)
+    m32 = random_model(name, dtype="float32", loss=loss)
     for key in m64.params:                      # the same numbers, rounded once
         m32.params[key][...] = m64.params[key]
-    x, y = batch()
+    x, y = batch(loss=loss)
     loss64, g64 = m64.loss_and_grad(x, y)
     loss32, g32 = m32.loss_and_grad(x.astype(np.float32), y)
     assert abs(loss32 - loss64) < 1e-5 * max(1.0, abs(loss64))
@@ -492,6 +507,63 @@ def test_unknown_model_and_bad_construction_arguments():
         nprnn.make_model("antisym", 1, 8, sigma_w="1")
     with pytest.raises(ValueError, match=r"eps must be a number, got 'abc'"):
         nprnn.make_model("antisym", 1, 8, eps="abc")
+
+
+def test_the_loss_and_the_output_size_are_checked():
+    with pytest.raises(ValueError, match=r"loss must be one of \('xent', 'mse'\), got 'l2'"):
+        nprnn.make_model("antisym", 1, 8, loss="l2")
+    with pytest.raises(ValueError, match=r"loss must be one of .*, got None"):
+        nprnn.make_model("antisym", 1, 8, loss=None)
+    with pytest.raises(ValueError, match=r"num_classes must be an integer >= 2, got 1"):
+        nprnn.make_model("antisym", 1, 8, num_classes=1, loss="xent")
+    with pytest.raises(ValueError, match=r"num_classes must be an integer >= 1, got 0"):
+        nprnn.make_model("antisym", 1, 8, num_classes=0, loss="mse")
+    with pytest.raises(ValueError, match=r"output_size must be an integer >= 1, got 0"):
+        nprnn.make_model("antisym", 1, 8, output_size=0, loss="mse")
+    with pytest.raises(ValueError, match=r"output_size must be an integer >= 1, got 1.5"):
+        nprnn.make_model("antisym", 1, 8, output_size=1.5, loss="mse")
+    with pytest.raises(ValueError, match=r"num_classes = 3 and output_size = 2 differ"):
+        nprnn.make_model("antisym", 1, 8, num_classes=3, output_size=2, loss="mse")
+    with pytest.raises(ValueError, match=r"loss 'mse' needs the output size"):
+        nprnn.make_model("antisym", 1, 8, loss="mse")
+    with pytest.raises(ValueError, match=r"output_size = 3 names the outputs of loss 'mse'"):
+        nprnn.make_model("antisym", 1, 8, output_size=3)
+    # one output is allowed for mse; both names, when alike, are one size
+    for kw in (dict(num_classes=1), dict(output_size=1), dict(num_classes=1, output_size=1)):
+        model = nprnn.make_model("antisym", 1, 8, loss="mse", **kw)
+        assert (model.loss, model.num_classes, model.params["W_out"].shape) == ("mse", 1, (1, 8))
+        assert model.config["loss"] == "mse" and model.config["num_classes"] == 1
+    # xent as before: the default, 10 classes unless told, and no "loss" in the config
+    model = nprnn.make_model("antisym", 1, 8)
+    assert (model.loss, model.num_classes) == ("xent", 10) and "loss" not in model.config
+
+
+def test_mse_targets_are_checked():
+    model = nprnn.make_model("antisym", 2, 4, 3, loss="mse")
+    x = np.zeros((2, 5, 2), np.float32)
+    good = np.zeros((2, 3))
+    loss, grads = model.loss_and_grad(x, good)
+    assert isinstance(loss, float) and set(grads) == set(model.params)
+    assert model.forward(x).shape == (2, 3)
+    with pytest.raises(ValueError, match=r"float targets of shape \(2, 3\) .*got dtype float64 "
+                                         r"and shape \(2,\)"):
+        model.loss_and_grad(x, np.zeros(2))
+    with pytest.raises(ValueError, match=r"shape \(2, 3\).*shape \(3, 2\)"):
+        model.loss_and_grad(x, np.zeros((3, 2)))
+    with pytest.raises(ValueError, match=r"float targets .*got dtype int64"):
+        model.loss_and_grad(x, np.zeros((2, 3), np.int64))        # labels, not targets
+    with pytest.raises(ValueError, match=r"float targets .*got dtype int64 and shape \(2,\)"):
+        model.loss_and_grad(x, np.array([0, 1]))
+    for bad in (np.nan, np.inf, -np.inf):
+        y = good.copy()
+        y[1, 2] = bad
+        with pytest.raises(ValueError, match=r"NaN or Inf, first y\[1, 2\]"):
+            model.loss_and_grad(x, y)
+    y = good.copy()
+    y[0, 1] = 1e39                                   # finite, but not in the model's float32
+    with pytest.raises(ValueError, match=r"beyond float32's range, first y\[0, 1\] = 1e\+39"):
+        model.loss_and_grad(x, y)
+    model.loss_and_grad(x, good.astype(np.float16))  # any float dtype, as for x
 
 
 @pytest.mark.parametrize("kwargs, match", [

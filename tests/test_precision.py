@@ -63,6 +63,7 @@ def _run_everything_in_float32():
             opt.step(model.params, grads, scale=0.5)
         losses, grads, logits, y_step = model.step_arrays(x, y)
         StepRecorder("cpu", clip=1.0).record(losses, logits, y_step, grads)
+    make_model("antisym", 2, 4, 3, dtype="float32", loss="mse").loss_and_grad(x, x[:, 0, [0, 1, 0]])
     noise = np.zeros((3, 5, 2), np.float32)
     fill_gaussian(noise, 1, np.arange(6).reshape(3, 2))
     # the row-split products, which the kernels above call from inside compiled code
@@ -102,7 +103,8 @@ def test_the_scan_finds_the_kernels(float32_kernels):
     for expected in ("euler_backward_cpu", "euler_gated_forward_cpu", "rnn_backward_cpu",
                      "lstm_backward_cpu", "peephole_lstm_backward_cpu", "gru_forward_cpu",
                      "gru_backward_cpu", "matmul_tn_rows", "sum_rows", "time_major_cpu",
-                     "gaussian_fill_cpu", "adagrad_cpu", "softmax_xent_cpu", "record_step_cpu"):
+                     "gaussian_fill_cpu", "adagrad_cpu", "softmax_xent_cpu", "record_step_cpu",
+                     "mse_cpu"):
         assert expected in names, f"no float32 call of {expected}: found {sorted(names)}"
 
 

@@ -72,8 +72,8 @@ ARG_KINDS = {
     **{k: "3" for k in ("hs", "cs", "th", "z", "x", "da", "dzp", "ds", "gates", "hn", "dgi",
                         "dgh", "partial", "D", "head", "u")},
     **{k: "2" for k in ("A", "W", "dA", "dW", "V", "V_h", "V_z", "W_out", "dW_out", "W_ih", "W_hh",
-                        "WT", "AT", "logits", "dlogits", "h", "dh", "dh0", "dh_T", "dh_prev", "dc",
-                        "C")},
+                        "WT", "AT", "logits", "dlogits", "dout", "h", "dh", "dh0", "dh_T",
+                        "dh_prev", "dc", "C")},
     **{k: "1" for k in ("b", "b_h", "b_z", "b_out", "db_out", "b_ih", "b_hh", "w_ci", "w_cf",
                         "w_co", "dw_ci", "dw_cf", "dw_co", "losses", "a", "p", "v", "g", "G")},
     "eps": "f", "kz": "f", "value": "f", "gamma": "f64", "lr": "f64", "momentum": "f64",
@@ -86,7 +86,9 @@ ARG_KINDS = {
 # where one name means another kind in one kernel: (kernel, argument) -> kind
 OVERRIDES = {("matmul_tn_partial_kernel", "A"): "2", ("matmul_tn_partial_kernel", "B"): "2",
              ("transpose_kernel", "out"): "2", ("transpose_kernel", "a"): "2",
-             ("time_major_kernel", "out"): "3"}
+             ("time_major_kernel", "out"): "3",
+             # the readout's outputs and the regression targets y (B, K) of the mean squared error
+             ("mse_kernel", "out"): "2", ("mse_kernel", "y"): "2"}
 
 
 def kernels(modules=MODULES):
@@ -149,7 +151,7 @@ def test_kernels_were_found():
     assert len(KERNELS) == decorated, (f"the scan found {len(KERNELS)} kernels, the source "
                                        f"decorates {decorated}: {sorted(names)}")
     for expected in ("euler_forward_persistent_kernel", "euler_backward_step_kernel",
-                     "readout_backward_kernel", "matmul_tn_partial_kernel",
+                     "readout_backward_kernel", "mse_kernel", "matmul_tn_partial_kernel",
                      "lstm_backward_persistent_kernel", "gru_forward_step_kernel",
                      "rnn_backward_unit_kernel", "sum_squares_block_kernel", "adagrad_kernel",
                      "gaussian_fill_kernel"):

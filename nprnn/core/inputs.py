@@ -1,6 +1,6 @@
 """What a model takes, checked once before any kernel runs: a batch x (B, T, m) of floats and its
-labels y (B,). The kernels have no bounds checks, so what reaches them must fit; each refusal
-names the bad value and what is allowed.
+labels y (B,), or for a model with loss "mse" its targets y (B, K). The kernels have no bounds
+checks, so what reaches them must fit; each refusal names the bad value and what is allowed.
 """
 import numpy as np
 
@@ -66,3 +66,18 @@ def labels(y, B, K):
         raise ValueError(f"label {bad} out of range: labels must be in [0, {K - 1}] "
                          f"(num_classes = {K})")
     return np.ascontiguousarray(y, dtype=np.int64)
+
+
+def targets(y, B, K, dtype):
+    """Regression targets y (B, K) of floats, finite in `dtype`, as a contiguous `dtype` array."""
+    y = np.asarray(y)
+    if y.shape != (B, K) or not np.issubdtype(y.dtype, np.floating):
+        raise ValueError(f"y must be float targets of shape ({B}, {K}) (B, K = output size) for "
+                         f"loss 'mse', got dtype {y.dtype} and shape {y.shape}")
+    with np.errstate(over="ignore"):                       # said below, with the value
+        cast = np.ascontiguousarray(y, dtype=dtype)
+    if not np.isfinite(cast).all():
+        b, k = (int(i) for i in np.argwhere(~np.isfinite(cast))[0])
+        how = "NaN or Inf" if not np.isfinite(y[b, k]) else f"beyond {np.dtype(dtype)}'s range"
+        raise ValueError(f"y holds a value that is {how}, first y[{b}, {k}] = {y[b, k]}")
+    return cast

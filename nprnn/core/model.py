@@ -1,5 +1,9 @@
 """A model is a cell plus the readout: x (B, T, m) -> h_T (B, n) -> logits (B, K) -> loss.
 
+The loss is softmax cross-entropy over K classes (loss="xent", labels y (B,)) or the mean squared
+error of K real outputs (loss="mse", targets y (B, K)); the readout's outputs are the logits of
+the one and the predictions of the other (nprnn/kernels/readout.py).
+
 `Model.loss_and_grad` is full BPTT: the readout's backward gives dL/dh_T, the cell's backward
 carries it through all T steps. Inputs are validated here, once, so the kernels can trust them.
 
@@ -20,6 +24,10 @@ from .memory import (DeviceWorkspace, Staging, Workspace, is_device_array, memor
                      to_host)
 
 DTYPES = ("float32", "float64")
+LOSSES = ("xent", "mse")            # softmax cross-entropy (classes), mean squared error (outputs)
+# the loss kernels (twins) of each loss; each writes (losses (B,), d outputs (B, K)) from the
+# readout's outputs and y
+LOSS_KERNELS = {"xent": K_readout.softmax_xent, "mse": K_readout.mse}
 
 
 def count_params(cell, m, n, K):
@@ -30,8 +38,9 @@ def count_params(cell, m, n, K):
 
 class Model:
     def __init__(self, cell, input_size, hidden_size, num_classes, params, hyper, dtype,
-                 device="cpu", sigma_w=1.0, init="paper", seed=0, gate_bias=0.0):
+                 device="cpu", sigma_w=1.0, init="paper", seed=0, gate_bias=0.0, loss="xent"):
         self.cell = cell
+        self.loss = loss                        # "xent" or "mse" (LOSSES)
         self.input_size, self.hidden_size, self.num_classes = input_size, hidden_size, num_classes
         self.hyper = hyper
         self.dtype = np.dtype(dtype)
@@ -62,6 +71,8 @@ class Model:
                            init=init, seed=seed, gate_bias=gate_bias, **hyper)
         if cell.w_form is not None:
             self.config["w_form"] = cell.w_form
+        if loss != "xent":
+            self.config["loss"] = loss          # num_classes is then the output size
 
     @property
     def name(self):
@@ -110,6 +121,10 @@ class Model:
         return time_major(x, self.dtype, self._workspace)
 
     def _check_y(self, y, B):
+        """y as the loss kernel reads it: labels (B,) int64 for "xent", targets (B, K) of the
+        model's dtype for "mse"."""
+        if self.loss == "mse":
+            return inputs.targets(y, B, self.num_classes, self.dtype)
         return inputs.labels(y, B, self.num_classes)
 
     # -- forward / backward ----------------------------------------------------------------------
@@ -137,7 +152,8 @@ class Model:
         return be.to_host(h_T)
 
     def forward(self, x):
-        """logits (B, K) for x (B, T, m)."""
+        """The readout's outputs (B, K) for x (B, T, m): logits (loss "xent") or the predicted
+        values (loss "mse")."""
         xt = self._check_x(x)
         be = self.backend_for(xt)
         return be.to_host(self.logits_on(be, xt))
@@ -154,8 +170,10 @@ class Model:
         return logits
 
     def loss_and_grad(self, x, y, return_logits=False):
-        """Mean softmax cross-entropy over the batch and its gradient w.r.t. every parameter
-        (full BPTT). Returns (loss, grads[, logits]); grads has the same keys as params."""
+        """The loss and its gradient w.r.t. every parameter (full BPTT): the mean softmax
+        cross-entropy over the batch for labels y (B,) (loss "xent"), or the mean squared error
+        over all B K outputs for targets y (B, K) (loss "mse"). Returns (loss, grads[, logits]),
+        logits being the readout's outputs (B, K); grads has the same keys as params."""
         xt = self._check_x(x)
         be = self.backend_for(xt)
         losses, grads, logits, _ = self.step_on(be, xt, y, out=None)
@@ -165,20 +183,22 @@ class Model:
     def step_arrays(self, x, y):
         """What `loss_and_grad` computes, left where it was computed (device arrays on cuda, so
         that the caller need not wait for the GPU): (losses (B,), grads, logits (B, K), y (B,)
-        int64), with the mean of `losses` the loss. On cuda all of it lives in the model's
-        buffers and is overwritten by the next call (y, uploaded from the host, by the second
-        next), the gradients included, so that a training step allocates no gradients on the GPU;
-        `loss_and_grad` returns gradients of its own."""
+        int64, or for loss "mse" y (B, K) of the model's dtype), with the mean of `losses` the
+        loss. On cuda all of it lives in the model's buffers and is overwritten by the next call
+        (y, uploaded from the host, by the second next), the gradients included, so that a
+        training step allocates no gradients on the GPU; `loss_and_grad` returns gradients of its
+        own."""
         xt = self._check_x(x)
         return self.step_on(self.backend_for(xt), xt, y, out=self._step_grads)
 
     def step_on(self, be, xt, y, out=None):
         """The training step's arrays (as step_arrays) for time-major x (T, B, m) and labels y on
         the backend `be`: the cell's forward pass, the readout, the loss, and BPTT from the loss
-        to every parameter. The gradients go to the workspace `out` (None: fresh arrays)."""
+        to every parameter (the loss kernel is LOSS_KERNELS[self.loss]). The gradients go to the
+        workspace `out` (None: fresh arrays)."""
         B = xt.shape[1]
-        y = be.upload(self._check_y(y, B) if not is_device_array(y) else y, np.int64,
-                      self._uploads, "y")
+        y = be.upload(self._check_y(y, B) if not is_device_array(y) else y,
+                      self.dtype if self.loss == "mse" else np.int64, self._uploads, "y")
         x = be.upload(xt, self.dtype, self._uploads, "x")
         p, ws, dtype, K = self.params, self._workspace, self.dtype, self.num_classes
         h_T, cache = self.cell.forward(self.cell_params(), x, None, ws, backend=be, **self.hyper)
@@ -186,7 +206,7 @@ class Model:
         be.run(K_readout.readout_forward, logits, h_T, p["W_out"], p["b_out"])
         losses = be.buffer(self._outputs, "losses", (B,), dtype)
         dlogits = be.buffer(ws, "dlogits", (B, K), dtype)
-        be.run(K_readout.softmax_xent, losses, dlogits, logits, y)
+        be.run(LOSS_KERNELS[self.loss], losses, dlogits, logits, y)
         dW_out = be.buffer(out, "dW_out", p["W_out"].shape, dtype)
         db_out = be.buffer(out, "db_out", p["b_out"].shape, dtype)
         dh_T = be.buffer(ws, "dh_T", h_T.shape, dtype)
@@ -211,6 +231,25 @@ def _real(label, v):
     return float(v)
 
 
+def _output_size(loss, num_classes, output_size):
+    """K, the readout's size: num_classes >= 2 (10 if not given) for "xent"; for "mse"
+    num_classes or output_size, >= 1 (give one, or both alike)."""
+    if loss == "xent":
+        if output_size is not None:
+            raise ValueError(f"output_size = {output_size!r} names the outputs of loss 'mse'; "
+                             f"loss 'xent' takes num_classes")
+        return _integer("num_classes", 10 if num_classes is None else num_classes, 2)
+    if num_classes is None and output_size is None:
+        raise ValueError("loss 'mse' needs the output size: give num_classes or output_size")
+    sizes = [_integer(label, v, 1) for label, v in (("num_classes", num_classes),
+                                                    ("output_size", output_size))
+             if v is not None]
+    if len(sizes) == 2 and sizes[0] != sizes[1]:
+        raise ValueError(f"num_classes = {num_classes!r} and output_size = {output_size!r} "
+                         f"differ: give one of them (for loss 'mse' both name the output size)")
+    return sizes[0]
+
+
 def _dtype_name(dtype):
     """"float32" or "float64" for any spelling NumPy understands (np.float32, "f4", float)."""
     try:
@@ -222,21 +261,27 @@ def _dtype_name(dtype):
     return name
 
 
-def make_model(name, input_size, hidden_size, num_classes=10, eps=None, gamma=None, sigma_w=1.0,
-               init="paper", seed=0, dtype="float32", device="cpu", gate_bias=0.0, w_form=None):
+def make_model(name, input_size, hidden_size, num_classes=None, eps=None, gamma=None, sigma_w=1.0,
+               init="paper", seed=0, dtype="float32", device="cpu", gate_bias=0.0, w_form=None,
+               loss="xent", output_size=None):
     """Build a model by name (see `nprnn.CELLS`), initialised as in Appendix C of the paper
     (`init="paper"`) or critically (`init="critical"`, LSTMs only; Gilboa et al. 2019, D.4).
     gate_bias starts the gate bias b_z of a gated Euler cell (eq. 13) at that value instead of
     Appendix C's 0: a deviation from the paper, as an LSTM's forget gate starts at 1.
     w_form holds W of the antisymmetric models (A = W - W^T - gamma I) strictly upper triangular
-    ("triangle", the default: n(n-1)/2 parameters) or full ("full": n^2; cells.W_FORMS)."""
+    ("triangle", the default: n(n-1)/2 parameters) or full ("full": n^2; cells.W_FORMS).
+    loss: "xent", softmax cross-entropy over num_classes >= 2 classes (10 if not given), or "mse",
+    the mean squared error of K >= 1 outputs, K given as num_classes or as output_size (one or
+    the other; both must agree)."""
     if name not in CELLS:
         raise ValueError(f"unknown model {name!r}; choose one of: {', '.join(CELLS)}")
     cell = CELLS[name].with_w_form(w_form)
-    input_size, hidden_size, num_classes, seed = (
-        _integer(label, v, minimum) for label, v, minimum in
-        (("input_size", input_size, 1), ("hidden_size", hidden_size, 1),
-         ("num_classes", num_classes, 2), ("seed", seed, 0)))
+    if not isinstance(loss, str) or loss not in LOSSES:
+        raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
+    input_size, hidden_size = (_integer(label, v, 1) for label, v in
+                               (("input_size", input_size), ("hidden_size", hidden_size)))
+    num_classes = _output_size(loss, num_classes, output_size)
+    seed = _integer("seed", seed, 0)
     dtype = _dtype_name(dtype)
     if device not in DEVICES:
         raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
@@ -295,4 +340,4 @@ def make_model(name, input_size, hidden_size, num_classes=10, eps=None, gamma=No
     params["W_out"] = gaussian(rng, (K, n), 1.0 / n, np.dtype(dtype))
     params["b_out"] = np.zeros(K, dtype=dtype)
     return Model(cell, m, n, K, params, hyper, dtype, device, sigma_w=sigma_w, init=init,
-                 seed=seed, gate_bias=gate_bias)
+                 seed=seed, gate_bias=gate_bias, loss=loss)

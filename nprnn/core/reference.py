@@ -5,7 +5,8 @@ Python and keeps every intermediate, so that a reader can check it against the p
 kernels (`nprnn/kernels/`) can be checked against it by a test. The finite-difference tests check
 *this* file; the kernel tests check the kernels against this file.
 
-Conventions (as in the paper): B batch, T time, m input size, n hidden size, K classes.
+Conventions (as in the paper): B batch, T time, m input size, n hidden size, K classes
+(or outputs, for the mean squared error).
 Inputs are batch-major here, x: (B, T, m); h_0 = 0 unless `h0` is given.
 Each `<cell>_forward(p, x, ...)` returns (h_T, cache); each `<cell>_backward(p, cache, dh_T, ...)`
 returns (grads, dh_0), grads having the same keys as p. Whatever precision the caller's arrays
@@ -192,6 +193,27 @@ def readout_backward(cache):
     dlogits /= B
     # forward was: logits = h W_out^T + b_out
     return dlogits.T @ h, dlogits.sum(axis=0), dlogits @ W_out
+
+
+# Readout for regression: out = W_out h_T + b_out, mean squared error over all B K entries
+# (torch.nn.functional.mse_loss(out, y), reduction "mean"); y (B, K) real targets.
+
+def readout_mse_loss(h, W_out, b_out, y):
+    """Returns (loss, out, cache)."""
+    h, W_out, b_out, y = (np.asarray(a, dtype=np.float64) for a in (h, W_out, b_out, y))
+    out = h @ W_out.T + b_out                           # (B, K)
+    loss = ((out - y) ** 2).mean()
+    return loss, out, dict(h=h, W_out=W_out, out=out, y=y)
+
+
+def readout_mse_backward(cache):
+    """Returns (dW_out, db_out, dh)."""
+    h, W_out, out, y = cache["h"], cache["W_out"], cache["out"], cache["y"]
+    # forward was: loss = mean over b, k of (out[b, k] - y[b, k])^2   (B K entries)
+    # so:          dloss/dout[b, k] = 2 (out[b, k] - y[b, k]) / (B K)
+    dout = 2.0 * (out - y) / out.size
+    # forward was: out = h W_out^T + b_out
+    return dout.T @ h, dout.sum(axis=0), dout @ W_out
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""The classifier on top of every cell: a linear readout of h_T and a softmax cross-entropy.
+"""The readout on top of every cell: a linear layer on h_T, then a loss, softmax cross-entropy
+(a classifier, loss="xent") or mean squared error (regression, loss="mse").
 
     logits = h_T W_out^T + b_out                     h_T (B, n), W_out (K, n), b_out (K,)
     p      = softmax(logits)                         (B, K)
@@ -7,6 +8,13 @@
 Backward:
     dlogits = (p - onehot(y)) / B
     dW_out  = dlogits^T h_T ;  db_out = sum_b dlogits ;  dh_T = dlogits W_out
+
+Mean squared error: the same linear layer gives the outputs, with no softmax, and y (B, K) holds
+real targets (the mean over all B K entries, torch.nn.functional.mse_loss's reduction="mean"):
+    out    = h_T W_out^T + b_out                     (B, K)
+    loss   = (1/(B K)) sum_b sum_k (out[b, k] - y[b, k])^2
+Backward:
+    dout   = 2 (out - y) / (B K)                     then dW_out, db_out, dh_T as above
 """
 import math
 
@@ -37,8 +45,28 @@ def softmax_xent_row(losses, dlogits, logits, y, b):
     dlogits[b, y[b]] -= 1.0 / B
 
 
+def mse_row(losses, dout, out, y, b):
+    """Row b: losses[b] = (1/K) sum_k (out[b, k] - y[b, k])^2, the row's mean, so that the mean of
+    losses is the mean over all B K entries; dout[b] = 2 (out[b] - y[b]) / (B K) (written, =).
+    In the arrays' dtype throughout. Written once for both twins, as softmax_xent_row."""
+    B, K = out.shape
+    f = losses.dtype.type                           # the dtype: no float64 arithmetic in float32
+    acc = f(0)
+    for k in range(K):
+        e = out[b, k] - y[b, k]
+        acc += e * e
+    losses[b] = acc / f(K)
+    scale = f(2) / f(B * K)
+    for k in range(K):
+        # forward was: loss = (1/(B K)) sum_b sum_k (out[b, k] - y[b, k])^2
+        # so:          dout[b, k] = 2 (out[b, k] - y[b, k]) / (B K)
+        dout[b, k] = scale * (out[b, k] - y[b, k])
+
+
 softmax_xent_row_cpu = njit_inline(softmax_xent_row)
 softmax_xent_row_gpu = cuda.jit(device=True)(softmax_xent_row)
+mse_row_cpu = njit_inline(mse_row)
+mse_row_gpu = cuda.jit(device=True)(mse_row)
 
 
 @njit
@@ -63,6 +91,18 @@ def softmax_xent_cpu(losses, dlogits, logits, y):
 
 
 @njit
+def mse_cpu(losses, dout, out, y):
+    """Per-row mean squared error and the gradient of the *mean over all B K entries* w.r.t. the
+    outputs (torch.nn.functional.mse_loss(out, y), reduction "mean").
+
+    Written (=): losses (B,) = (1/K) sum_k (out[b, k] - y[b, k])^2 (their mean is the loss);
+    dout (B, K) = 2 (out - y) / (B K). Read: out (B, K), y (B, K) targets of out's dtype.
+    """
+    for b in range(out.shape[0]):
+        mse_row_cpu(losses, dout, out, y, b)
+
+
+@njit
 def readout_backward_cpu(dW_out, db_out, dh, dlogits, h, W_out):
     """Written (=): dW_out (K, n), db_out (K,), dh (B, n) = dL/dh_T.
     Read: dlogits (B, K), h (B, n), W_out (K, n)."""
@@ -74,9 +114,9 @@ def readout_backward_cpu(dW_out, db_out, dh, dlogits, h, W_out):
 
 
 # ------------------------------------------------------------------------------------------
-# GPU twins: one thread per output element, except the softmax: K is small (10), so one thread
-# per row does a whole softmax. Host functions take the CPU twins' arguments (device arrays) and
-# keyword-only launch options.
+# GPU twins: one thread per output element, except the losses: K is small (10), so one thread
+# per row does a whole softmax, or a row's squared errors. Host functions take the CPU twins'
+# arguments (device arrays) and keyword-only launch options.
 # ------------------------------------------------------------------------------------------
 
 @cuda.jit
@@ -99,6 +139,15 @@ def softmax_xent_kernel(losses, dlogits, logits, y):
     b = cuda.grid(1)
     if b < logits.shape[0]:
         softmax_xent_row_gpu(losses, dlogits, logits, y, b)
+
+
+@cuda.jit
+def mse_kernel(losses, dout, out, y):
+    """mse_row for row b: losses[b] = (1/K) sum_k (out[b, k] - y[b, k])^2,
+    dout[b] = 2 (out[b] - y[b]) / (B K) (written, =). One thread per row b."""
+    b = cuda.grid(1)
+    if b < out.shape[0]:
+        mse_row_gpu(losses, dout, out, y, b)
 
 
 @cuda.jit
@@ -144,6 +193,12 @@ def softmax_xent_gpu(losses, dlogits, logits, y, *, threads=128):
     softmax_xent_kernel[cdiv(B, threads), threads](losses, dlogits, logits, y)
 
 
+def mse_gpu(losses, dout, out, y, *, threads=128):
+    """Twin of mse_cpu (device arrays): losses (B,), dout (B, K) written (=)."""
+    B = out.shape[0]
+    mse_kernel[cdiv(B, threads), threads](losses, dout, out, y)
+
+
 def readout_backward_gpu(dW_out, db_out, dh, dlogits, h, W_out, *, block=(32, 8)):
     """Twin of readout_backward_cpu (device arrays): dW_out, db_out, dh written (=)."""
     B, K = dlogits.shape
@@ -157,5 +212,7 @@ readout_forward = Twins(readout_forward_cpu, readout_forward_gpu,
                         gpu_options=lambda launch: dict(block=launch.readout_block))
 softmax_xent = Twins(softmax_xent_cpu, softmax_xent_gpu,
                      gpu_options=lambda launch: dict(threads=launch.readout_block[0]))
+mse = Twins(mse_cpu, mse_gpu,
+            gpu_options=lambda launch: dict(threads=launch.readout_block[0]))
 readout_backward = Twins(readout_backward_cpu, readout_backward_gpu,
                          gpu_options=lambda launch: dict(block=launch.readout_block))
