@@ -9,6 +9,8 @@ for the registry-driven checks to cover it: tests/test_extra_cell.py runs the CP
 differences, the reference, float32, workspaces, PTX, bench), tests/gpu/test_gpu_extra_cell.py
 the GPU twins. A cell of a new family would add its kernels and its spec class the same way.
 """
+import itertools
+
 import numpy as np
 
 import nprnn
@@ -36,6 +38,15 @@ SPEC = EulerCell(NAME, "gated feedback RNN (a test's cell)", antisymmetric=False
 def register(monkeypatch):
     """The spec in nprnn.CELLS for one test (monkeypatch takes it out again)."""
     monkeypatch.setitem(nprnn.CELLS, NAME, SPEC)
+
+
+def run_check(check, name, argname="name"):
+    """Call a registry check for the cell `name` with every value of its other parametrizations
+    (the loss, ...), as pytest would, so that a check parametrized further still runs whole."""
+    others = [m for m in getattr(check, "pytestmark", [])
+              if m.name == "parametrize" and m.args[0] != argname]
+    for values in itertools.product(*(m.args[1] for m in others)):
+        check(**{argname: name}, **{m.args[0]: v for m, v in zip(others, values)})
 
 
 def registry_checks(module, argnames, values):

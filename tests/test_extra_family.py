@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import extra_cell
+from extra_cell import run_check
 import test_analysis
 import test_cells
 import test_layers
@@ -42,7 +43,7 @@ def test_the_registry_checks_were_found():
 
 @pytest.mark.parametrize("check", CHECKS, ids=lambda check: check.__name__)
 def test_a_family_from_three_files_gets_every_cell_check(check):
-    check(spec.NAME)
+    run_check(check, spec.NAME)
 
 
 def wrong_backward(p, cache, dh_T, alpha):
@@ -70,7 +71,7 @@ def wrong_backward(p, cache, dh_T, alpha):
 def test_a_wrong_spec_fails_the_checks(monkeypatch, mistake, check):
     monkeypatch.setattr(spec.SPEC, *mistake)
     with pytest.raises(AssertionError):
-        check(spec.NAME)
+        run_check(check, spec.NAME)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
