@@ -35,7 +35,7 @@ import fake_data as fd                                                # noqa: E4
 from nprnn import sweep                                               # noqa: E402
 from nprnn.data import sources                                        # noqa: E402
 from nprnn.data.datasets import get_task                              # noqa: E402
-from nprnn.runs.checkpoint import load_checkpoint                     # noqa: E402
+from test_sweep import _saved_iteration, _wait_for                      # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = "NPRNN_TEST_POSTGRES"
@@ -149,22 +149,6 @@ def cluster(tmp_path, dask_command):
     finally:
         _stop(procs[1:], grace=5)         # the workers, then the scheduler
         _stop(procs[:1])
-
-
-def _wait_for(condition, timeout=120, what="the condition"):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if condition():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def _saved_iteration(run):
-    try:
-        return load_checkpoint(run / "checkpoint.h5")["progress"]["iteration"]
-    except Exception:
-        return 0
 
 
 def _training(client, folder):
