@@ -39,6 +39,18 @@ class Feed:
     pixels: str
     own: bool
 
+    @contextmanager
+    def open(self, T=None):
+        """The task, open (at length `T` instead of the Feed's, where given); a DataError
+        becomes a ValueError that names the task."""
+        seed = tasks.DEFAULT_PERMUTATION_SEED if self.perm_seed is None else self.perm_seed
+        try:
+            with datasets.get_task(self.name, data_dir=self.data_dir, seed=seed,
+                                   T=self.T if T is None else T, pixels=self.pixels) as t:
+                yield t
+        except DataError as e:
+            raise ValueError(f"task {self.name!r}: {e}") from None
+
 
 class SavedRun:
     """A run folder or checkpoint file, read lazily (see the module's docstring). The model is
@@ -159,17 +171,9 @@ class SavedRun:
         return Feed(name, T, perm_seed, data_dir or trained.get("data_dir"),
                     trained.get("pixels", "unit"), own)
 
-    @contextmanager
     def open_task(self, task=None, T=None, data_dir=None):
-        """The task of `feed(task, T, data_dir)`, open; a DataError becomes a ValueError that
-        names the task."""
-        feed = self.feed(task, T, data_dir)
-        try:
-            with datasets.get_task(feed.name, data_dir=feed.data_dir, T=feed.T,
-                                   seed=feed.perm_seed, pixels=feed.pixels) as t:
-                yield t
-        except DataError as e:
-            raise ValueError(f"task {feed.name!r}: {e}") from None
+        """The task of `feed(task, T, data_dir)`, open (Feed.open)."""
+        return self.feed(task, T, data_dir).open()
 
 
 def open_run(path, dtype="float64", device="cpu"):

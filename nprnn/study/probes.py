@@ -5,8 +5,6 @@ of `simulate` and `jacobian` are written and made here too.
 """
 import numpy as np
 
-from ..data import datasets, tasks
-from ..data.sources import DataError
 from ..runs.saved import common_feed, open_run
 from ..util.progress import CountBar
 from . import analysis
@@ -71,14 +69,9 @@ def jacobian(models, gammas, hidden_size, input_size, eps, sigma_w, checkpoints,
     if task:
         feed = common_feed(task, [run for _, run, _ in opened], data_dir)
         seqs = {}
-        try:
-            for T in lengths:
-                with datasets.get_task(task, T=T, data_dir=feed.data_dir, pixels=feed.pixels,
-                                       seed=tasks.DEFAULT_PERMUTATION_SEED
-                                       if feed.perm_seed is None else feed.perm_seed) as t:
-                    seqs[T] = analysis.task_sequences(t, sequences, seed=seed)
-        except DataError as e:
-            raise ValueError(f"task {task!r}: {e}") from None
+        for T in lengths:
+            with feed.open(T) as t:
+                seqs[T] = analysis.task_sequences(t, sequences, seed=seed)
         input_size = next(iter(seqs.values())).shape[2]
         for path, run, _ in opened:
             if run.model.input_size != input_size:
