@@ -7,6 +7,7 @@ import pytest
 
 import nprnn
 from nprnn.core.optim import SGD, Adagrad, StepRecorder, clip_scale, global_norm, make_optimizer
+from nprnn.core.model import Step
 
 
 def test_sgd_momentum_matches_hand_computed_steps():
@@ -290,6 +291,12 @@ def test_a_nan_scale_skips_the_step():
                    for k, s in opt.slots.items())
 
 
+def step(losses, logits, y, grads, weights=None):
+    """A model.Step of these arrays (weights: 1/R for each row when not given)."""
+    R = logits.shape[0] if np.ndim(logits) == 2 else len(losses)
+    return Step(losses, grads, logits, y, np.full(R, 1.0 / R) if weights is None else weights)
+
+
 def test_step_recorder_sums_what_the_loop_reports_and_sets_the_clipping_factor():
     rec = StepRecorder("cpu", clip=1.0, totals=dict(steps=2, count=8, correct=3, loss_sum=4.0,
                                                       grad_norm_sum=1.5))
@@ -297,17 +304,17 @@ def test_step_recorder_sums_what_the_loop_reports_and_sets_the_clipping_factor()
     logits = np.array([[1.0, 3.0, 3.0], [2.0, 0.0, 1.0], [0.0, 0.0, 5.0]], dtype=np.float32)
     y = np.array([2, 0, 2])                      # row 0: a tie, the first largest (1) counts
     grads = {"a": np.array([3.0, 0.0]), "b": np.array([[4.0]])}        # ||g|| = 5
-    rec.record(losses, logits, y, grads)
+    rec.record(step(losses, logits, y, grads))
     got = rec.read()
     assert got == dict(steps=3, count=11, correct=5, loss_sum=7.0, grad_norm_sum=6.5,
                        first_bad=None, bad_loss=0.0, bad_norm=0.0)
     assert rec.scale[0] == pytest.approx(0.2) and global_norm(grads) == 5.0
     rec.reset()
     rec.clip = 0.0
-    rec.record(losses, logits, y, grads)
+    rec.record(step(losses, logits, y, grads))
     assert rec.scale[0] == 1.0 and rec.read()["steps"] == 1
-    rec.record(losses * np.float32(np.inf), logits, y, grads)        # a bad step, then a good
-    rec.record(losses, logits, y, grads)
+    rec.record(step(losses * np.float32(np.inf), logits, y, grads))    # a bad step, then a good
+    rec.record(step(losses, logits, y, grads))
     got = rec.read()
     assert (got["steps"], got["first_bad"], got["count"]) == (3, 2, 3)
     assert got["bad_loss"] == np.inf and got["bad_norm"] == 5.0 and np.isnan(rec.scale[0])
@@ -315,19 +322,37 @@ def test_step_recorder_sums_what_the_loop_reports_and_sets_the_clipping_factor()
         StepRecorder("cpu", clip=-1.0)
 
 
+def test_step_recorder_counts_only_the_rows_that_count():
+    """Rows of weight 0 (a label -1, a step past a row's length) add neither to the count, the
+    correct answers nor the loss; a regression's y (R, K) adds no correct answers."""
+    rec = StepRecorder("cpu")
+    logits = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]])
+    losses = np.array([0.5, 2.0, 4.0])
+    rec.record(step(losses, logits, np.array([0, -1, 0]), {"a": np.ones(1)},
+                    np.array([0.5, 0.0, 0.5])))
+    got = rec.read()
+    assert (got["count"], got["correct"], got["loss_sum"]) == (2, 2, 4.5)
+    rec.reset()
+    rec.record(step(losses, logits, np.zeros((3, 2)), {"a": np.ones(1)}))
+    got = rec.read()
+    assert (got["count"], got["correct"], got["loss_sum"]) == (3, 0, 6.5)
+
+
 def test_step_recorder_refuses_a_step_whose_shapes_disagree():
-    """The record kernel reads B = logits.shape[0] losses and labels without bounds checks: a
-    shorter losses or y was read past its end, and the garbage marked the run bad."""
+    """The record kernel reads R = logits.shape[0] losses, labels and weights without bounds
+    checks: a shorter losses or y was read past its end, and the garbage marked the run bad."""
     rec = StepRecorder("cpu")
     grads = {"a": np.ones(3)}
     logits, losses, y = np.zeros((4, 10)), np.ones(4), np.zeros(4, dtype=np.int64)
-    for bad, match in [((np.ones(1), logits, y), r"losses \(1,\), logits \(4, 10\), y \(4,\)"),
+    for bad, match in [((np.ones(1), logits, y), r"losses \(1,\), outputs \(4, 10\), y \(4,\)"),
                        ((losses, logits, y[:2]), r"y \(2,\)"),
-                       ((losses, logits[0], y), r"logits \(10,\)"),
+                       ((losses, logits[0], y), r"outputs \(10,\)"),
                        ((losses, logits, y.astype(np.float64)), "integer labels, got dtype "
                                                                 "float64")]:
         with pytest.raises(ValueError, match=match):
-            rec.record(*bad, grads)
+            rec.record(step(*bad, grads, weights=np.full(4, 0.25)))
+    with pytest.raises(ValueError, match=r"weights \(2,\)"):
+        rec.record(step(losses, logits, y, grads, weights=np.ones(2)))
     assert rec.read()["steps"] == 0
-    rec.record(losses, logits, y, grads)
+    rec.record(step(losses, logits, y, grads))
     assert rec.read()["steps"] == 1 and rec.read()["first_bad"] is None

@@ -25,7 +25,8 @@ from nprnn.data.noise import fill_gaussian
 from nprnn.kernels import common as K_common
 from nprnn.core.optim import StepRecorder, make_optimizer
 
-MODULES = ["common", "antisym", "rnn", "lstm", "gru", "readout", "optim", "noise", "layout"]
+MODULES = ["common", "antisym", "rnn", "lstm", "gru", "readout", "optim", "noise", "layout",
+           "stack"]
 
 FLOAT64_ON_PURPOSE = {
     "softmax_xent_cpu": "the loss and softmax of K = 10 logits per row, once per batch, in "
@@ -35,6 +36,7 @@ FLOAT64_ON_PURPOSE = {
     "adagrad_cpu": "as sgd_momentum_cpu",
     "sum_squares_cpu": "the squared gradient norm is summed in float64: a float32 square can "
                        "overflow",
+    "mse_cpu": "each row's gradient scale 2 w[r] / K, from its float64 weight, once per row",
     "record_step_cpu": "a step's loss, correct count and gradient norm are summed into float64 "
                        "totals, once per step",
     "antisym_matrix_cpu": "A = W - W^T - gamma I with gamma a float64 scalar: n values per call",
@@ -44,7 +46,7 @@ FLOAT64_ON_PURPOSE = {
 # a training step (kernels/optim.py) and the float64 accumulator of sum_squares_cpu (another
 # kernel's `out` is its result, in the model's dtype: time_major_cpu's float64 version for a
 # float64 model fed float32 batches is a float64 kernel)
-FLOAT64_ARRAYS = {"scale", "stats", "total", ("sum_squares_cpu", "out")}
+FLOAT64_ARRAYS = {"scale", "stats", "total", "w", ("sum_squares_cpu", "out")}
 # float64 arithmetic in LLVM IR: scalar or vector fadd/fsub/fmul/fdiv on double
 DOUBLE_ARITHMETIC = re.compile(r"= (fadd|fsub|fmul|fdiv|frem)(?: [a-z]+)* (?:<\d+ x )?double\b")
 
@@ -61,8 +63,10 @@ def _run_everything_in_float32():
         for opt in (make_optimizer("sgd", model.params, 0.1),
                     make_optimizer("adagrad", model.params, 0.1)):
             opt.step(model.params, grads, scale=0.5)
-        losses, grads, logits, y_step = model.step_arrays(x, y)
-        StepRecorder("cpu", clip=1.0).record(losses, logits, y_step, grads)
+        StepRecorder("cpu", clip=1.0).record(model.step_arrays(x, y))
+        # the sequence paths: lengths, a readout at every step, two layers (kernels/stack.py)
+        stacked = make_model(name, 2, 4, 3, dtype="float32", seed=1, layers=2, readout="every")
+        stacked.loss_and_grad(x, np.zeros((3, 5), np.int64), lengths=[5, 2, 1])
     make_model("antisym", 2, 4, 3, dtype="float32", loss="mse").loss_and_grad(x, x[:, 0, [0, 1, 0]])
     noise = np.zeros((3, 5, 2), np.float32)
     fill_gaussian(noise, 1, np.arange(6).reshape(3, 2))

@@ -82,6 +82,7 @@ ARG_KINDS = {
     "delta": "f64", "t": "i", "t0": "i", "rows": "i", "layout": "i", "peephole": "b",
     "accumulate": "b", "triangle": "b",
     "y": "i64_1", "out": "f64_1", "block_sums": "f64_1", "starts": "u64_1",
+    "dhs": "3", "lengths": "i64_1", "w": "f64_1",
 }
 # where one name means another kind in one kernel: (kernel, argument) -> kind
 OVERRIDES = {("matmul_tn_partial_kernel", "A"): "2", ("matmul_tn_partial_kernel", "B"): "2",
@@ -163,6 +164,7 @@ def test_kernels_were_found():
 # where it is meant: kernel -> why.
 FLOAT64_ON_PURPOSE = {
     "softmax_xent_kernel": "the softmax and loss of K = 10 logits per row, as the CPU twin",
+    "mse_kernel": "each row's gradient scale 2 w[r] / K, from its float64 weight, as the CPU twin",
     "sum_squares_block_kernel": "the squared gradient norm is summed in float64",
     "sum_block_sums_kernel": "the squared gradient norm is summed in float64",
     "sgd_momentum_kernel": "lr, momentum and scale are float64 scalars, as on the CPU",

@@ -29,7 +29,7 @@ def run_mse_kernels(h, W_out, b_out, y):
     out = np.empty((h.shape[0], W_out.shape[0]), h.dtype)
     K_readout.readout_forward_cpu(out, h, W_out, b_out)
     losses, dout = np.empty(h.shape[0], h.dtype), np.empty_like(out)
-    K_readout.mse_cpu(losses, dout, out, y)
+    K_readout.mse_cpu(losses, dout, out, y, np.full(h.shape[0], 1.0 / h.shape[0]))
     dW_out, db_out, dh = np.empty_like(W_out), np.empty_like(b_out), np.empty_like(h)
     K_readout.readout_backward_cpu(dW_out, db_out, dh, dout, h, W_out)
     return out, losses, dout, dW_out, db_out, dh
@@ -42,7 +42,7 @@ def test_mse_on_a_small_case_by_hand():
         out = np.array([[1.0, 2.0], [3.0, 5.0]], dtype)
         y = np.array([[0.0, 2.0], [1.0, 1.0]], dtype)
         losses, dout = np.empty(2, dtype), np.empty_like(out)
-        K_readout.mse_cpu(losses, dout, out, y)
+        K_readout.mse_cpu(losses, dout, out, y, np.full(2, 0.5))
         np.testing.assert_array_equal(losses, [0.5, 10.0])
         np.testing.assert_array_equal(dout, [[0.5, 0.0], [1.0, 2.0]])
         loss, dout_torch = torch_mse(out.astype(np.float64), y.astype(np.float64))

@@ -283,7 +283,7 @@ def time_model(model, x, y, versions=("step", "persistent", "split"), repeats=5,
                 be, time_major(x_batch, dtype, ws)), repeats, warmup)
         if not misfits:
             row["forward_backward_ms"] = elapsed_ms(lambda be=be: model.step_on(
-                be, time_major(x_batch, dtype, ws), y, out), repeats, warmup)
+                be, time_major(x_batch, dtype, ws), y, [out]), repeats, warmup)
         runs = [label for label, c in (("forward", chosen.forward), ("BPTT", chosen.backward))
                 if c == k]
         if runs:

@@ -10,9 +10,10 @@ cell's forward pass and BPTT, and the model's readout and loss, are written once
     h_T, cache = cell.forward(p, x, h0, ws, backend=CUDA(Launch(), Kernels("step"), ...))
 
 What a backend provides: `buffer` (a workspace's array, or a fresh one), `states` (hs with h_0 in
-place), `upstream` (dL/dh_T checked and where the kernels read it), `scalar` (a hyperparameter as
-the kernels take it), `run` (a kernel's twin) and `run_pass` (a cell's pass, on cuda the version
-chosen for it).
+place), `upstream` (dL/dh_T checked and where the kernels read it), `sequence` (a pass's lengths
+and gradients at every step, as its kernels take them), `scalar` (a hyperparameter as the kernels
+take it), `run` (a kernel's twin) and `run_pass` (a cell's pass, on cuda the version chosen for
+it).
 
 On cuda, which kernels a pass can run depends on the cell, n, the dtype and the launch
 (`options`: the persistent kernels where a block's shared memory holds them, with the matrix
@@ -32,6 +33,7 @@ the fastest. Kernel versions (nprnn/kernels/antisym.py explains them):
                   first option: persistent with the matrix in global memory, else step
 """
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -48,6 +50,25 @@ def check_state(name, a, B, n):
     has no bounds checks, would read past a smaller array.)"""
     if a is not None and tuple(np.shape(a)) != (B, n):
         raise ValueError(f"{name} must have shape (B, n) = ({B}, {n}), got {tuple(np.shape(a))}")
+
+
+def check_sequence(lengths, dhs, T, B, n):
+    """lengths (B,) and dhs (T, B, n) as a cell's passes take them (None: none). The model checks
+    the values of a user's lengths (inputs.lengths); this guards the kernels' reads."""
+    if lengths is not None and tuple(lengths.shape) != (B,):
+        raise ValueError(f"lengths must have shape (B,) = ({B},), got {tuple(lengths.shape)}")
+    if dhs is not None and tuple(dhs.shape) != (T, B, n):
+        raise ValueError(f"dhs must have shape (T, B, n) = ({T}, {B}, {n}), got "
+                         f"{tuple(dhs.shape)}")
+
+
+class Sequence(NamedTuple):
+    """What a pass's CPU and step kernels take last (kernels/common.py, "Sequences"): `args`,
+    (lengths,) forward and (dhs, lengths) in BPTT, with T-long rows and an empty dhs standing
+    for none; `plain` where there are none, all rows T steps long and dL/dh_T the only gradient,
+    the only case the persistent and split kernels run."""
+    args: tuple
+    plain: bool
 
 
 @dataclass(frozen=True)
@@ -148,9 +169,27 @@ class CPUBackend:
         return hs
 
     def upstream(self, dh_T, hs):
-        """dL/dh_T checked against the states hs (T+1, B, n), contiguous in their dtype."""
+        """dL/dh_T checked against the states hs (T+1, B, n), contiguous in their dtype (None:
+        zero, where the gradients enter at every step)."""
+        if dh_T is None:
+            return np.zeros(hs.shape[1:], dtype=hs.dtype)
         check_state("dh_T", dh_T, *hs.shape[1:])
         return np.ascontiguousarray(dh_T, dtype=hs.dtype)
+
+    def sequence(self, ws, x, n, lengths=None, dhs=None, backward=False):
+        """The Sequence of a pass over time-major x (T, B, m) at n units: lengths (B,) int64 in
+        [1, T] (None: all T), and in BPTT dhs (T, B, n) (None: none)."""
+        T, B, _ = x.shape
+        check_sequence(lengths, dhs, T, B, n)
+        plain = lengths is None and dhs is None
+        if lengths is None:
+            lengths = self.buffer(ws, "lengths_T", (B,), np.int64)
+            lengths[:] = T
+        if not backward:
+            return Sequence((lengths,), plain)
+        if dhs is None:
+            dhs = self.buffer(ws, "no_dhs", (0, B, n), x.dtype)
+        return Sequence((dhs, lengths), plain)
 
     def scalar(self, value, dtype):
         return np.dtype(dtype).type(value)     # float32 models compute in float32 throughout
@@ -165,9 +204,10 @@ class CPUBackend:
     def run(self, twins, *args):
         twins.cpu(*args)
 
-    def run_pass(self, twins, backward, *args):
+    def run_pass(self, twins, backward, *args, sequence):
+        """A cell's pass: its CPU twin on `args`, then its Sequence's."""
         with one_blas_thread():
-            twins.cpu(*args)
+            twins.cpu(*args, *sequence.args)
 
 
 CPU = CPUBackend()
@@ -205,8 +245,25 @@ class CUDA:
         return hs
 
     def upstream(self, dh_T, hs):
+        if dh_T is None:
+            zero = device_array(hs.shape[1:], hs.dtype)
+            fill(zero, 0)
+            return zero
         check_state("dh_T", dh_T, *hs.shape[1:])
         return to_device(dh_T, hs.dtype)
+
+    def sequence(self, ws, x, n, lengths=None, dhs=None, backward=False):
+        T, B, _ = x.shape
+        check_sequence(lengths, dhs, T, B, n)
+        plain = lengths is None and dhs is None
+        if lengths is None:
+            lengths = self.buffer(ws, "lengths_T", (B,), np.int64)
+            fill(lengths, T)
+        if not backward:
+            return Sequence((lengths,), plain)
+        if dhs is None:
+            dhs = self.buffer(ws, "no_dhs", (0, B, n), x.dtype)
+        return Sequence((dhs, lengths), plain)
 
     def scalar(self, value, dtype):
         return float(value)
@@ -221,10 +278,14 @@ class CUDA:
     def run(self, twins, *args):
         twins.gpu(*args, **(twins.gpu_options(self.launch) if twins.gpu_options else {}))
 
-    def run_pass(self, twins, backward, *args):
+    def run_pass(self, twins, backward, *args, sequence):
         k = self.backward if backward else self.forward
+        if k.version != "step" and not sequence.plain:
+            raise ValueError(f"the {k.version} kernels take neither lengths nor gradients at "
+                             f"every step: run the step kernels (a model does so by itself)")
         if k.version == "step":
             run, opts = twins.gpu, dict(block=self.launch.step_block)
+            args += sequence.args
         elif k.version == "split":
             run, opts = twins.gpu_split, dict(lanes=k.lanes, rows=self.launch.rows)
         else:

@@ -9,10 +9,17 @@ knows:
     init(rng, m, n, ...)    parameters at initialisation (Appendix C, or the critical one)
     hyper                   the names of its hyperparameters (eps, gamma of the Euler cells),
                             which its passes take as keyword arguments of those names
-    forward(p, x, h0, ws, backend)   its kernels over a time-major x (T, B, m) -> (h_T, cache),
-                            on the CPU or, with a backends.CUDA, the GPU: written once
-    backward(p, cache, dh_T, ws, out, backend) -> (grads, dh_0), grads with the keys of p
+    forward(p, x, h0, ws, backend, lengths)   its kernels over a time-major x (T, B, m) ->
+                            (h_T, cache), on the CPU or, with a backends.CUDA, the GPU: written
+                            once; cache["hs"] (T+1, B, n) holds h_0 .. h_T, and with lengths
+                            (B,) row b's state stops changing after its step lengths[b]
+    backward(p, cache, dh_T, ws, out, backend, dhs) -> (grads, dh_0), grads with the keys of p;
+                            dhs (T, B, n), dL/dh_t from outside the recurrence (None: none), and
+                            dh_T None for zero
     forward_kernels, backward_kernels   its kernels' twins (kernels.common.Twins)
+    input_weights           (scratch, matrix) of each product by which x_t enters: BPTT leaves
+                            dL/du_t of u_t = matrix x_t in cache[scratch], and `input_grads`
+                            gives dL/dx from them (what a stacked layer hands the one below)
     persistent_layouts(n, dtype, backward, rows)   which persistent GPU passes fit
     split_lanes(n, dtype)   the lanes per unit with which split GPU passes fit (none: [])
     reference               its float64 oracle in nprnn/core/reference.py (forward, backward), same
@@ -46,6 +53,7 @@ from ..kernels.fast import antisym as K_euler
 from ..kernels.fast import gru as K_gru
 from ..kernels.fast import lstm as K_lstm
 from ..kernels.fast import rnn as K_rnn
+from ..kernels import stack as K_stack
 from ..kernels.gpu_common import SHARED_BYTES_MAX, split_lanes
 
 # Appendix C grid: eps in {0.01, 0.1, 1}, gamma in {0.001, 0.01, 0.1, 1}, sigma_w in
@@ -83,6 +91,7 @@ class Cell:
     torch_module = None          # the torch.nn module with the same weights, if any (bench)
     w_forms = ()                 # the forms of W it may take (W_FORMS; the first the default)
     w_form = None                # the form this spec holds W in
+    input_weights = (("da", "weight_ih"),)   # (scratch, matrix) of each product x_t enters
 
     def with_w_form(self, w_form):
         """This spec with W in the form `w_form` (one of `w_forms`; None: the default). The
@@ -123,13 +132,25 @@ class Cell:
     # Each cell's passes take its hyperparameters (those `hyper` names) as keyword arguments of
     # those names, after these: EulerCell.forward(..., eps=, gamma=). A cell without any takes
     # none, and a model refuses them at make_model.
-    def forward(self, p, x, h0=None, ws=None, backend=CPU):
-        """(h_T, cache) over a time-major x (T, B, m), running the cell's kernels on `backend`."""
+    def forward(self, p, x, h0=None, ws=None, backend=CPU, lengths=None):
+        """(h_T, cache) over a time-major x (T, B, m), running the cell's kernels on `backend`;
+        lengths (B,) in [1, T] (None: all T) stop each row's state after its own last step."""
         raise NotImplementedError
 
-    def backward(self, p, cache, dh_T, ws=None, out=None, backend=CPU):
-        """(grads, dh_0) from dL/dh_T, by the kernels that undo `forward`'s."""
+    def backward(self, p, cache, dh_T, ws=None, out=None, backend=CPU, dhs=None):
+        """(grads, dh_0) from dL/dh_T (None: 0) and dhs (T, B, n), dL/dh_t entering at every
+        step (None: none), by the kernels that undo `forward`'s."""
         raise NotImplementedError
+
+    def input_grads(self, p, cache, ws=None, backend=CPU):
+        """dL/dx (T, B, m) after `backward` has run on `cache`: x_t enters only through the
+        products u_t = W x_t of `input_weights`, so dL/dx_t = sum of dL/du_t W
+        (kernels/stack.py)."""
+        x = cache["x"]
+        dx = backend.buffer(ws, "dx", x.shape, x.dtype)
+        for k, (scratch, matrix) in enumerate(self.input_weights):
+            backend.run(K_stack.input_grad, dx, cache[scratch], p[matrix], k > 0)
+        return dx
 
     def gate_values(self, cache):
         return {}
@@ -187,6 +208,7 @@ class EulerCell(Cell):
         self.hyper = ("eps", "gamma") if uses_gamma else ("eps",)
         self.sigmoid_gates = ("z",) if gated else ()
         self.product_blocks = (1, 2 if gated else 1)
+        self.input_weights = (("da", "V_h"), ("dzp", "V_z")) if gated else (("da", "V_h"),)
         # the kernels' twins (kernels/antisym.py), gated or not
         self.forward_kernels = K_euler.euler_gated_forward if gated else K_euler.euler_forward
         self.backward_kernels = K_euler.euler_gated_backward if gated else K_euler.euler_backward
@@ -247,7 +269,7 @@ class EulerCell(Cell):
             return A
         return W
 
-    def forward(self, p, x, h0=None, ws=None, backend=CPU, eps=DEFAULT_EPS,
+    def forward(self, p, x, h0=None, ws=None, backend=CPU, lengths=None, eps=DEFAULT_EPS,
                 gamma=DEFAULT_GAMMA):
         T, B, _ = x.shape
         n = p["b_h"].shape[0]
@@ -255,18 +277,19 @@ class EulerCell(Cell):
         A = self.matrix(p["W"], gamma, ws, backend)
         hs = backend.states(ws, "hs", x, n, h0)
         th = backend.buffer(ws, "th", (T, B, n), x.dtype)
-        cache = dict(x=x, A=A, hs=hs, th=th)
+        cache = dict(x=x, A=A, hs=hs, th=th, lengths=lengths)
         gate = ()
         if self.gated:
             cache["z"] = backend.buffer(ws, "z", (T, B, n), x.dtype)
             gate = (cache["z"],)
         inputs = (p["V_h"], p["b_h"]) + ((p["V_z"], p["b_z"]) if self.gated else ())
         kz = (backend.scalar(self.kz, x.dtype),) if self.gated else ()
-        backend.run_pass(self.forward_kernels, False, hs, th, *gate, x, A, *inputs, eps, *kz)
+        backend.run_pass(self.forward_kernels, False, hs, th, *gate, x, A, *inputs, eps, *kz,
+                         sequence=backend.sequence(ws, x, n, lengths))
         return hs[T], cache
 
-    def backward(self, p, cache, dh_T, ws=None, out=None, backend=CPU, eps=DEFAULT_EPS,
-                 gamma=DEFAULT_GAMMA):
+    def backward(self, p, cache, dh_T, ws=None, out=None, backend=CPU, dhs=None,
+                 eps=DEFAULT_EPS, gamma=DEFAULT_GAMMA):
         x, A, hs, th = cache["x"], cache["A"], cache["hs"], cache["th"]
         T, B, _ = x.shape
         n = A.shape[0]
@@ -284,7 +307,11 @@ class EulerCell(Cell):
         else:
             grads = (dA, g["V_h"], g["b_h"], dh0, da)
             state = (dh_T, hs, th, x, A, eps)
-        backend.run_pass(self.backward_kernels, True, *grads, *state)
+        backend.run_pass(self.backward_kernels, True, *grads, *state,
+                         sequence=backend.sequence(ws, x, n, cache["lengths"], dhs, True))
+        cache["da"] = da                    # for input_grads, with the gate's dzp
+        if self.gated:
+            cache["dzp"] = grads[-2]
         if self.antisymmetric:
             backend.run(K_euler.antisym_dW, g["W"], dA, self.w_form == "triangle")
         return g, dh0
@@ -409,14 +436,15 @@ class RNNCell(StackedGateCell):
     forward_kernels, backward_kernels = K_rnn.rnn_forward, K_rnn.rnn_backward
     torch_module = "RNN"
 
-    def forward(self, p, x, h0=None, ws=None, backend=CPU):
+    def forward(self, p, x, h0=None, ws=None, backend=CPU, lengths=None):
         T = x.shape[0]
-        hs = backend.states(ws, "hs", x, p["weight_hh"].shape[1], h0)
+        n = p["weight_hh"].shape[1]
+        hs = backend.states(ws, "hs", x, n, h0)
         backend.run_pass(self.forward_kernels, False, hs, x, p["weight_ih"], p["weight_hh"],
-                         p["bias_ih"], p["bias_hh"])
-        return hs[T], dict(x=x, hs=hs)
+                         p["bias_ih"], p["bias_hh"], sequence=backend.sequence(ws, x, n, lengths))
+        return hs[T], dict(x=x, hs=hs, lengths=lengths)
 
-    def backward(self, p, cache, dh_T, ws=None, out=None, backend=CPU):
+    def backward(self, p, cache, dh_T, ws=None, out=None, backend=CPU, dhs=None):
         x, hs = cache["x"], cache["hs"]
         T, B, _ = x.shape
         n = p["weight_hh"].shape[1]
@@ -424,7 +452,9 @@ class RNNCell(StackedGateCell):
         da = backend.buffer(ws, "da", (T, B, n), x.dtype)
         dh_T = backend.upstream(dh_T, hs)
         backend.run_pass(self.backward_kernels, True, g["weight_ih"], g["weight_hh"], g["bias_ih"],
-                         g["bias_hh"], dh0, da, dh_T, hs, x, p["weight_hh"])
+                         g["bias_hh"], dh0, da, dh_T, hs, x, p["weight_hh"],
+                         sequence=backend.sequence(ws, x, n, cache["lengths"], dhs, True))
+        cache["da"] = da
         return g, dh0
 
 
@@ -488,7 +518,7 @@ class LSTMCell(StackedGateCell):
         return _stacked(rng, m, n, dtype, [v / m for v in c["nu2"]],
                         [v / n for v in c["sigma2"]], c["mu"])
 
-    def forward(self, p, x, h0=None, ws=None, backend=CPU):
+    def forward(self, p, x, h0=None, ws=None, backend=CPU, lengths=None):
         T, B, _ = x.shape
         n = p["weight_hh"].shape[1]
         hs = backend.states(ws, "hs", x, n, h0)
@@ -496,10 +526,11 @@ class LSTMCell(StackedGateCell):
         gates = backend.buffer(ws, "gates", (T, B, 4 * n), x.dtype)
         peepholes = (p["w_ci"], p["w_cf"], p["w_co"]) if self.peephole else ()
         backend.run_pass(self.forward_kernels, False, hs, cs, gates, x, p["weight_ih"],
-                         p["weight_hh"], p["bias_ih"], p["bias_hh"], *peepholes)
-        return hs[T], dict(x=x, hs=hs, cs=cs, gates=gates)
+                         p["weight_hh"], p["bias_ih"], p["bias_hh"], *peepholes,
+                         sequence=backend.sequence(ws, x, n, lengths))
+        return hs[T], dict(x=x, hs=hs, cs=cs, gates=gates, lengths=lengths)
 
-    def backward(self, p, cache, dh_T, ws=None, out=None, backend=CPU):
+    def backward(self, p, cache, dh_T, ws=None, out=None, backend=CPU, dhs=None):
         x, hs, cs, gates = cache["x"], cache["hs"], cache["cs"], cache["gates"]
         T, B, _ = x.shape
         n = p["weight_hh"].shape[1]
@@ -508,11 +539,15 @@ class LSTMCell(StackedGateCell):
         dh_T = backend.upstream(dh_T, hs)
         dW = (g["weight_ih"], g["weight_hh"], g["bias_ih"], g["bias_hh"])
         state = (hs, cs, gates, x, p["weight_hh"])
+        sequence = backend.sequence(ws, x, n, cache["lengths"], dhs, True)
         if self.peephole:
             backend.run_pass(self.backward_kernels, True, *dW, g["w_ci"], g["w_cf"], g["w_co"],
-                             dh0, da, dh_T, *state, p["w_ci"], p["w_cf"], p["w_co"])
+                             dh0, da, dh_T, *state, p["w_ci"], p["w_cf"], p["w_co"],
+                             sequence=sequence)
         else:
-            backend.run_pass(self.backward_kernels, True, *dW, dh0, da, dh_T, *state)
+            backend.run_pass(self.backward_kernels, True, *dW, dh0, da, dh_T, *state,
+                             sequence=sequence)
+        cache["da"] = da
         return g, dh0
 
 
@@ -524,30 +559,34 @@ class GRUCell(StackedGateCell):
     sigmoid_gates = ("r", "z")               # n is the candidate, tanh
     forward_kernels, backward_kernels = K_gru.gru_forward, K_gru.gru_backward
     torch_module = "GRU"
+    input_weights = (("dgi", "weight_ih"),)
 
     def ignores_h0(self, p):
         return False                         # h_t = (1 - z) n + z h_{t-1}: h_{t-1} passes z
 
-    def forward(self, p, x, h0=None, ws=None, backend=CPU):
+    def forward(self, p, x, h0=None, ws=None, backend=CPU, lengths=None):
         T, B, _ = x.shape
         n = p["weight_hh"].shape[1]
         hs = backend.states(ws, "hs", x, n, h0)
         gates = backend.buffer(ws, "gates", (T, B, 3 * n), x.dtype)
         hn = backend.buffer(ws, "hn", (T, B, n), x.dtype)
         backend.run_pass(self.forward_kernels, False, hs, gates, hn, x, p["weight_ih"],
-                         p["weight_hh"], p["bias_ih"], p["bias_hh"])
-        return hs[T], dict(x=x, hs=hs, gates=gates, hn=hn)
+                         p["weight_hh"], p["bias_ih"], p["bias_hh"],
+                         sequence=backend.sequence(ws, x, n, lengths))
+        return hs[T], dict(x=x, hs=hs, gates=gates, hn=hn, lengths=lengths)
 
-    def backward(self, p, cache, dh_T, ws=None, out=None, backend=CPU):
+    def backward(self, p, cache, dh_T, ws=None, out=None, backend=CPU, dhs=None):
         x, hs, gates, hn = cache["x"], cache["hs"], cache["gates"], cache["hn"]
         T, B, _ = x.shape
         n = p["weight_hh"].shape[1]
         g, dh0 = gradients(backend, out, p, B, n, x.dtype)
         dh_T = backend.upstream(dh_T, hs)
+        dgi = backend.buffer(ws, "dgi", gates.shape, x.dtype)
         backend.run_pass(self.backward_kernels, True, g["weight_ih"], g["weight_hh"], g["bias_ih"],
-                         g["bias_hh"], dh0, backend.buffer(ws, "dgi", gates.shape, x.dtype),
-                         backend.buffer(ws, "dgh", gates.shape, x.dtype), dh_T, hs, gates, hn, x,
-                         p["weight_hh"])
+                         g["bias_hh"], dh0, dgi, backend.buffer(ws, "dgh", gates.shape, x.dtype),
+                         dh_T, hs, gates, hn, x, p["weight_hh"],
+                         sequence=backend.sequence(ws, x, n, cache["lengths"], dhs, True))
+        cache["dgi"] = dgi
         return g, dh0
 
 

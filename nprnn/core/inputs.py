@@ -81,3 +81,41 @@ def targets(y, B, K, dtype):
         how = "NaN or Inf" if not np.isfinite(y[b, k]) else f"beyond {np.dtype(dtype)}'s range"
         raise ValueError(f"y holds a value that is {how}, first y[{b}, {k}] = {y[b, k]}")
     return cast
+
+
+def lengths(lengths, B, T):
+    """Each row's length as the kernels take it: None where `lengths` is None or every row is T
+    steps long, else a contiguous int64 (B,) array of integers in [1, T]."""
+    if lengths is None:
+        return None
+    a = np.asarray(lengths)
+    if a.shape != (B,) or not (np.issubdtype(a.dtype, np.integer) and a.dtype != np.bool_):
+        raise ValueError(f"lengths must be integers of shape (B,) = ({B},), got dtype {a.dtype} "
+                         f"and shape {a.shape}")
+    bad = (a < 1) | (a > T)
+    if bad.any():
+        b = int(np.argmax(bad))
+        raise ValueError(f"lengths[{b}] = {int(a[b])} is out of range: each row's length must "
+                         f"be in [1, T] = [1, {T}]")
+    return None if (a == T).all() else np.ascontiguousarray(a, dtype=np.int64)
+
+
+def step_targets(y, B, T, K, dtype=None):
+    """y of a readout at every step: labels (B, T) of ints in [-1, K) (-1: no loss at that step),
+    or with `dtype` (loss "mse") targets (B, T, K) of floats, finite in `dtype`."""
+    y = np.asarray(y)
+    if dtype is not None:
+        if y.shape != (B, T, K) or not np.issubdtype(y.dtype, np.floating):
+            raise ValueError(f"y must be float targets of shape (B, T, K) = ({B}, {T}, {K}) for "
+                             f"loss 'mse' at every step, got dtype {y.dtype} and shape {y.shape}")
+        return targets(y.reshape(B * T, K), B * T, K, dtype).reshape(B, T, K)
+    if y.shape != (B, T) or not np.issubdtype(y.dtype, np.integer):
+        raise ValueError(f"y must be integer labels of shape (B, T) = ({B}, {T}) for a readout "
+                         f"at every step (-1: no loss there), got dtype {y.dtype} and shape "
+                         f"{y.shape}")
+    bad = (y < -1) | (y >= K)
+    if bad.any():
+        b, t = (int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(f"label y[{b}, {t}] = {int(y[b, t])} out of range: labels must be in "
+                         f"[0, {K - 1}] (num_classes = {K}), or -1 for no loss at that step")
+    return np.ascontiguousarray(y, dtype=np.int64)

@@ -297,8 +297,9 @@ class StepRecorder:
     it when it reports, evaluates or saves, so on the GPU no other step waits for the device.
 
         rec = StepRecorder(model.device, clip=1.0)
-        rec.record(losses, logits, y, grads)        # device arrays on cuda
-        opt.step(model.params, grads, rec.scale)     # skipped from a non-finite step on
+        step = model.step_arrays(x, y)               # device arrays on cuda
+        rec.record(step)
+        opt.step(model.params, step.grads, rec.scale)   # skipped from a non-finite step on
         totals = rec.read()                          # steps, count, correct, loss_sum, ...
     """
 
@@ -324,29 +325,33 @@ class StepRecorder:
             stats[k] = (totals or {}).get(name, 0)
         copy_into(self._stats, stats)
 
-    def record(self, losses, logits, y, grads):
-        """Account for one step (arrays on the device) and set `scale` for its update: losses
-        (B,), logits (B, K), y (B,) integer labels."""
-        self._check_step(losses, logits, y)
+    def record(self, step):
+        """Account for one step (a model.Step, arrays on the device) and set `scale` for its
+        update: its losses (R,), outputs (R, K), y (R,) integer labels or (R, K) targets, weights
+        (R,) and grads."""
+        losses, logits, y, w = step.losses, step.outputs, step.y, step.weights
+        self._check_step(losses, logits, y, w)
         if self.device == "cuda":
             fill(self._total, 0.0)
             record = K_optim.record_step_gpu
         else:
             self._total[0] = 0.0
             record = K_optim.record_step_cpu
-        _add_squares(self._total, grads)
-        record(self._stats, self.scale, losses, logits, y, self._total, self.clip)
+        _add_squares(self._total, step.grads)
+        record(self._stats, self.scale, losses, logits, y, w, self._total, self.clip)
 
-    def _check_step(self, losses, logits, y):
-        """The kernels have no bounds checks: they read B = logits.shape[0] losses and labels."""
-        B = logits.shape[0] if len(logits.shape) == 2 else None
-        if B is None or losses.shape != (B,) or y.shape != (B,):
-            raise ValueError(f"need losses (B,), logits (B, K) and y (B,); got losses "
-                             f"{losses.shape}, logits {logits.shape}, y {y.shape}")
-        if np.dtype(y.dtype).kind not in "iu":
+    def _check_step(self, losses, logits, y, w):
+        """The kernels have no bounds checks: they read R = logits.shape[0] rows of each."""
+        R = logits.shape[0] if len(logits.shape) == 2 else None
+        fits = y.shape in ((R,), tuple(logits.shape))
+        if R is None or losses.shape != (R,) or w.shape != (R,) or not fits:
+            raise ValueError(f"need losses (R,), outputs (R, K), y (R,) or (R, K) and weights "
+                             f"(R,); got losses {losses.shape}, outputs {logits.shape}, y "
+                             f"{y.shape}, weights {w.shape}")
+        if len(y.shape) == 1 and np.dtype(y.dtype).kind not in "iu":
             raise ValueError(f"y must hold integer labels, got dtype {y.dtype}")
         where = memory_of(self._stats)
-        for name, a in (("losses", losses), ("logits", logits), ("y", y)):
+        for name, a in (("losses", losses), ("outputs", logits), ("y", y), ("weights", w)):
             if memory_of(a) != where:
                 raise ValueError(f"{name} is in {memory_of(a)} memory; this recorder runs on "
                                  f"the {self.device} device and needs it in {where} memory")

@@ -407,3 +407,47 @@ def gru_backward(p, cache, dh_T):
         grads["bias_hh"] += dgh.sum(axis=0)
         dh = dh_prev + dgh @ p["weight_hh"]
     return grads, dh
+
+
+# ---------------------------------------------------------------------------------------------
+# Sequences: lengths, gradients at every step, stacked layers, by their definitions. Built on a
+# cell's functions above and nothing else, so that they check the kernels' handling of each
+# (kernels/common.py, "Sequences"; kernels/stack.py) independently of it. Slow: they rerun the
+# cell per row and per step.
+# ---------------------------------------------------------------------------------------------
+
+def stacked_forward(forward, ps, x, lengths=None):
+    """The top layer's states h_1 .. h_T (B, T, n) over x (B, T, m): each row alone, cut at its
+    length (lengths (B,), None: all T), through the layers' parameters `ps` in turn, layer
+    k + 1 reading layer k's hidden sequence; past a row's length its last state holds.
+    forward(p, x): a cell's forward function (its hyperparameters bound)."""
+    B, T, _ = x.shape
+    out = []
+    for b in range(B):
+        L = T if lengths is None else int(lengths[b])
+        seq = np.asarray(x[b:b + 1, :L], dtype=np.float64)
+        for p in ps:
+            _, cache = forward(p, seq)
+            seq = np.stack(cache["hs"][1:], axis=1)          # (1, L, n)
+        out.append(np.concatenate([seq[0], np.repeat(seq[0, -1:], T - L, axis=0)]))
+    return np.stack(out)
+
+
+def sequence_backward(forward, backward, p, x, dhs, dh_T=None, lengths=None):
+    """The gradients of L = sum_t <dhs[:, t], h_t> + <dh_T, h_T> w.r.t. p, for one layer over
+    x (B, T, m) with lengths (B,) (None: all T), by superposition: each row's h_t with t <= its
+    length is the last state of the row cut at t, so each term is one backward of that cut
+    sequence (a state past the length is the one at it). Returns grads with the keys of p.
+    backward(p, cache, dh_T): a cell's backward function (its hyperparameters bound)."""
+    B, T = dhs.shape[0], dhs.shape[1]
+    grads = {k: np.zeros(np.shape(v)) for k, v in p.items()}
+    for b in range(B):
+        L = T if lengths is None else int(lengths[b])
+        g = np.array(dhs[b], dtype=np.float64)              # (T, n): dL/dh_t of row b
+        g[L - 1] += g[L:].sum(axis=0) + (0.0 if dh_T is None else dh_T[b])
+        for t in range(1, L + 1):
+            _, cache = forward(p, x[b:b + 1, :t])
+            step, _ = backward(p, cache, g[t - 1][None, :])
+            for k in grads:
+                grads[k] += step[k]
+    return grads

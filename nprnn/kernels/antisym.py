@@ -52,11 +52,12 @@ each held to the CPU twin by tests/gpu/test_gpu_euler.py.
 import numpy as np
 from numba import prange
 
-from .common import (Twins, dsigmoid_from_y, dtanh_from_y, flush_denormals, matmul_nt_rows,
-                     matmul_tn_rows, njit, njit_inline, njit_parallel, num_slices,
-                     restore_fp_mode, row_slice, sigmoid, sum_rows, tanh)
-from .gpu_common import (TILE, column_sums_gpu, cuda, matmul_tn_gpu, matrix_launch, scratch,
-                         step_grid, transposed)
+from .common import (Twins, add_upstream, dsigmoid_from_y, dtanh_from_y, flush_denormals,
+                     hold_state, matmul_nt_rows, matmul_tn_rows, njit, njit_inline,
+                     njit_parallel, num_slices, restore_fp_mode, row_slice, sigmoid, sum_rows,
+                     tanh)
+from .gpu_common import (TILE, column_sums_gpu, cuda, hold_unit, matmul_tn_gpu, matrix_launch,
+                         scratch, step_grid, transposed, upstream)
 
 
 # ------------------------------------------------------------------------------------------
@@ -153,11 +154,13 @@ def euler_gated_unit_backward(dh, y, z, eps):
 # ------------------------------------------------------------------------------------------
 
 @njit_parallel
-def euler_forward_cpu(hs, th, x, A, V_h, b_h, eps):
+def euler_forward_cpu(hs, th, x, A, V_h, b_h, eps, lengths):
     """Forward pass of (12) over a whole sequence.
 
     Written (=):  hs[1:] of (T+1, B, n) hidden states; th (T, B, n) = tanh(a_t), kept for BPTT.
-    Read:         hs[0] (B, n) = h_0; x (T, B, m); A (n, n); V_h (n, m); b_h (n,).
+    Read:         hs[0] (B, n) = h_0; x (T, B, m); A (n, n); V_h (n, m); b_h (n,);
+                  lengths (B,) in [1, T]: row b's state stops changing after step lengths[b]
+                  (h_t = h_{t-1} from there on, and th = 0).
     Work split:   one thread per slice of batch rows, each running all T steps.
     """
     T, B, m = x.shape
@@ -172,6 +175,9 @@ def euler_forward_cpu(hs, th, x, A, V_h, b_h, eps):
             # 2. recurrence: Ah = h_{t-1} A^T, i.e. row b is A h_{t-1}[b]
             np.dot(hs[t, b0:b1], A.T, Ah)
             for b in range(b0, b1):
+                if t >= lengths[b]:                      # past the row's end: h_t = h_{t-1}
+                    hold_state(hs, th, t, b)
+                    continue
                 for i in range(n):
                     # a_t = A h_{t-1} + V_h x_t + b_h ;  h_t = h_{t-1} + eps tanh(a_t)
                     y, h_new = euler_unit(Ah[b - b0, i] + th[t, b, i] + b_h[i], hs[t, b, i], eps)
@@ -180,12 +186,16 @@ def euler_forward_cpu(hs, th, x, A, V_h, b_h, eps):
 
 
 @njit_parallel
-def euler_backward_cpu(dA, dV_h, db_h, dh0, da, dh_T, hs, th, x, A, eps):
+def euler_backward_cpu(dA, dV_h, db_h, dh0, da, dh_T, hs, th, x, A, eps, dhs, lengths):
     """BPTT of (12) over the whole sequence.
 
     Written (=):  dA (n, n); dV_h (n, m); db_h (n,); dh0 (B, n) = dL/dh_0;
                   da (T, B, n) = dL/da_t (scratch, kept for the products at the end).
-    Read:         dh_T (B, n) = dL/dh_T; hs, th from the forward pass; x (T, B, m); A (n, n).
+    Read:         dh_T (B, n) = dL/dh_T; hs, th from the forward pass; x (T, B, m); A (n, n);
+                  dhs (T, B, n): dL/dh_t from outside the recurrence (a readout at every step,
+                  the layer above), dhs[t-1] for h_t, or (0, B, n) for none; lengths (B,) as
+                  in the forward pass: past a row's end h_t = h_{t-1}, so da_t = 0 and
+                  dL/dh_{t-1} = dL/dh_t there.
     Work split:   one thread per slice of batch rows for the reverse time loop; the parameter
                   gradients as products over all T*B rows, split by rows.
     """
@@ -200,6 +210,8 @@ def euler_backward_cpu(dA, dV_h, db_h, dh0, da, dh_T, hs, th, x, A, eps):
         dh_rec = np.empty((b1 - b0, n), dtype=dh0.dtype)  # the part of dh_{t-1} through A
         for t in range(T - 1, -1, -1):
             for b in range(b0, b1):
+                if add_upstream(dh, dhs, da, t, b, b0, lengths):
+                    continue                    # past the row's end: da_t = 0, dh passes on
                 for i in range(n):
                     # forward was: h_t = h_{t-1} + eps * tanh(a_t)            (euler_unit)
                     # so:          dh_{t-1} += dh_t ;  da_t = dh_t * eps * (1 - tanh(a_t)**2)
@@ -218,12 +230,13 @@ def euler_backward_cpu(dA, dV_h, db_h, dh0, da, dh_T, hs, th, x, A, eps):
 
 
 @njit_parallel
-def euler_gated_forward_cpu(hs, th, z, x, A, V_h, b_h, V_z, b_z, eps, kz):
+def euler_gated_forward_cpu(hs, th, z, x, A, V_h, b_h, V_z, b_z, eps, kz, lengths):
     """Forward pass of (13) over a whole sequence. The gate and the candidate share A h_{t-1}
     (the gate takes kz of it).
 
     Written (=):  hs[1:] of (T+1, B, n); th (T, B, n) = tanh(a_t); z (T, B, n) = z_t.
-    Read:         hs[0] = h_0; x (T, B, m); A (n, n); V_h, V_z (n, m); b_h, b_z (n,).
+    Read:         hs[0] = h_0; x (T, B, m); A (n, n); V_h, V_z (n, m); b_h, b_z (n,);
+                  lengths (B,), as in `euler_forward_cpu` (past a row's end z = 0 too).
     Work split:   one thread per slice of batch rows, each running all T steps.
     """
     T, B, m = x.shape
@@ -237,6 +250,10 @@ def euler_gated_forward_cpu(hs, th, z, x, A, V_h, b_h, V_z, b_z, eps, kz):
         for t in range(T):
             np.dot(hs[t, b0:b1], A.T, Ah)
             for b in range(b0, b1):
+                if t >= lengths[b]:                      # past the row's end: h_t = h_{t-1}
+                    hold_state(hs, th, t, b)
+                    z[t, b] = 0.0
+                    continue
                 for i in range(n):
                     # z_t = sigma(kz A h + V_z x + b_z) ;  y_t = tanh(A h + V_h x + b_h)
                     # h_t = h_{t-1} + eps z_t o y_t
@@ -250,13 +267,14 @@ def euler_gated_forward_cpu(hs, th, z, x, A, V_h, b_h, V_z, b_z, eps, kz):
 
 @njit_parallel
 def euler_gated_backward_cpu(dA, dV_h, db_h, dV_z, db_z, dh0, da, dzp, ds,
-                             dh_T, hs, th, z, x, A, eps, kz):
+                             dh_T, hs, th, z, x, A, eps, kz, dhs, lengths):
     """BPTT of (13) over the whole sequence.
 
     Written (=):  dA (n, n); dV_h, dV_z (n, m); db_h, db_z (n,); dh0 (B, n) = dL/dh_0;
                   scratch da, dzp (T, B, n): dL/d(pre-activation) of candidate and gate;
                   ds = da + kz dzp (T, B, n), the total signal reaching A h_{t-1}.
-    Read:         dh_T (B, n); hs, th, z from the forward pass; x (T, B, m); A (n, n).
+    Read:         dh_T (B, n); hs, th, z from the forward pass; x (T, B, m); A (n, n);
+                  dhs, lengths as in `euler_backward_cpu`.
     Work split:   as `euler_backward_cpu`.
     """
     T, B, m = x.shape
@@ -270,6 +288,10 @@ def euler_gated_backward_cpu(dA, dV_h, db_h, dV_z, db_z, dh0, da, dzp, ds,
         dh_rec = np.empty((b1 - b0, n), dtype=dh0.dtype)  # the part of dh_{t-1} through A
         for t in range(T - 1, -1, -1):
             for b in range(b0, b1):
+                if add_upstream(dh, dhs, da, t, b, b0, lengths):
+                    dzp[t, b] = 0.0
+                    ds[t, b] = 0.0
+                    continue
                 for i in range(n):
                     # forward was: h_t = h_{t-1} + eps * z_t * y_t,
                     #              y_t = tanh(a_t), z_t = sigma(zp_t)
@@ -376,16 +398,19 @@ def antisym_dW_gpu(dW, dA, triangle, *, block=(16, 16)):
 # -- version 1: one thread per (b, i), one launch per step ----------------------------------
 
 @cuda.jit
-def euler_forward_step_kernel(hs, th, x, AT, V_h, b_h, eps, t):
+def euler_forward_step_kernel(hs, th, x, AT, V_h, b_h, eps, t, lengths):
     """Step t of (12): a = A h_{t-1} + V_h x_t + b_h ; th_t = tanh(a) ; h_t = h_{t-1} + eps th_t.
 
     Written (=): th[t] (B, n), hs[t+1] (B, n). Read: hs[t], x[t] (B, m), AT (n, n) = A^T,
-    V_h (n, m), b_h (n,). One thread per (b, i); 2-d grid over (i, b). A is read transposed so
+    V_h (n, m), b_h (n,), lengths (B,) (past row b's end, h_t = h_{t-1} and th_t = 0).
+    One thread per (b, i); 2-d grid over (i, b). A is read transposed so
     that for each j the threads of a warp read consecutive addresses, AT[j, i .. i+31] (one
     memory transaction, where A[i .. i+31, j] would be 32, n values apart).
     """
     i, b = cuda.grid(2)
     B, n, m = hs.shape[1], AT.shape[0], x.shape[2]
+    if b < B and i < n and hold_unit(hs, th, t, b, i, lengths):
+        return
     if b < B and i < n:
         a = b_h[i]
         for j in range(n):
@@ -398,17 +423,20 @@ def euler_forward_step_kernel(hs, th, x, AT, V_h, b_h, eps, t):
 
 
 @cuda.jit
-def euler_gated_forward_step_kernel(hs, th, z, x, AT, V_h, b_h, V_z, b_z, eps, kz, t):
+def euler_gated_forward_step_kernel(hs, th, z, x, AT, V_h, b_h, V_z, b_z, eps, kz, t, lengths):
     """Step t of (13): with s = A h_{t-1} (shared by gate and candidate),
     z_t = sigmoid(kz s + V_z x_t + b_z) ; th_t = tanh(s + V_h x_t + b_h) ;
     h_t = h_{t-1} + eps z_t th_t.
 
     Written (=): th[t], z[t], hs[t+1] (B, n). Read: hs[t], x[t], AT = A^T (read transposed as
-    in euler_forward_step_kernel), V_h, b_h, V_z, b_z. One thread per (b, i); 2-d grid over
-    (i, b).
+    in euler_forward_step_kernel), V_h, b_h, V_z, b_z, lengths (B,). One thread per (b, i);
+    2-d grid over (i, b).
     """
     i, b = cuda.grid(2)
     B, n, m = hs.shape[1], AT.shape[0], x.shape[2]
+    if b < B and i < n and hold_unit(hs, th, t, b, i, lengths):
+        z[t, b, i] = 0
+        return
     if b < B and i < n:
         s = hs.dtype.type(0)
         for j in range(n):
@@ -425,13 +453,15 @@ def euler_gated_forward_step_kernel(hs, th, z, x, AT, V_h, b_h, V_z, b_z, eps, k
 
 
 @cuda.jit
-def euler_backward_step_kernel(dh_prev, da, dh, th, A, eps, t):
+def euler_backward_step_kernel(dh_prev, da, dh, th, A, eps, t, dhs, lengths):
     """BPTT through step t of (12).
 
     forward was: h_t = h_{t-1} + eps * tanh(a_t),   a_t = A h_{t-1} + V_h x_t + b_h
     so:          da_t = dh_t * eps * (1 - th_t**2) ;  dh_{t-1} = dh_t + A^T da_t
 
-    Written (=): da[t] (B, n), dh_prev (B, n). Read: dh (B, n) = dL/dh_t, th[t], A.
+    Written (=): da[t] (B, n), dh_prev (B, n). Read: dh (B, n) = dL/dh_t from the later steps,
+    to which dhs[t] adds the outside gradient (`upstream`), th[t], A, lengths (past row b's end
+    da_t = 0 and dh_{t-1} = dh_t).
     One thread per (b, i); 2-d grid over (i, b). dh_{t-1}[b, i] needs da_t[b, j] for every j,
     which other threads (maybe other blocks) own, and a launch has no barrier across blocks:
     so each thread recomputes the n values da_t[b, :] it needs. That is about three times the
@@ -441,15 +471,21 @@ def euler_backward_step_kernel(dh_prev, da, dh, th, A, eps, t):
     i, b = cuda.grid(2)
     B, n = dh.shape
     if b < B and i < n:
-        acc = dh[b, i]
+        dh_i = upstream(dh, dhs, t, b, i)
+        if t >= lengths[b]:
+            da[t, b, i] = 0
+            dh_prev[b, i] = dh_i
+            return
+        acc = dh_i
         for j in range(n):
-            acc += euler_unit_backward(dh[b, j], th[t, b, j], eps) * A[j, i]
-        da[t, b, i] = euler_unit_backward(dh[b, i], th[t, b, i], eps)
+            acc += euler_unit_backward(upstream(dh, dhs, t, b, j), th[t, b, j], eps) * A[j, i]
+        da[t, b, i] = euler_unit_backward(dh_i, th[t, b, i], eps)
         dh_prev[b, i] = acc
 
 
 @cuda.jit
-def euler_gated_backward_step_kernel(dh_prev, da, dzp, ds, dh, th, z, A, eps, kz, t):
+def euler_gated_backward_step_kernel(dh_prev, da, dzp, ds, dh, th, z, A, eps, kz, t, dhs,
+                                     lengths):
     """BPTT through step t of (13).
 
     forward was: h_t = h_{t-1} + eps * z_t * th_t,  th_t = tanh(a_t), z_t = sigmoid(zp_t),
@@ -458,25 +494,33 @@ def euler_gated_backward_step_kernel(dh_prev, da, dzp, ds, dh, th, z, A, eps, kz
                  dzp_t = dh_t * eps * th_t * z_t * (1 - z_t)
                  ds_t  = da_t + kz dzp_t ;   dh_{t-1} = dh_t + A^T ds_t
 
-    Written (=): da[t], dzp[t], ds[t] (B, n), dh_prev (B, n). Read: dh = dL/dh_t, th[t], z[t], A.
-    One thread per (b, i); 2-d grid over (i, b); ds_t[b, :] recomputed per thread as in
-    euler_backward_step_kernel.
+    Written (=): da[t], dzp[t], ds[t] (B, n), dh_prev (B, n). Read: dh, dhs, lengths as in
+    euler_backward_step_kernel, th[t], z[t], A. One thread per (b, i); 2-d grid over (i, b);
+    ds_t[b, :] recomputed per thread as in euler_backward_step_kernel.
     """
     i, b = cuda.grid(2)
     B, n = dh.shape
     if b < B and i < n:
-        acc = dh[b, i]
+        dh_i = upstream(dh, dhs, t, b, i)
+        if t >= lengths[b]:
+            da[t, b, i] = 0
+            dzp[t, b, i] = 0
+            ds[t, b, i] = 0
+            dh_prev[b, i] = dh_i
+            return
+        acc = dh_i
         for j in range(n):
-            da_j, dzp_j = euler_gated_unit_backward(dh[b, j], th[t, b, j], z[t, b, j], eps)
+            da_j, dzp_j = euler_gated_unit_backward(upstream(dh, dhs, t, b, j), th[t, b, j],
+                                                    z[t, b, j], eps)
             acc += (da_j + kz * dzp_j) * A[j, i]
-        da_i, dzp_i = euler_gated_unit_backward(dh[b, i], th[t, b, i], z[t, b, i], eps)
+        da_i, dzp_i = euler_gated_unit_backward(dh_i, th[t, b, i], z[t, b, i], eps)
         da[t, b, i] = da_i
         dzp[t, b, i] = dzp_i
         ds[t, b, i] = da_i + kz * dzp_i
         dh_prev[b, i] = acc
 
 
-def euler_forward_gpu(hs, th, x, A, V_h, b_h, eps, *, block=(128, 1)):
+def euler_forward_gpu(hs, th, x, A, V_h, b_h, eps, lengths, *, block=(128, 1)):
     """Version 1 twin of euler_forward_cpu (same arguments, device arrays): T launches of
     euler_forward_step_kernel. Written (=): hs[1:], th. Read: hs[0] = h_0, x, A, V_h, b_h."""
     T, B, _ = x.shape
@@ -484,10 +528,11 @@ def euler_forward_gpu(hs, th, x, A, V_h, b_h, eps, *, block=(128, 1)):
     eps = hs.dtype.type(eps)
     AT = transposed(A)
     for t in range(T):
-        euler_forward_step_kernel[grid, block](hs, th, x, AT, V_h, b_h, eps, t)
+        euler_forward_step_kernel[grid, block](hs, th, x, AT, V_h, b_h, eps, t, lengths)
 
 
-def euler_gated_forward_gpu(hs, th, z, x, A, V_h, b_h, V_z, b_z, eps, kz, *, block=(128, 1)):
+def euler_gated_forward_gpu(hs, th, z, x, A, V_h, b_h, V_z, b_z, eps, kz, lengths, *,
+                            block=(128, 1)):
     """Version 1 twin of euler_gated_forward_cpu: T launches of euler_gated_forward_step_kernel.
     Written (=): hs[1:], th, z. Read: hs[0], x, A, V_h, b_h, V_z, b_z."""
     T, B, _ = x.shape
@@ -496,7 +541,7 @@ def euler_gated_forward_gpu(hs, th, z, x, A, V_h, b_h, V_z, b_z, eps, kz, *, blo
     AT = transposed(A)
     for t in range(T):
         euler_gated_forward_step_kernel[grid, block](hs, th, z, x, AT, V_h, b_h, V_z, b_z, eps,
-                                                     kz, t)
+                                                     kz, t, lengths)
 
 
 def _backward_buffers(dh0, dh_T, T):
@@ -509,8 +554,8 @@ def _backward_buffers(dh0, dh_T, T):
     return first_in, (dh0 if first_in is other else other)
 
 
-def euler_backward_gpu(dA, dV_h, db_h, dh0, da, dh_T, hs, th, x, A, eps, *, block=(128, 1),
-                       tile=TILE):
+def euler_backward_gpu(dA, dV_h, db_h, dh0, da, dh_T, hs, th, x, A, eps, dhs, lengths, *,
+                       block=(128, 1), tile=TILE):
     """Version 1 twin of euler_backward_cpu (same arguments, device arrays): T launches of
     euler_backward_step_kernel, then the parameter-gradient products.
     Written (=): dA, dV_h, db_h, dh0, da. Read: dh_T, hs, th, x, A."""
@@ -519,13 +564,14 @@ def euler_backward_gpu(dA, dV_h, db_h, dh0, da, dh_T, hs, th, x, A, eps, *, bloc
     eps = dh0.dtype.type(eps)
     dh, dh_prev = _backward_buffers(dh0, dh_T, T)
     for t in range(T - 1, -1, -1):
-        euler_backward_step_kernel[grid, block](dh_prev, da, dh, th, A, eps, t)
+        euler_backward_step_kernel[grid, block](dh_prev, da, dh, th, A, eps, t, dhs, lengths)
         dh, dh_prev = dh_prev, dh
     euler_param_grads_gpu(dA, dV_h, db_h, da, da, hs, x, tile=tile)
 
 
 def euler_gated_backward_gpu(dA, dV_h, db_h, dV_z, db_z, dh0, da, dzp, ds,
-                             dh_T, hs, th, z, x, A, eps, kz, *, block=(128, 1), tile=TILE):
+                             dh_T, hs, th, z, x, A, eps, kz, dhs, lengths, *, block=(128, 1),
+                             tile=TILE):
     """Version 1 twin of euler_gated_backward_cpu: T launches of
     euler_gated_backward_step_kernel, then the parameter-gradient products.
     Written (=): dA, dV_h, db_h, dV_z, db_z, dh0, da, dzp, ds. Read: dh_T, hs, th, z, x, A."""
@@ -535,7 +581,7 @@ def euler_gated_backward_gpu(dA, dV_h, db_h, dV_z, db_z, dh0, da, dzp, ds,
     dh, dh_prev = _backward_buffers(dh0, dh_T, T)
     for t in range(T - 1, -1, -1):
         euler_gated_backward_step_kernel[grid, block](dh_prev, da, dzp, ds, dh, th, z, A, eps,
-                                                      kz, t)
+                                                      kz, t, dhs, lengths)
         dh, dh_prev = dh_prev, dh
     euler_param_grads_gpu(dA, dV_h, db_h, ds, da, hs, x, tile=tile)
     euler_input_grads_gpu(dV_z, db_z, dzp, x, tile=tile)

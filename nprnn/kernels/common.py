@@ -325,6 +325,37 @@ def sum_rows(out, D):
 
 
 # ----------------------------------------------------------------------------------------------
+# Sequences: lengths, and gradients entering at every step (the CPU twins of every cell)
+# ----------------------------------------------------------------------------------------------
+# Every pass takes `lengths` (B,), each in [1, T]: row b's state stops changing after its step
+# lengths[b] (h_t = h_{t-1} from there on, so that h_T is the state at the row's own end). Every
+# BPTT also takes `dhs` (T, B, n): dL/dh_t from outside the recurrence (a readout at every step,
+# the layer above), dhs[t] for the state that step t writes, hs[t + 1]; or an empty (0, B, n) where
+# dL/dh_T is the only gradient. Past a row's end the step was the identity: its pre-activation
+# gradients are 0 and dL/dh_{t-1} = dL/dh_t.
+
+@njit_inline
+def hold_state(hs, kept, t, b):
+    """Step t of row b past its end (t >= lengths[b]): h_t = h_{t-1}, that is hs[t + 1, b] =
+    hs[t, b], and the activations the step keeps for BPTT, kept[t, b], are 0."""
+    hs[t + 1, b] = hs[t, b]
+    kept[t, b] = 0.0
+
+
+@njit_inline
+def add_upstream(dh, dhs, da, t, b, b0, lengths):
+    """BPTT's step t for row b, before the unit's derivative: dh[b - b0], which holds dL/dh_t from
+    the later steps, gets dhs[t, b] (when dhs has steps). Returns whether step t is past the
+    row's end, having then written da[t, b] = 0 (dh passes on unchanged)."""
+    if dhs.shape[0] > 0:
+        dh[b - b0] += dhs[t, b]
+    if t >= lengths[b]:
+        da[t, b] = 0.0
+        return True
+    return False
+
+
+# ----------------------------------------------------------------------------------------------
 # Twins: how a backend (nprnn/core/backends.py) finds a kernel's two versions
 # ----------------------------------------------------------------------------------------------
 

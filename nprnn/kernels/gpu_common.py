@@ -386,6 +386,28 @@ def rows_times_matrix_gpu(dh, D, W, t, accumulate, *, block=(128, 1)):
 
 
 @cuda.jit(device=True)
+def hold_unit(hs, kept, t, b, i, lengths):
+    """The step kernels' twin of common.hold_state for unit i: past row b's end (t >=
+    lengths[b]) writes h_t = h_{t-1} (hs[t+1, b, i] = hs[t, b, i]) and kept[t, b, i] = 0, and
+    returns True; else False, writing nothing."""
+    if t < lengths[b]:
+        return False
+    hs[t + 1, b, i] = hs[t, b, i]
+    kept[t, b, i] = 0
+    return True
+
+
+@cuda.jit(device=True)
+def upstream(dh, dhs, t, b, i):
+    """dL/dh_t[b, i] in BPTT's step t: dh[b, i] from the later steps, plus dhs[t, b, i] from
+    outside the recurrence when dhs has steps (common.add_upstream's twin)."""
+    g = dh[b, i]
+    if dhs.shape[0] > 0:
+        g += dhs[t, b, i]
+    return g
+
+
+@cuda.jit(device=True)
 def load_block_rows(buf, src, b0, rows):
     """Copy this block's batch rows of src (B, n) into the flat shared array buf (rows * n):
     buf[r * n + i] = src[b0 + r, i] for the rows that exist (b0 + r < B), the block's threads

@@ -42,11 +42,12 @@ CPU twin by tests/gpu/test_gpu_baselines.py; its twins, which nprnn/core/cells.p
 import numpy as np
 from numba import prange
 
-from .common import (Twins, dsigmoid_from_y, dtanh_from_y, flush_denormals, flush_subnormal,
-                     matmul_nt_rows, matmul_tn_rows, njit_inline, njit_parallel, num_slices,
-                     restore_fp_mode, row_slice, sigmoid, sum_rows, tanh)
-from .gpu_common import (TILE, cuda, rows_times_matrix_gpu, stacked_param_grads_gpu, step_grid,
-                         transposed)
+from .common import (Twins, add_upstream, dsigmoid_from_y, dtanh_from_y, flush_denormals,
+                     flush_subnormal, hold_state, matmul_nt_rows, matmul_tn_rows, njit_inline,
+                     njit_parallel, num_slices, restore_fp_mode, row_slice, sigmoid, sum_rows,
+                     tanh)
+from .gpu_common import (TILE, cuda, hold_unit, rows_times_matrix_gpu, stacked_param_grads_gpu,
+                         step_grid, transposed, upstream)
 
 
 # ------------------------------------------------------------------------------------------
@@ -88,12 +89,14 @@ def gru_unit_backward(dh, r, z, n_t, hn, h_prev):
 
 
 @njit_parallel
-def gru_forward_cpu(hs, gates, hn, x, W_ih, W_hh, b_ih, b_hh):
+def gru_forward_cpu(hs, gates, hn, x, W_ih, W_hh, b_ih, b_hh, lengths):
     """Forward pass over a whole sequence.
 
     Written (=):  hs[1:] of (T+1, B, n): h_t; gates (T, B, 3n): r, z, n_t of each step, in blocks
                   of n; hn (T, B, n): W_hn h_{t-1} + b_hn of each step.
-    Read:         hs[0] (B, n) = h_0; x (T, B, m); W_ih (3n, m); W_hh (3n, n); b_ih, b_hh (3n,).
+    Read:         hs[0] (B, n) = h_0; x (T, B, m); W_ih (3n, m); W_hh (3n, n); b_ih, b_hh (3n,);
+                  lengths (B,): past row b's end h holds and gates, hn are 0 (common.py,
+                  "Sequences").
     Work split:   one thread per slice of batch rows, each running all T steps.
     """
     T, B, m = x.shape
@@ -108,6 +111,10 @@ def gru_forward_cpu(hs, gates, hn, x, W_ih, W_hh, b_ih, b_hh):
             # 2. recurrence: row b of Wh is W_hh h_{t-1}[b]
             np.dot(hs[t, b0:b1], W_hh.T, Wh)
             for b in range(b0, b1):
+                if t >= lengths[b]:                      # past the row's end: h_t = h_{t-1}
+                    hold_state(hs, gates, t, b)
+                    hn[t, b] = 0.0
+                    continue
                 k = b - b0
                 for j in range(n):
                     hn_t = Wh[k, 2 * n + j] + b_hh[2 * n + j]         # W_hn h_{t-1} + b_hn
@@ -123,7 +130,8 @@ def gru_forward_cpu(hs, gates, hn, x, W_ih, W_hh, b_ih, b_hh):
 
 
 @njit_parallel
-def gru_backward_cpu(dW_ih, dW_hh, db_ih, db_hh, dh0, dgi, dgh, dh_T, hs, gates, hn, x, W_hh):
+def gru_backward_cpu(dW_ih, dW_hh, db_ih, db_hh, dh0, dgi, dgh, dh_T, hs, gates, hn, x, W_hh,
+                     dhs, lengths):
     """BPTT over the whole sequence.
 
     Written (=):  dW_ih (3n, m); dW_hh (3n, n); db_ih, db_hh (3n,); dh0 (B, n) = dL/dh_0;
@@ -131,7 +139,8 @@ def gru_backward_cpu(dW_ih, dW_hh, db_ih, db_hh, dh0, dgi, dgh, dh_T, hs, gates,
                   dgi (T, B, 3n) = dL/d(W_ih x_t + b_ih) = (da_r, da_z, da_n),
                   dgh (T, B, 3n) = dL/d(W_hh h_{t-1} + b_hh) = (da_r, da_z, da_n o r).
     Read:         dh_T (B, n) = dL/dh_T; hs, gates, hn from the forward pass; x (T, B, m);
-                  W_hh (3n, n).
+                  W_hh (3n, n); dhs (T, B, n) (or (0, B, n)) and lengths (B,): common.py,
+                  "Sequences".
     Work split:   one thread per slice of batch rows for the reverse time loop; the weight
                   gradients as products over all T*B rows, split by rows.
     """
@@ -149,6 +158,9 @@ def gru_backward_cpu(dW_ih, dW_hh, db_ih, db_hh, dh0, dgi, dgh, dh_T, hs, gates,
             # so:          dgi_t, dgh_t by gru_unit_backward; dh keeps z o dh_t, the part of
             #              dh_{t-1} that skips W_hh (its W_hh part is added below)
             for b in range(b0, b1):
+                if add_upstream(dh, dhs, dgi, t, b, b0, lengths):
+                    dgh[t, b] = 0.0
+                    continue                    # past the row's end: dh passes on unchanged
                 k = b - b0
                 for j in range(n):
                     r = gates[t, b, j]
@@ -197,14 +209,19 @@ BACKWARD_VALUES = 7
 # the GPU twins keep them.
 
 @cuda.jit
-def gru_forward_step_kernel(hs, gates, hn, x, W_ih, WT, b_ih, b_hh, t):
+def gru_forward_step_kernel(hs, gates, hn, x, W_ih, WT, b_ih, b_hh, t, lengths):
     """Step t, see gru_unit. Written (=): gates[t] (B, 3n) = r, z, n_t;
     hn[t] (B, n) = W_hn h_{t-1} + b_hn; hs[t+1] (B, n).
-    Read: hs[t], x[t], W_ih (3n, m), WT = W_hh^T (n, 3n), b_ih, b_hh (3n,).
+    Read: hs[t], x[t], W_ih (3n, m), WT = W_hh^T (n, 3n), b_ih, b_hh (3n,), lengths (B,) (past
+    row b's end h holds and gates, hn are 0).
     One thread per (b, j), computing the three gates of unit j; 2-d grid over (j, b). W_hh is
     read transposed: for each k the threads of a warp read consecutive WT[k, j]."""
     j, b = cuda.grid(2)
     B, n, m = hs.shape[1], hs.shape[2], x.shape[2]
+    if b < B and j < n and hold_unit(hs, hn, t, b, j, lengths):
+        for k in range(3):
+            gates[t, b, k * n + j] = 0
+        return
     if b < B and j < n:
         gi_r, gi_z, gi_n = b_ih[j], b_ih[n + j], b_ih[2 * n + j]
         gh_r, gh_z, gh_n = b_hh[j], b_hh[n + j], b_hh[2 * n + j]
@@ -227,17 +244,25 @@ def gru_forward_step_kernel(hs, gates, hn, x, W_ih, WT, b_ih, b_hh, t):
 
 
 @cuda.jit
-def gru_backward_unit_kernel(dgi, dgh, dh, hs, gates, hn, t):
+def gru_backward_unit_kernel(dgi, dgh, dh, hs, gates, hn, t, dhs, lengths):
     """The elementwise part of BPTT through step t (gru_unit_backward).
-    Written (=): dgi[t], dgh[t] (B, 3n). Updated: dh (B, n), dL/dh_t -> dh * z, the part of
-    dL/dh_{t-1} that does not pass through W_hh. Read: hs[t], gates[t], hn[t].
-    One thread per (b, j)."""
+    Written (=): dgi[t], dgh[t] (B, 3n). Updated: dh (B, n), dL/dh_t (dhs[t] added:
+    gpu_common.upstream) -> dh * z, the part of dL/dh_{t-1} that does not pass through W_hh;
+    past row b's end (lengths) dh passes on whole and dgi, dgh are 0. Read: hs[t], gates[t],
+    hn[t]. One thread per (b, j)."""
     j, b = cuda.grid(2)
     B, n = dh.shape
     if b < B and j < n:
+        g = upstream(dh, dhs, t, b, j)
+        if t >= lengths[b]:
+            for k in range(3):
+                dgi[t, b, k * n + j] = 0
+                dgh[t, b, k * n + j] = 0
+            dh[b, j] = g
+            return
         r = gates[t, b, j]
         da_r, da_z, da_n, dgh_n, carry = gru_unit_backward(
-            dh[b, j], r, gates[t, b, n + j], gates[t, b, 2 * n + j], hn[t, b, j], hs[t, b, j])
+            g, r, gates[t, b, n + j], gates[t, b, 2 * n + j], hn[t, b, j], hs[t, b, j])
         dgi[t, b, j] = da_r
         dgi[t, b, n + j] = da_z
         dgi[t, b, 2 * n + j] = da_n
@@ -247,7 +272,7 @@ def gru_backward_unit_kernel(dgi, dgh, dh, hs, gates, hn, t):
         dh[b, j] = carry
 
 
-def gru_forward_gpu(hs, gates, hn, x, W_ih, W_hh, b_ih, b_hh, *, block=(128, 1)):
+def gru_forward_gpu(hs, gates, hn, x, W_ih, W_hh, b_ih, b_hh, lengths, *, block=(128, 1)):
     """Version 1 twin of gru_forward_cpu: T launches of gru_forward_step_kernel.
     Written (=): hs[1:], gates, hn. Read: hs[0], x, W_ih, W_hh, b_ih, b_hh."""
     T, B, _ = x.shape
@@ -255,11 +280,11 @@ def gru_forward_gpu(hs, gates, hn, x, W_ih, W_hh, b_ih, b_hh, *, block=(128, 1))
     grid, block = step_grid(B, n, block)
     WT = transposed(W_hh, "gru_WT")
     for t in range(T):
-        gru_forward_step_kernel[grid, block](hs, gates, hn, x, W_ih, WT, b_ih, b_hh, t)
+        gru_forward_step_kernel[grid, block](hs, gates, hn, x, W_ih, WT, b_ih, b_hh, t, lengths)
 
 
-def gru_backward_gpu(dW_ih, dW_hh, db_ih, db_hh, dh0, dgi, dgh, dh_T, hs, gates, hn, x, W_hh, *,
-                     block=(128, 1), tile=TILE):
+def gru_backward_gpu(dW_ih, dW_hh, db_ih, db_hh, dh0, dgi, dgh, dh_T, hs, gates, hn, x, W_hh,
+                     dhs, lengths, *, block=(128, 1), tile=TILE):
     """Version 1 twin of gru_backward_cpu: per step gru_backward_unit_kernel, then
     dh_{t-1} += dgh_t W_hh (rows_times_matrix_gpu); then the weight gradients.
     Written (=): dW_ih, dW_hh, db_ih, db_hh, dh0, dgi, dgh."""
@@ -268,7 +293,7 @@ def gru_backward_gpu(dW_ih, dW_hh, db_ih, db_hh, dh0, dgi, dgh, dh_T, hs, gates,
     grid, block = step_grid(B, n, block)
     dh0.copy_to_device(dh_T)              # the running dL/dh_t lives in dh0; it ends as dL/dh_0
     for t in range(T - 1, -1, -1):
-        gru_backward_unit_kernel[grid, block](dgi, dgh, dh0, hs, gates, hn, t)
+        gru_backward_unit_kernel[grid, block](dgi, dgh, dh0, hs, gates, hn, t, dhs, lengths)
         rows_times_matrix_gpu(dh0, dgh, W_hh, t, True, block=block)
     stacked_param_grads_gpu(dW_ih, dW_hh, db_ih, db_hh, dgi, dgh, hs, x, tile=tile)
 

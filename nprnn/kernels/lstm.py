@@ -46,11 +46,12 @@ CPU twin by tests/gpu/test_gpu_baselines.py; its twins, which nprnn/core/cells.p
 import numpy as np
 from numba import prange
 
-from .common import (Twins, BLOCK_ROWS, dsigmoid_from_y, dtanh_from_y, flush_denormals,
-                     flush_subnormal, matmul_nt_rows, matmul_tn_rows, njit_inline, njit_parallel,
-                     num_slices, restore_fp_mode, row_slice, sigmoid, sum_rows, tanh)
-from .gpu_common import (TILE, WARP, cdiv, cuda, fill, rows_times_matrix_gpu, scratch, splits_for,
-                         stacked_param_grads_gpu, step_grid, transposed)
+from .common import (Twins, BLOCK_ROWS, add_upstream, dsigmoid_from_y, dtanh_from_y,
+                     flush_denormals, flush_subnormal, hold_state, matmul_nt_rows, matmul_tn_rows,
+                     njit_inline, njit_parallel, num_slices, restore_fp_mode, row_slice, sigmoid,
+                     sum_rows, tanh)
+from .gpu_common import (TILE, WARP, cdiv, cuda, fill, hold_unit, rows_times_matrix_gpu, scratch,
+                         splits_for, stacked_param_grads_gpu, step_grid, transposed, upstream)
 
 
 # ------------------------------------------------------------------------------------------
@@ -106,7 +107,7 @@ def lstm_unit_backward(dh, dc, i, f, g, o, c_prev, c, w_ci, w_cf, w_co, peephole
 
 
 @njit_inline
-def _forward(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, w_ci, w_cf, w_co, peephole):
+def _forward(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, w_ci, w_cf, w_co, peephole, lengths):
     """The forward pass of both LSTMs (see the two kernels below); inlined into each, where
     `peephole` is a literal and its branches fold away."""
     T, B, m = x.shape
@@ -122,6 +123,10 @@ def _forward(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, w_ci, w_cf, w_co, peephol
             # 2. recurrence: row b of Wh is W_hh h_{t-1}[b]
             np.dot(hs[t, b0:b1], W_hh.T, Wh)
             for b in range(b0, b1):
+                if t >= lengths[b]:                      # past the row's end: h, c hold
+                    hold_state(hs, gates, t, b)
+                    cs[t + 1, b] = cs[t, b]
+                    continue
                 r = b - b0
                 for j in range(n):
                     # a_t = W_ih x_t + b_ih + W_hh h_{t-1} + b_hh, gate k at column k n + j
@@ -141,7 +146,7 @@ def _forward(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, w_ci, w_cf, w_co, peephol
 
 @njit_inline
 def _backward(dW_ih, dW_hh, db_ih, db_hh, dh0, da, dh_T, hs, cs, gates, x, W_hh, w_ci, w_cf,
-              w_co, peephole):
+              w_co, peephole, dhs, lengths):
     """BPTT of both LSTMs but the peephole gradients (see the two kernels below); inlined into
     each, where `peephole` is a literal and its branches fold away."""
     T, B, m = x.shape
@@ -154,8 +159,11 @@ def _backward(dW_ih, dW_hh, db_ih, db_hh, dh0, da, dh_T, hs, cs, gates, x, W_hh,
         dh = dh0[b0:b1]
         # dc: the part of dL/dc_t that arrives through c_{t+1}; none does at t = T
         dc = np.zeros((b1 - b0, n), dtype=dh0.dtype)
+        dh_rec = np.empty((b1 - b0, n), dtype=dh0.dtype)  # the part of dh_{t-1} through W_hh
         for t in range(T - 1, -1, -1):
             for b in range(b0, b1):
+                if add_upstream(dh, dhs, da, t, b, b0, lengths):
+                    continue                    # past the row's end: dh and dc pass on
                 r = b - b0
                 for j in range(n):
                     # forward was: (i, f, g, o, c_t, h_t) = lstm_unit(a_t, c_{t-1}[, w_c*])
@@ -169,9 +177,11 @@ def _backward(dW_ih, dW_hh, db_ih, db_hh, dh0, da, dh_T, hs, cs, gates, x, W_hh,
                     da[t, b, 2 * n + j] = flush_subnormal(da_g)
                     da[t, b, 3 * n + j] = flush_subnormal(da_o)
                     dc[r, j] = flush_subnormal(dc_prev)
+                    dh[r, j] = 0.0              # h_{t-1} reaches step t only through W_hh
             # forward was: a_t = W_ih x_t + b_ih + W_hh h_{t-1} + b_hh; h_{t-1} goes nowhere else
-            # so:          dh_{t-1} = da_t W_hh   (row form)
-            np.dot(da[t, b0:b1], W_hh, dh)
+            # so:          dh_{t-1} = da_t W_hh   (row form; added to the 0 left above)
+            np.dot(da[t, b0:b1], W_hh, dh_rec)
+            dh += dh_rec
         restore_fp_mode(mode)
     # 3. weight gradients over all steps at once
     da2 = da.reshape(T * B, 4 * n)
@@ -182,63 +192,67 @@ def _backward(dW_ih, dW_hh, db_ih, db_hh, dh0, da, dh_T, hs, cs, gates, x, W_hh,
 
 
 @njit_parallel
-def lstm_forward_cpu(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh):
+def lstm_forward_cpu(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, lengths):
     """Forward pass of the standard LSTM over a whole sequence.
 
     Written (=):  hs[1:], cs[1:] of (T+1, B, n): h_t and c_t;
                   gates (T, B, 4n): i, f, g, o of each step, in blocks of n.
     Read:         hs[0], cs[0] (B, n) = h_0, c_0; x (T, B, m); W_ih (4n, m); W_hh (4n, n);
-                  b_ih, b_hh (4n,).
+                  b_ih, b_hh (4n,); lengths (B,): past row b's end h and c hold, gates = 0
+                  (common.py, "Sequences").
     Work split:   one thread per slice of batch rows, each running all T steps.
     """
     # no peepholes: b_ih stands in for w_ci, w_cf, w_co, which are not read
-    _forward(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, b_ih, b_ih, b_ih, False)
+    _forward(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, b_ih, b_ih, b_ih, False, lengths)
 
 
 @njit_parallel
-def lstm_backward_cpu(dW_ih, dW_hh, db_ih, db_hh, dh0, da, dh_T, hs, cs, gates, x, W_hh):
+def lstm_backward_cpu(dW_ih, dW_hh, db_ih, db_hh, dh0, da, dh_T, hs, cs, gates, x, W_hh, dhs,
+                      lengths):
     """BPTT of the standard LSTM over the whole sequence.
 
     Written (=):  dW_ih (4n, m); dW_hh (4n, n); db_ih, db_hh (4n,); dh0 (B, n) = dL/dh_0;
                   da (T, B, 4n) = dL/da_t, the pre-activation gradients (scratch, kept for the
                   products at the end). dL/dc_0 is not returned: c_0 is not an input of the model.
     Read:         dh_T (B, n) = dL/dh_T (c_T reaches the loss only through h_T);
-                  hs, cs, gates from the forward pass; x (T, B, m); W_hh (4n, n).
+                  hs, cs, gates from the forward pass; x (T, B, m); W_hh (4n, n);
+                  dhs (T, B, n) (or (0, B, n)) and lengths (B,): common.py, "Sequences".
     Work split:   one thread per slice of batch rows for the reverse time loop; the weight
                   gradients as products over all T*B rows, split by rows.
     """
     # no peepholes: db_ih stands in for w_ci, w_cf, w_co, which are not read
     _backward(dW_ih, dW_hh, db_ih, db_hh, dh0, da, dh_T, hs, cs, gates, x, W_hh, db_ih, db_ih,
-              db_ih, False)
+              db_ih, False, dhs, lengths)
 
 
 @njit_parallel
-def peephole_lstm_forward_cpu(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, w_ci, w_cf, w_co):
+def peephole_lstm_forward_cpu(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, w_ci, w_cf, w_co,
+                              lengths):
     """Forward pass of the peephole LSTM over a whole sequence.
 
     Written (=):  hs[1:], cs[1:] of (T+1, B, n): h_t and c_t;
                   gates (T, B, 4n): i, f, g, o of each step, in blocks of n.
     Read:         hs[0], cs[0] (B, n) = h_0, c_0; x (T, B, m); W_ih (4n, m); W_hh (4n, n);
-                  b_ih, b_hh (4n,); w_ci, w_cf, w_co (n,).
+                  b_ih, b_hh (4n,); w_ci, w_cf, w_co (n,); lengths (B,), as lstm_forward_cpu.
     Work split:   one thread per slice of batch rows, each running all T steps.
     """
-    _forward(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, w_ci, w_cf, w_co, True)
+    _forward(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, w_ci, w_cf, w_co, True, lengths)
 
 
 @njit_parallel
 def peephole_lstm_backward_cpu(dW_ih, dW_hh, db_ih, db_hh, dw_ci, dw_cf, dw_co, dh0, da,
-                               dh_T, hs, cs, gates, x, W_hh, w_ci, w_cf, w_co):
+                               dh_T, hs, cs, gates, x, W_hh, w_ci, w_cf, w_co, dhs, lengths):
     """BPTT of the peephole LSTM over the whole sequence.
 
     Written (=):  dW_ih (4n, m); dW_hh (4n, n); db_ih, db_hh (4n,); dw_ci, dw_cf, dw_co (n,);
                   dh0 (B, n) = dL/dh_0; da (T, B, 4n) = dL/da_t, the pre-activation gradients
                   (scratch, kept for the products at the end). dL/dc_0 is not returned.
     Read:         dh_T (B, n) = dL/dh_T; hs, cs, gates from the forward pass; x (T, B, m);
-                  W_hh (4n, n); w_ci, w_cf, w_co (n,).
+                  W_hh (4n, n); w_ci, w_cf, w_co (n,); dhs, lengths as lstm_backward_cpu.
     Work split:   as `lstm_backward_cpu`; the peephole gradients over slices of the T*B rows.
     """
     _backward(dW_ih, dW_hh, db_ih, db_hh, dh0, da, dh_T, hs, cs, gates, x, W_hh, w_ci, w_cf,
-              w_co, True)
+              w_co, True, dhs, lengths)
     T, B, n = da.shape[0], da.shape[1], cs.shape[2]
     # the peepholes: dw_ci = sum_{t,b} da_i c_{t-1};  dw_cf = sum da_f c_{t-1};
     # dw_co = sum da_o c_t; over slices of the T*B rows in memory order (a loop over units outside
@@ -286,14 +300,20 @@ BACKWARD_VALUES = 10
 
 @cuda.jit
 def lstm_forward_step_kernel(hs, cs, gates, x, W_ih, WT, b_ih, b_hh, w_ci, w_cf, w_co,
-                             peephole, t):
+                             peephole, t, lengths):
     """Step t of the (peephole) LSTM, see lstm_unit.
     Written (=): gates[t] (B, 4n) = i, f, g, o; cs[t+1], hs[t+1] (B, n).
-    Read: hs[t], cs[t], x[t], W_ih (4n, m), WT = W_hh^T (n, 4n), b_ih, b_hh (4n,), w_c* (n,).
+    Read: hs[t], cs[t], x[t], W_ih (4n, m), WT = W_hh^T (n, 4n), b_ih, b_hh (4n,), w_c* (n,),
+    lengths (B,) (past row b's end h and c hold and the gates are 0).
     One thread per (b, j), computing the four gates of unit j; 2-d grid over (j, b). W_hh is
     read transposed: for each k the threads of a warp read consecutive WT[k, j]."""
     j, b = cuda.grid(2)
     B, n, m = hs.shape[1], hs.shape[2], x.shape[2]
+    if b < B and j < n and hold_unit(hs, gates, t, b, j, lengths):
+        cs[t + 1, b, j] = cs[t, b, j]
+        for k in range(1, 4):
+            gates[t, b, k * n + j] = 0
+        return
     if b < B and j < n:
         a_i = b_ih[j] + b_hh[j]
         a_f = b_ih[n + j] + b_hh[n + j]
@@ -322,16 +342,25 @@ def lstm_forward_step_kernel(hs, cs, gates, x, W_ih, WT, b_ih, b_hh, w_ci, w_cf,
 
 
 @cuda.jit
-def lstm_backward_unit_kernel(da, dc, dh, cs, gates, w_ci, w_cf, w_co, peephole, t):
+def lstm_backward_unit_kernel(da, dc, dh, cs, gates, w_ci, w_cf, w_co, peephole, t, dhs,
+                              lengths):
     """The elementwise part of BPTT through step t (lstm_unit_backward).
     Written (=): da[t] (B, 4n). Updated: dc (B, n), the part of dL/dc_t that arrives through
-    c_{t+1} -> the part of dL/dc_{t-1} that arrives through c_t (as in lstm_unit_backward).
-    Read: dh (B, n) = dL/dh_t, cs[t], cs[t+1], gates[t]. One thread per (b, j)."""
+    c_{t+1} -> the part of dL/dc_{t-1} that arrives through c_t (as in lstm_unit_backward);
+    dh (B, n), dL/dh_t from the later steps (dhs[t] added: gpu_common.upstream) -> the part of
+    dL/dh_{t-1} that skips W_hh: 0, or past row b's end (lengths) all of it, with da_t = 0 and
+    dc passed on. Read: cs[t], cs[t+1], gates[t]. One thread per (b, j)."""
     j, b = cuda.grid(2)
     B, n = dh.shape
     if b < B and j < n:
+        g = upstream(dh, dhs, t, b, j)
+        if t >= lengths[b]:
+            for k in range(4):
+                da[t, b, k * n + j] = 0
+            dh[b, j] = g
+            return
         da_i, da_f, da_g, da_o, dc_prev = lstm_unit_backward(
-            dh[b, j], dc[b, j], gates[t, b, j], gates[t, b, n + j], gates[t, b, 2 * n + j],
+            g, dc[b, j], gates[t, b, j], gates[t, b, n + j], gates[t, b, 2 * n + j],
             gates[t, b, 3 * n + j], cs[t, b, j], cs[t + 1, b, j], w_ci[j], w_cf[j], w_co[j],
             peephole)
         da[t, b, j] = da_i
@@ -339,6 +368,7 @@ def lstm_backward_unit_kernel(da, dc, dh, cs, gates, w_ci, w_cf, w_co, peephole,
         da[t, b, 2 * n + j] = da_g
         da[t, b, 3 * n + j] = da_o
         dc[b, j] = dc_prev
+        dh[b, j] = 0
 
 
 @cuda.jit
@@ -402,17 +432,18 @@ def peephole_grads_gpu(dw_ci, dw_cf, dw_co, da, cs, *, threads=128, splits=None)
 
 
 def _forward_steps(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, w_ci, w_cf, w_co, peephole,
-                   block):
+                   lengths, block):
     T, B, _ = x.shape
     n = W_hh.shape[1]
     grid, block = step_grid(B, n, block)
     WT = transposed(W_hh, "lstm_WT")
     for t in range(T):
         lstm_forward_step_kernel[grid, block](hs, cs, gates, x, W_ih, WT, b_ih, b_hh,
-                                              w_ci, w_cf, w_co, peephole, t)
+                                              w_ci, w_cf, w_co, peephole, t, lengths)
 
 
-def _backward_steps(dh0, da, dh_T, cs, gates, W_hh, w_ci, w_cf, w_co, peephole, block):
+def _backward_steps(dh0, da, dh_T, cs, gates, W_hh, w_ci, w_cf, w_co, peephole, dhs, lengths,
+                    block):
     T, B, n = cs.shape[0] - 1, cs.shape[1], cs.shape[2]
     grid, block = step_grid(B, n, block)
     dc = scratch("lstm_dc", (B, n), dh0.dtype)     # dL/dc_t through c_{t+1}: 0 at t = T
@@ -420,37 +451,41 @@ def _backward_steps(dh0, da, dh_T, cs, gates, W_hh, w_ci, w_cf, w_co, peephole, 
     dh0.copy_to_device(dh_T)              # the running dL/dh_t lives in dh0; it ends as dL/dh_0
     for t in range(T - 1, -1, -1):
         lstm_backward_unit_kernel[grid, block](da, dc, dh0, cs, gates, w_ci, w_cf, w_co,
-                                               peephole, t)
-        rows_times_matrix_gpu(dh0, da, W_hh, t, False, block=block)
+                                               peephole, t, dhs, lengths)
+        rows_times_matrix_gpu(dh0, da, W_hh, t, True, block=block)
 
 
-def lstm_forward_gpu(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, *, block=(128, 1)):
+def lstm_forward_gpu(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, lengths, *, block=(128, 1)):
     """Version 1 twin of lstm_forward_cpu: T launches of lstm_forward_step_kernel.
-    Written (=): hs[1:], cs[1:], gates. Read: hs[0], cs[0], x, W_ih, W_hh, b_ih, b_hh."""
-    _forward_steps(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, b_ih, b_ih, b_ih, False, block)
+    Written (=): hs[1:], cs[1:], gates. Read: hs[0], cs[0], x, W_ih, W_hh, b_ih, b_hh, lengths."""
+    _forward_steps(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, b_ih, b_ih, b_ih, False, lengths,
+                   block)
 
 
-def peephole_lstm_forward_gpu(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, w_ci, w_cf, w_co, *,
-                              block=(128, 1)):
+def peephole_lstm_forward_gpu(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, w_ci, w_cf, w_co,
+                              lengths, *, block=(128, 1)):
     """Version 1 twin of peephole_lstm_forward_cpu (as lstm_forward_gpu, with peepholes)."""
-    _forward_steps(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, w_ci, w_cf, w_co, True, block)
+    _forward_steps(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, w_ci, w_cf, w_co, True, lengths,
+                   block)
 
 
-def lstm_backward_gpu(dW_ih, dW_hh, db_ih, db_hh, dh0, da, dh_T, hs, cs, gates, x, W_hh, *,
-                      block=(128, 1), tile=TILE):
+def lstm_backward_gpu(dW_ih, dW_hh, db_ih, db_hh, dh0, da, dh_T, hs, cs, gates, x, W_hh, dhs,
+                      lengths, *, block=(128, 1), tile=TILE):
     """Version 1 twin of lstm_backward_cpu: per step lstm_backward_unit_kernel, then
-    dh_{t-1} = da_t W_hh (rows_times_matrix_gpu); then the weight gradients.
+    dh_{t-1} += da_t W_hh (rows_times_matrix_gpu); then the weight gradients.
     Written (=): dW_ih, dW_hh, db_ih, db_hh, dh0, da."""
-    _backward_steps(dh0, da, dh_T, cs, gates, W_hh, db_ih, db_ih, db_ih, False, block)
+    _backward_steps(dh0, da, dh_T, cs, gates, W_hh, db_ih, db_ih, db_ih, False, dhs, lengths,
+                    block)
     stacked_param_grads_gpu(dW_ih, dW_hh, db_ih, db_hh, da, da, hs, x, tile=tile)
 
 
 def peephole_lstm_backward_gpu(dW_ih, dW_hh, db_ih, db_hh, dw_ci, dw_cf, dw_co, dh0, da, dh_T,
-                               hs, cs, gates, x, W_hh, w_ci, w_cf, w_co, *, block=(128, 1),
-                               tile=TILE):
+                               hs, cs, gates, x, W_hh, w_ci, w_cf, w_co, dhs, lengths, *,
+                               block=(128, 1), tile=TILE):
     """Version 1 twin of peephole_lstm_backward_cpu; the peephole gradients by
     peephole_grads_gpu. Written (=): dW_ih, dW_hh, db_ih, db_hh, dw_c*, dh0, da."""
-    _backward_steps(dh0, da, dh_T, cs, gates, W_hh, w_ci, w_cf, w_co, True, block)
+    _backward_steps(dh0, da, dh_T, cs, gates, W_hh, w_ci, w_cf, w_co, True, dhs, lengths,
+                    block)
     stacked_param_grads_gpu(dW_ih, dW_hh, db_ih, db_hh, da, da, hs, x, tile=tile)
     peephole_grads_gpu(dw_ci, dw_cf, dw_co, da, cs, threads=block[0])
 

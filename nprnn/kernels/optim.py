@@ -75,36 +75,42 @@ def adagrad_element(p, G, g, i, lr, delta, s):
     p[i] -= lr * gi / (math.sqrt(G[i]) + delta)
 
 
-def record_step(stats, scale, losses, logits, y, total, clip):
+def record_step(stats, scale, losses, logits, y, w, total, clip):
     """After one step's forward and backward pass: add it to the running totals and write the
     clipping factor.
 
-    Updated: stats (STATS,) float64: STEPS += 1; unless the step is bad, COUNT += B,
-             CORRECT += the rows whose largest logit is the label's (the first largest, as
-             numpy's argmax), LOSS_SUM += sum of losses, NORM_SUM += ||g||. The first step whose
-             loss sum or ||g|| is not finite sets FIRST_BAD = its STEPS count, BAD_LOSS (the mean
-             loss) and BAD_NORM.
+    Updated: stats (STATS,) float64: STEPS += 1; unless the step is bad, COUNT += the rows
+             counted (w[r] != 0), CORRECT += those whose largest logit is the label's (the first
+             largest, as numpy's argmax; none for a regression's y (R, K)), LOSS_SUM += sum of
+             losses, NORM_SUM += ||g||. The first step whose loss sum or ||g|| is not finite sets
+             FIRST_BAD = its STEPS count, BAD_LOSS (the mean loss) and BAD_NORM.
     Written: scale (1,) float64 = min(1, clip / ||g||) (1 for clip = 0), or NaN from the first bad
              step on (the updates then leave the parameters alone).
-    Read:    losses (B,), logits (B, K), y (B,) int, total (1,) = ||g||^2, clip >= 0.
+    Read:    losses (R,), logits (R, K), y (R,) int or (R, K) targets, w (R,) the rows' weights
+             (kernels/readout.py), total (1,) = ||g||^2, clip >= 0.
     """
-    B, K = logits.shape
+    R, K = logits.shape
     f64 = stats.dtype.type               # float64 whatever the losses' dtype (also in NumPy 2's
     loss_sum = f64(0)                    # rules, which the CUDA simulator follows)
     correct = 0
-    for b in range(B):
+    B = 0                                # the rows counted
+    for b in range(R):
+        if w[b] == 0:
+            continue
+        B += 1
         loss_sum += f64(losses[b])
-        best = 0
-        for k in range(1, K):
-            if logits[b, k] > logits[b, best]:
-                best = k
-        if best == y[b]:
-            correct += 1
+        if y.ndim == 1:
+            best = 0
+            for k in range(1, K):
+                if logits[b, k] > logits[b, best]:
+                    best = k
+            if best == y[b]:
+                correct += 1
     norm = math.sqrt(total[0])
     stats[STEPS] += 1
     if stats[FIRST_BAD] == 0 and not (math.isfinite(loss_sum) and math.isfinite(norm)):
         stats[FIRST_BAD] = stats[STEPS]
-        stats[BAD_LOSS] = loss_sum / B
+        stats[BAD_LOSS] = loss_sum / max(B, 1)
         stats[BAD_NORM] = norm
     if stats[FIRST_BAD] != 0:
         scale[0] = math.nan
@@ -171,9 +177,9 @@ def adagrad_cpu(p, G, g, lr, delta, scale):
 
 
 @njit
-def record_step_cpu(stats, scale, losses, logits, y, total, clip):
+def record_step_cpu(stats, scale, losses, logits, y, w, total, clip):
     """See record_step: the step's totals into stats, its clipping factor into scale."""
-    record_step_cpu_inline(stats, scale, losses, logits, y, total, clip)
+    record_step_cpu_inline(stats, scale, losses, logits, y, w, total, clip)
 
 
 # ------------------------------------------------------------------------------------------
@@ -252,10 +258,10 @@ def adagrad_kernel(p, G, g, lr, delta, scale):
 
 
 @cuda.jit
-def record_step_kernel(stats, scale, losses, logits, y, total, clip):
-    """record_step by one thread (B K comparisons: microseconds, and a fixed order)."""
+def record_step_kernel(stats, scale, losses, logits, y, w, total, clip):
+    """record_step by one thread (R K comparisons: microseconds, and a fixed order)."""
     if cuda.grid(1) == 0:
-        record_step_gpu_device(stats, scale, losses, logits, y, total, clip)
+        record_step_gpu_device(stats, scale, losses, logits, y, w, total, clip)
 
 
 def sgd_momentum_gpu(p, v, g, lr, momentum, scale, *, threads=256):
@@ -268,6 +274,6 @@ def adagrad_gpu(p, G, g, lr, delta, scale, *, threads=256):
     adagrad_kernel[line_launch(p.shape[0], threads)](p, G, g, lr, delta, scale)
 
 
-def record_step_gpu(stats, scale, losses, logits, y, total, clip):
+def record_step_gpu(stats, scale, losses, logits, y, w, total, clip):
     """Twin of record_step_cpu (device arrays; clip a Python float)."""
-    record_step_kernel[1, 1](stats, scale, losses, logits, y, total, clip)
+    record_step_kernel[1, 1](stats, scale, losses, logits, y, w, total, clip)

@@ -1,5 +1,5 @@
-"""The readout on top of every cell: a linear layer on h_T, then a loss, softmax cross-entropy
-(a classifier, loss="xent") or mean squared error (regression, loss="mse").
+"""The readout on top of every cell: a linear layer on h_T (or on every h_t), then a loss,
+softmax cross-entropy (a classifier, loss="xent") or mean squared error (regression, loss="mse").
 
     logits = h_T W_out^T + b_out                     h_T (B, n), W_out (K, n), b_out (K,)
     p      = softmax(logits)                         (B, K)
@@ -15,6 +15,13 @@ real targets (the mean over all B K entries, torch.nn.functional.mse_loss's redu
     loss   = (1/(B K)) sum_b sum_k (out[b, k] - y[b, k])^2
 Backward:
     dout   = 2 (out - y) / (B K)                     then dW_out, db_out, dh_T as above
+
+The loss kernels work on rows: the B rows of h_T, or with a readout at every step the T*B rows of
+h_1 .. h_T (time-major, row t B + b). Each row r has a weight w[r] (float64), its share of the
+mean: 1/B above; 1/N for each of the N rows counted and 0 for a row that is not (a label -1, a
+step past the row's length). So losses[r] is row r's own loss (0 where w[r] = 0), the loss is
+sum_r w[r] losses[r], and each row's output gradient carries w[r] in place of 1/B:
+    dlogits[r] = w[r] (p[r] - onehot(y_r)) ;  dout[r, k] = w[r] 2 (out[r, k] - y[r, k]) / K
 """
 import math
 
@@ -24,14 +31,20 @@ from .common import Twins, njit, njit_inline
 from .gpu_common import cdiv, cuda, step_grid
 
 
-def softmax_xent_row(losses, dlogits, logits, y, b):
-    """Row b: losses[b] = -log p[b, y_b], dlogits[b] = (p[b] - onehot(y_b)) / B (written, =),
-    with the row's maximum subtracted before exp and the sum of exps taken in float64.
+def softmax_xent_row(losses, dlogits, logits, y, w, b):
+    """Row b: losses[b] = -log p[b, y_b], dlogits[b] = w[b] (p[b] - onehot(y_b)) (written, =),
+    with the row's maximum subtracted before exp and the sum of exps taken in float64; a row
+    that does not count (w[b] = 0, its label maybe -1) gets 0 in both.
 
     Written once for both twins: it takes arrays, so it is compiled twice from this source, with
     njit for the CPU twin and as a CUDA device function for the GPU twin (an njit function cannot
     take the CUDA simulator's arrays)."""
     B, K = logits.shape
+    if w[b] == 0:
+        losses[b] = 0
+        for k in range(K):
+            dlogits[b, k] = 0
+        return
     mx = logits[b, 0]
     for k in range(1, K):
         mx = max(mx, logits[b, k])
@@ -41,25 +54,31 @@ def softmax_xent_row(losses, dlogits, logits, y, b):
     log_s = math.log(s)
     losses[b] = log_s - (logits[b, y[b]] - mx)
     for k in range(K):
-        dlogits[b, k] = math.exp(logits[b, k] - mx - log_s) / B
-    dlogits[b, y[b]] -= 1.0 / B
+        dlogits[b, k] = math.exp(logits[b, k] - mx - log_s) * w[b]
+    dlogits[b, y[b]] -= w[b]
 
 
-def mse_row(losses, dout, out, y, b):
-    """Row b: losses[b] = (1/K) sum_k (out[b, k] - y[b, k])^2, the row's mean, so that the mean of
-    losses is the mean over all B K entries; dout[b] = 2 (out[b] - y[b]) / (B K) (written, =).
-    In the arrays' dtype throughout. Written once for both twins, as softmax_xent_row."""
+def mse_row(losses, dout, out, y, w, b):
+    """Row b: losses[b] = (1/K) sum_k (out[b, k] - y[b, k])^2, the row's mean, so that
+    sum_b w[b] losses[b] is the mean over the counted rows' entries;
+    dout[b] = w[b] 2 (out[b] - y[b]) / K (written, =; 0 for a row with w[b] = 0). In the arrays'
+    dtype throughout. Written once for both twins, as softmax_xent_row."""
     B, K = out.shape
     f = losses.dtype.type                           # the dtype: no float64 arithmetic in float32
+    if w[b] == 0:
+        losses[b] = 0
+        for k in range(K):
+            dout[b, k] = 0
+        return
     acc = f(0)
     for k in range(K):
         e = out[b, k] - y[b, k]
         acc += e * e
     losses[b] = acc / f(K)
-    scale = f(2) / f(B * K)
+    scale = f(2 * w[b] / K)                         # 2 / (B K) for a last-step readout
     for k in range(K):
-        # forward was: loss = (1/(B K)) sum_b sum_k (out[b, k] - y[b, k])^2
-        # so:          dout[b, k] = 2 (out[b, k] - y[b, k]) / (B K)
+        # forward was: loss = sum_b w[b] (1/K) sum_k (out[b, k] - y[b, k])^2
+        # so:          dout[b, k] = w[b] 2 (out[b, k] - y[b, k]) / K
         dout[b, k] = scale * (out[b, k] - y[b, k])
 
 
@@ -77,29 +96,30 @@ def readout_forward_cpu(logits, h, W_out, b_out):
 
 
 @njit
-def softmax_xent_cpu(losses, dlogits, logits, y):
-    """Per-row loss and the gradient of the *mean* loss w.r.t. the logits.
+def softmax_xent_cpu(losses, dlogits, logits, y, w):
+    """Per-row loss and the gradient of the weighted mean loss w.r.t. the logits.
 
-    Written (=): losses (B,) = -log p[b, y_b]; dlogits (B, K) = (p - onehot(y)) / B.
-    Read: logits (B, K), y (B,) integer labels in [0, K).
+    Written (=): losses (R,) = -log p[r, y_r]; dlogits (R, K) = w[r] (p - onehot(y)).
+    Read: logits (R, K), y (R,) integer labels in [0, K) (any, where w[r] = 0), w (R,) float64.
 
-    With p_bk = exp(l_bk) / sum_j exp(l_bj), loss_b = log sum_j exp(l_bj) - l_{b,y_b}, so
-    d loss_b / d l_bk = p_bk - [k = y_b]; the mean over the batch divides that by B.
+    With p_rk = exp(l_rk) / sum_j exp(l_rj), loss_r = log sum_j exp(l_rj) - l_{r,y_r}, so
+    d loss_r / d l_rk = p_rk - [k = y_r]; the mean weighs that by w[r] (1/B: over the batch).
     """
     for b in range(logits.shape[0]):
-        softmax_xent_row_cpu(losses, dlogits, logits, y, b)
+        softmax_xent_row_cpu(losses, dlogits, logits, y, w, b)
 
 
 @njit
-def mse_cpu(losses, dout, out, y):
-    """Per-row mean squared error and the gradient of the *mean over all B K entries* w.r.t. the
-    outputs (torch.nn.functional.mse_loss(out, y), reduction "mean").
+def mse_cpu(losses, dout, out, y, w):
+    """Per-row mean squared error and the gradient of the weighted mean w.r.t. the outputs
+    (with w = 1/B, torch.nn.functional.mse_loss(out, y), reduction "mean").
 
-    Written (=): losses (B,) = (1/K) sum_k (out[b, k] - y[b, k])^2 (their mean is the loss);
-    dout (B, K) = 2 (out - y) / (B K). Read: out (B, K), y (B, K) targets of out's dtype.
+    Written (=): losses (R,) = (1/K) sum_k (out[r, k] - y[r, k])^2;
+    dout (R, K) = w[r] 2 (out - y) / K. Read: out (R, K), y (R, K) targets of out's dtype,
+    w (R,) float64.
     """
     for b in range(out.shape[0]):
-        mse_row_cpu(losses, dout, out, y, b)
+        mse_row_cpu(losses, dout, out, y, w, b)
 
 
 @njit
@@ -133,21 +153,21 @@ def readout_forward_kernel(logits, h, W_out, b_out):
 
 
 @cuda.jit
-def softmax_xent_kernel(losses, dlogits, logits, y):
-    """softmax_xent_row for row b: losses[b] = -log p[b, y_b], dlogits[b] = (p[b] - onehot) / B
+def softmax_xent_kernel(losses, dlogits, logits, y, w):
+    """softmax_xent_row for row b: losses[b] = -log p[b, y_b], dlogits[b] = w[b] (p[b] - onehot)
     (written, =). One thread per row b."""
     b = cuda.grid(1)
     if b < logits.shape[0]:
-        softmax_xent_row_gpu(losses, dlogits, logits, y, b)
+        softmax_xent_row_gpu(losses, dlogits, logits, y, w, b)
 
 
 @cuda.jit
-def mse_kernel(losses, dout, out, y):
+def mse_kernel(losses, dout, out, y, w):
     """mse_row for row b: losses[b] = (1/K) sum_k (out[b, k] - y[b, k])^2,
-    dout[b] = 2 (out[b] - y[b]) / (B K) (written, =). One thread per row b."""
+    dout[b] = w[b] 2 (out[b] - y[b]) / K (written, =). One thread per row b."""
     b = cuda.grid(1)
     if b < out.shape[0]:
-        mse_row_gpu(losses, dout, out, y, b)
+        mse_row_gpu(losses, dout, out, y, w, b)
 
 
 @cuda.jit
@@ -187,16 +207,16 @@ def readout_forward_gpu(logits, h, W_out, b_out, *, block=(16, 16)):
     readout_forward_kernel[grid, block](logits, h, W_out, b_out)
 
 
-def softmax_xent_gpu(losses, dlogits, logits, y, *, threads=128):
-    """Twin of softmax_xent_cpu (device arrays): losses (B,), dlogits (B, K) written (=)."""
+def softmax_xent_gpu(losses, dlogits, logits, y, w, *, threads=128):
+    """Twin of softmax_xent_cpu (device arrays): losses (R,), dlogits (R, K) written (=)."""
     B = logits.shape[0]
-    softmax_xent_kernel[cdiv(B, threads), threads](losses, dlogits, logits, y)
+    softmax_xent_kernel[cdiv(B, threads), threads](losses, dlogits, logits, y, w)
 
 
-def mse_gpu(losses, dout, out, y, *, threads=128):
-    """Twin of mse_cpu (device arrays): losses (B,), dout (B, K) written (=)."""
+def mse_gpu(losses, dout, out, y, w, *, threads=128):
+    """Twin of mse_cpu (device arrays): losses (R,), dout (R, K) written (=)."""
     B = out.shape[0]
-    mse_kernel[cdiv(B, threads), threads](losses, dout, out, y)
+    mse_kernel[cdiv(B, threads), threads](losses, dout, out, y, w)
 
 
 def readout_backward_gpu(dW_out, db_out, dh, dlogits, h, W_out, *, block=(32, 8)):

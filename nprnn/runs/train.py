@@ -50,7 +50,7 @@ import numpy as np
 
 from ..core import autotune
 from ..core.device import cpu_model, resolve_device
-from ..core.memory import Staging, to_host
+from ..core.memory import Staging
 from ..core.optim import OPTIMIZERS, StepRecorder
 from ..data.tasks import resolve_data_dir
 from ..util.progress import TrainingBar
@@ -427,10 +427,10 @@ class Run:
     def step(self, x, y):
         """One iteration: the loss and its gradient by full BPTT, the running totals (and the
         clipping factor they give), the optimizer's update."""
-        self.losses, grads, logits, y_step = self.model.step_arrays(x, y)
-        self.recorder.record(self.losses, logits, y_step, grads)
+        self.last_step = step = self.model.step_arrays(x, y)
+        self.recorder.record(step)
         self.optimizer.lr = lr_at(self.config, self.it)     # the schedule's, at this step
-        self.optimizer.step(self.model.params, grads, self.recorder.scale)
+        self.optimizer.step(self.model.params, step.grads, self.recorder.scale)
         self.it += 1
         self.prog.update(iteration=self.it, epoch=self.it // self.per_epoch,
                          batch=self.it % self.per_epoch)
@@ -456,7 +456,7 @@ class Run:
             self.prog["interval"] = _new_interval()
             self.recorder.reset()
         if callback is not None:
-            callback(it, float(np.mean(to_host(self.losses))))
+            callback(it, self.last_step.loss())
         if self.eval_due(it):
             self.evaluate(self.eval_split, stop)
         self.prog["elapsed"] = self.elapsed()
@@ -550,10 +550,10 @@ def _warm_up(config, model, task):
         warm.tuner = autotune.Fixed(model.kernels_for(config["batch_size"], task.T))
     x = np.zeros((1, min(task.T, 2), model.input_size), dtype=np.float32)
     y = np.zeros(1, dtype=np.int64)
-    losses, grads, logits, y_step = warm.step_arrays(x, y)
+    step = warm.step_arrays(x, y)
     recorder = StepRecorder(warm.device, config["clip"], _new_interval())
-    recorder.record(losses, logits, y_step, grads)
-    build_optimizer(config, warm.params).step(warm.params, grads, recorder.scale)
+    recorder.record(step)
+    build_optimizer(config, warm.params).step(warm.params, step.grads, recorder.scale)
     recorder.read()
     warm.forward(x)
     return time.perf_counter() - t0

@@ -22,6 +22,7 @@ class LeakyCell(Cell):
     """The leaky tanh cell, GPU version 1 only (one launch per step)."""
 
     forward_kernels, backward_kernels = K.leaky_forward, K.leaky_backward
+    input_weights = (("da", "V_h"),)          # x_t enters through V_h x_t alone
 
     def __init__(self, name, summary, alpha):
         self.name, self.summary, self.alpha = name, summary, alpha
@@ -47,16 +48,17 @@ class LeakyCell(Cell):
     def reference_backward(self, p, cache, dh_T):
         return self.reference[1](p, cache, dh_T, self.alpha)
 
-    def forward(self, p, x, h0=None, ws=None, backend=CPU):
+    def forward(self, p, x, h0=None, ws=None, backend=CPU, lengths=None):
         T, B, _ = x.shape
         n = p["W"].shape[0]
         hs = backend.states(ws, "hs", x, n, h0)
         th = backend.buffer(ws, "th", (T, B, n), x.dtype)
         backend.run_pass(self.forward_kernels, False, hs, th, x, p["W"], p["V_h"], p["b_h"],
-                         backend.scalar(self.alpha, x.dtype))
-        return hs[T], dict(x=x, hs=hs, th=th)
+                         backend.scalar(self.alpha, x.dtype),
+                         sequence=backend.sequence(ws, x, n, lengths))
+        return hs[T], dict(x=x, hs=hs, th=th, lengths=lengths)
 
-    def backward(self, p, cache, dh_T, ws=None, out=None, backend=CPU):
+    def backward(self, p, cache, dh_T, ws=None, out=None, backend=CPU, dhs=None):
         x, hs, th = cache["x"], cache["hs"], cache["th"]
         T, B, _ = x.shape
         n = p["W"].shape[0]
@@ -64,7 +66,9 @@ class LeakyCell(Cell):
         da = backend.buffer(ws, "da", (T, B, n), x.dtype)
         backend.run_pass(self.backward_kernels, True, g["W"], g["V_h"], g["b_h"], dh0, da,
                          backend.upstream(dh_T, hs), hs, th, x, p["W"],
-                         backend.scalar(self.alpha, x.dtype))
+                         backend.scalar(self.alpha, x.dtype),
+                         sequence=backend.sequence(ws, x, n, cache["lengths"], dhs, True))
+        cache["da"] = da                    # dL/du_t of u_t = V_h x_t: input_grads reads it
         return g, dh0
 
 

@@ -9,6 +9,8 @@ import pytest
 
 from gpu_testing import (B, DTYPES, M, N, ROWS, STEP_BLOCK, T, THREADS, TILE, assert_close, dev,
                          empty_like, rand, requires_cuda)
+from test_gpu_euler import sequence
+
 from nprnn.kernels import gru, lstm, rnn
 from nprnn.kernels.fast import gru as fast_gru
 from nprnn.kernels.fast import lstm as fast_lstm
@@ -38,14 +40,16 @@ def gpu_function(module, prefix, direction, version):
                            + {"step": "", "split": "_split"}.get(version, "_persistent"))
 
 
-def problem(cell, dtype, seed=0):
+def problem(cell, dtype, seed=0, ragged=False):
     """Inputs; the forward state arrays of the cell (hs, and cs/gates/hn) after the CPU twin's
-    forward pass; the CPU twin's backward outputs. Returns dicts of NumPy arrays."""
+    forward pass; the CPU twin's backward outputs. Returns dicts of NumPy arrays. ragged: rows
+    of their own lengths and a gradient at every step (test_gpu_euler.sequence)."""
     module, prefix, G = CELLS[cell]
     rng = np.random.default_rng(seed)
     p = dict(x=rand(rng, (T, B, M), dtype), W_ih=rand(rng, (G * N, M), dtype, 0.7),
              W_hh=rand(rng, (G * N, N), dtype, 0.5), b_ih=rand(rng, (G * N,), dtype, 0.2),
              b_hh=rand(rng, (G * N,), dtype, 0.2), dh_T=rand(rng, (B, N), dtype))
+    p["lengths"], p["dhs"] = sequence(rng, dtype, T, ragged)
     if cell == "peephole-lstm":
         p.update(w_ci=rand(rng, (N,), dtype, 0.5), w_cf=rand(rng, (N,), dtype, 0.5),
                  w_co=rand(rng, (N,), dtype, 0.5))
@@ -58,7 +62,7 @@ def problem(cell, dtype, seed=0):
         fw["gates"] = np.empty((T, B, 4 * N), dtype)
     if cell == "gru":
         fw.update(gates=np.empty((T, B, 3 * N), dtype), hn=np.empty((T, B, N), dtype))
-    getattr(module, f"{prefix}_forward_cpu")(*forward_args(cell, fw, p))
+    getattr(module, f"{prefix}_forward_cpu")(*forward_args(cell, fw, p), p["lengths"])
     bw = dict(dW_ih=np.empty_like(p["W_ih"]), dW_hh=np.empty_like(p["W_hh"]),
               db_ih=np.empty_like(p["b_ih"]), db_hh=np.empty_like(p["b_hh"]),
               dh0=np.empty((B, N), dtype))
@@ -68,7 +72,8 @@ def problem(cell, dtype, seed=0):
         bw["da"] = np.empty((T, B, G * N), dtype)
     if cell == "peephole-lstm":
         bw.update(dw_ci=np.empty(N, dtype), dw_cf=np.empty(N, dtype), dw_co=np.empty(N, dtype))
-    getattr(module, f"{prefix}_backward_cpu")(*backward_args(cell, bw, fw, p))
+    getattr(module, f"{prefix}_backward_cpu")(*backward_args(cell, bw, fw, p), p["dhs"],
+                                              p["lengths"])
     return p, fw, bw
 
 
@@ -103,10 +108,14 @@ CASES = [(cell, dtype, version) for cell in CELLS for dtype in DTYPES
 
 
 @pytest.mark.parametrize("cell, dtype, version", CASES)
-def test_baseline_forward_and_backward_match_cpu(cell, dtype, version, rows=ROWS, lanes=2):
+def test_baseline_forward_and_backward_match_cpu(cell, dtype, version, rows=ROWS, lanes=2,
+                                                 ragged=False):
     module, prefix, _ = CELLS[cell]
-    p, fw, bw = problem(cell, dtype)
+    p, fw, bw = problem(cell, dtype, ragged=ragged)
     d = {k: dev(v) for k, v in p.items()}
+    # the sequence's arguments, which version 1 takes last and the fast versions do not take
+    fw_seq = (d["lengths"],) if version == "step" else ()
+    bw_seq = (d["dhs"], d["lengths"]) if version == "step" else ()
     # forward: the initial states (hs[0], cs[0]) given, everything else written
     fw_gpu = {}
     for k, v in fw.items():
@@ -114,7 +123,7 @@ def test_baseline_forward_and_backward_match_cpu(cell, dtype, version, rows=ROWS
         if k in ("hs", "cs"):
             start[0] = v[0]
         fw_gpu[k] = dev(start)
-    gpu_function(module, prefix, "forward", version)(*forward_args(cell, fw_gpu, d),
+    gpu_function(module, prefix, "forward", version)(*forward_args(cell, fw_gpu, d), *fw_seq,
                                                      **options(version, False, rows, lanes))
     for k, want in fw.items():
         assert_close(fw_gpu[k], want, dtype, k)
@@ -122,9 +131,18 @@ def test_baseline_forward_and_backward_match_cpu(cell, dtype, version, rows=ROWS
     fw_dev = {k: dev(v) for k, v in fw.items()}
     bw_gpu = {k: empty_like(v) for k, v in bw.items()}
     gpu_function(module, prefix, "backward", version)(*backward_args(cell, bw_gpu, fw_dev, d),
+                                                      *bw_seq,
                                                       **options(version, True, rows, lanes))
     for k, want in bw.items():
         assert_close(bw_gpu[k], want, dtype, k)
+
+
+@pytest.mark.parametrize("cell", list(CELLS))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_step_kernels_take_lengths_and_gradients_at_every_step(cell, dtype):
+    """Rows of lengths T, 1 and in between, and dL/dh_t entering at every step: version 1 as the
+    CPU twin (the persistent and split kernels take neither; a model runs version 1 then)."""
+    test_baseline_forward_and_backward_match_cpu(cell, dtype, "step", ragged=True)
 
 
 @pytest.mark.parametrize("lanes, rows", [(4, 1), (8, 3)])

@@ -33,23 +33,37 @@ def matrix(rng, structure, dtype):
     return (rand(rng, (N, N), dtype, 0.5) - GAMMA * np.eye(N)).astype(dtype)
 
 
-def problem(dtype, gated, structure, seed=0, T=T, kz=1.0):
+def sequence(rng, dtype, T, ragged):
+    """lengths (B,) and dhs (T, B, N) (kernels/common.py, "Sequences"): with `ragged`, rows of
+    lengths T, 1 and in between and a gradient at every step; else all T and none."""
+    if not ragged:
+        return np.full(B, T, np.int64), np.zeros((0, B, N), dtype)
+    lengths = rng.integers(1, T + 1, B)
+    lengths[:2] = T, 1
+    return lengths, rand(rng, (T, B, N), dtype)
+
+
+def problem(dtype, gated, structure, seed=0, T=T, kz=1.0, ragged=False):
     """Random inputs, and the CPU twins' forward and backward outputs on them (kz: the gate's
-    share of A h_{t-1}, 1 in eq. 13, 0 in antisym-xgate)."""
+    share of A h_{t-1}, 1 in eq. 13, 0 in antisym-xgate; ragged: rows of their own lengths and
+    a gradient at every step)."""
     rng = np.random.default_rng(seed)
     eps = np.dtype(dtype).type(EPS)
     p = dict(x=rand(rng, (T, B, M), dtype), A=matrix(rng, structure, dtype),
              V_h=rand(rng, (N, M), dtype), b_h=rand(rng, (N,), dtype, 0.1),
              V_z=rand(rng, (N, M), dtype), b_z=rand(rng, (N,), dtype, 0.1),
              dh_T=rand(rng, (B, N), dtype))
+    p["lengths"], p["dhs"] = sequence(rng, dtype, T, ragged)
     hs = np.zeros((T + 1, B, N), dtype)
     hs[0] = rand(rng, (B, N), dtype, 0.5)
     fw = dict(hs=hs, th=np.empty((T, B, N), dtype), z=np.empty((T, B, N), dtype))
     if gated:
         K.euler_gated_forward_cpu(fw["hs"], fw["th"], fw["z"], p["x"], p["A"], p["V_h"],
-                                  p["b_h"], p["V_z"], p["b_z"], eps, np.dtype(dtype).type(kz))
+                                  p["b_h"], p["V_z"], p["b_z"], eps, np.dtype(dtype).type(kz),
+                                  p["lengths"])
     else:
-        K.euler_forward_cpu(fw["hs"], fw["th"], p["x"], p["A"], p["V_h"], p["b_h"], eps)
+        K.euler_forward_cpu(fw["hs"], fw["th"], p["x"], p["A"], p["V_h"], p["b_h"], eps,
+                            p["lengths"])
     bw = dict(dA=np.empty((N, N), dtype), dV_h=np.empty((N, M), dtype),
               db_h=np.empty(N, dtype), dV_z=np.empty((N, M), dtype), db_z=np.empty(N, dtype),
               dh0=np.empty((B, N), dtype), da=np.empty((T, B, N), dtype),
@@ -58,10 +72,10 @@ def problem(dtype, gated, structure, seed=0, T=T, kz=1.0):
         K.euler_gated_backward_cpu(bw["dA"], bw["dV_h"], bw["db_h"], bw["dV_z"], bw["db_z"],
                                    bw["dh0"], bw["da"], bw["dzp"], bw["ds"], p["dh_T"],
                                    fw["hs"], fw["th"], fw["z"], p["x"], p["A"], eps,
-                                   np.dtype(dtype).type(kz))
+                                   np.dtype(dtype).type(kz), p["dhs"], p["lengths"])
     else:
         K.euler_backward_cpu(bw["dA"], bw["dV_h"], bw["db_h"], bw["dh0"], bw["da"], p["dh_T"],
-                             fw["hs"], fw["th"], p["x"], p["A"], eps)
+                             fw["hs"], fw["th"], p["x"], p["A"], eps, p["dhs"], p["lengths"])
     return p, fw, bw, eps
 
 
@@ -90,6 +104,14 @@ CASES = [(dtype, gated, structure, version) for dtype in DTYPES for gated in (Fa
 @pytest.mark.parametrize("dtype, gated, structure, version", CASES)
 def test_euler_forward_and_backward_match_cpu(dtype, gated, structure, version):
     check(dtype, gated, structure, version, T)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("gated", [False, True])
+def test_step_kernels_take_lengths_and_gradients_at_every_step(dtype, gated):
+    """Rows of lengths T, 1 and in between, and dL/dh_t entering at every step: version 1 as the
+    CPU twin (the persistent and split kernels take neither; a model runs version 1 then)."""
+    check(dtype, gated, "skew", "step", T, ragged=True)
 
 
 @pytest.mark.parametrize("steps", [1, 2])
@@ -143,9 +165,12 @@ def test_split_launch_refuses_what_cannot_run():
     assert gpu_common.split_launch(5, 100, 8, 2, "float32", 2) == (3, 800, 2 * 2 * 104 * 4)
 
 
-def check(dtype, gated, structure, version, T, rows=ROWS, lanes=LANES, kz=1.0):
-    p, fw, bw, eps = problem(dtype, gated, structure, T=T, kz=kz)
+def check(dtype, gated, structure, version, T, rows=ROWS, lanes=LANES, kz=1.0, ragged=False):
+    p, fw, bw, eps = problem(dtype, gated, structure, T=T, kz=kz, ragged=ragged)
     d = {k: dev(v) for k, v in p.items()}
+    # the sequence's arguments, which version 1 takes last and the fast versions do not take
+    fw_seq = (d["lengths"],) if version == "step" else ()
+    bw_seq = (d["dhs"], d["lengths"]) if version == "step" else ()
     suffix = {"step": "", "split": "_split"}.get(version, "_persistent")
     module = K if version == "step" else F        # the teaching file's version 1, or the fast
     # forward: hs[0] given, the rest written
@@ -155,11 +180,11 @@ def check(dtype, gated, structure, version, T, rows=ROWS, lanes=LANES, kz=1.0):
     if gated:
         getattr(module, "euler_gated_forward_gpu" + suffix)(hs, th, z, d["x"], d["A"], d["V_h"],
                                                        d["b_h"], d["V_z"], d["b_z"], eps, kz,
-                                                       **opts)
+                                                       *fw_seq, **opts)
         assert_close(z, fw["z"], dtype, "z")
     else:
         getattr(module, "euler_forward_gpu" + suffix)(hs, th, d["x"], d["A"], d["V_h"], d["b_h"],
-                                                 eps, **opts)
+                                                 eps, *fw_seq, **opts)
     assert_close(hs, fw["hs"], dtype, "hs")
     assert_close(th, fw["th"], dtype, "th")
     # backward, from the CPU's forward results
@@ -169,12 +194,12 @@ def check(dtype, gated, structure, version, T, rows=ROWS, lanes=LANES, kz=1.0):
     if gated:
         getattr(module, "euler_gated_backward_gpu" + suffix)(
             g["dA"], g["dV_h"], g["db_h"], g["dV_z"], g["db_z"], g["dh0"], g["da"], g["dzp"],
-            g["ds"], d["dh_T"], hs, th, z, d["x"], d["A"], eps, kz, **opts)
+            g["ds"], d["dh_T"], hs, th, z, d["x"], d["A"], eps, kz, *bw_seq, **opts)
         names = bw
     else:
         getattr(module, "euler_backward_gpu" + suffix)(g["dA"], g["dV_h"], g["db_h"], g["dh0"],
                                                   g["da"], d["dh_T"], hs, th, d["x"], d["A"],
-                                                  eps, **opts)
+                                                  eps, *bw_seq, **opts)
         names = ("dA", "dV_h", "db_h", "dh0", "da")
     for k in names:
         assert_close(g[k], bw[k], dtype, k)

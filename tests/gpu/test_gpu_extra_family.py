@@ -43,8 +43,8 @@ def test_its_float32_model_on_cuda_matches_the_cpu():
 
 def test_a_gpu_twin_that_is_not_the_cpus_fails(monkeypatch):
     """A GPU forward pass with another leak (alpha = 1: the vanilla RNN) than its CPU twin's."""
-    def other_leak(hs, th, x, W, V_h, b_h, alpha, **launch):
-        K.leaky_forward_gpu(hs, th, x, W, V_h, b_h, 2 * alpha, **launch)
+    def other_leak(hs, th, x, W, V_h, b_h, alpha, lengths, **launch):
+        K.leaky_forward_gpu(hs, th, x, W, V_h, b_h, 2 * alpha, lengths, **launch)
     monkeypatch.setattr(spec.SPEC, "forward_kernels", K.leaky_forward._replace(gpu=other_leak))
     with pytest.raises(AssertionError):
         test_gpu_model.test_model_on_cuda_matches_cpu(spec.NAME, "step")

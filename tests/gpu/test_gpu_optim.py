@@ -52,8 +52,9 @@ def test_record_step_matches_cpu(dtype):
     y = np.array([0, 2, 1, 2, 0], dtype=np.int64)
     for total, clip in ((4.0, 0.0), (16.0, 2.0), (np.inf, 1.0), (1.0, 1.0)):   # 3rd: bad
         losses, logits = rand(rng, (5,), dtype) ** 2, rand(rng, (5, 3), dtype)
-        K.record_step_cpu(stats, scale, losses, logits, y, np.array([total]), clip)
-        K.record_step_gpu(stats_gpu, scale_gpu, dev(losses), dev(logits), dev(y),
+        w = np.array([0.25, 0.25, 0.0, 0.25, 0.25])     # row 2 does not count
+        K.record_step_cpu(stats, scale, losses, logits, y, w, np.array([total]), clip)
+        K.record_step_gpu(stats_gpu, scale_gpu, dev(losses), dev(logits), dev(y), dev(w),
                           dev(np.array([total])), clip)
         np.testing.assert_allclose(stats_gpu.copy_to_host(), stats, rtol=1e-12,
                                    err_msg=f"running totals after ||g||^2 = {total}")

@@ -30,9 +30,12 @@ def test_readout_forward_loss_and_backward_match_cpu(dtype, classes):
     # large logits: the row maximum must be subtracted before exp, as on the CPU
     logits = (logits * 40).astype(dtype)
     losses, dlogits = np.empty(B, dtype), np.empty_like(logits)
-    K.softmax_xent_cpu(losses, dlogits, logits, y)
+    w = np.full(B, 1.0 / (B - 1))
+    w[1] = 0.0                                # a row that does not count: 0 in both
+    K.softmax_xent_cpu(losses, dlogits, logits, y, w)
     losses_gpu, dlogits_gpu = empty_like(losses), empty_like(dlogits)
-    K.softmax_xent_gpu(losses_gpu, dlogits_gpu, dev(logits), dev(y), threads=2)
+    K.softmax_xent_gpu(losses_gpu, dlogits_gpu, dev(logits), dev(y), dev(w), threads=2)
+    assert losses[1] == 0 and not dlogits[1].any()
     assert np.isfinite(losses).all()
     assert_close(losses_gpu, losses, dtype, "losses")
     assert_close(dlogits_gpu, dlogits, dtype, "dlogits")
@@ -53,9 +56,10 @@ def test_mse_matches_cpu(dtype, outputs):
     rng = np.random.default_rng(4)
     out, y = rand(rng, (B, outputs), dtype, 3.0), rand(rng, (B, outputs), dtype)
     losses, dout = np.empty(B, dtype), np.empty_like(out)
-    K.mse_cpu(losses, dout, out, y)
+    w = np.full(B, 1.0 / B)
+    K.mse_cpu(losses, dout, out, y, w)
     losses_gpu, dout_gpu = empty_like(losses), empty_like(dout)
-    K.mse_gpu(losses_gpu, dout_gpu, dev(out), dev(y), threads=2)
+    K.mse_gpu(losses_gpu, dout_gpu, dev(out), dev(y), dev(w), threads=2)
     assert losses.mean() > 0.1 and np.abs(dout).max() > 0.1       # not all zeros, for a start
     assert_close(losses_gpu, losses, dtype, "losses")
     assert_close(dout_gpu, dout, dtype, "dout")
@@ -89,5 +93,5 @@ def test_an_mse_model_on_cuda_matches_cpu(dtype, monkeypatch):
     assert set(g_g) == set(g_c)
     for k in g_c:
         assert_close(g_g[k], g_c[k], dtype, f"grad {k}")
-    losses, _, _, y_step = gpu.step_arrays(x, y)
+    y_step = gpu.step_arrays(x, y).y
     assert y_step.dtype == np.dtype(dtype) and y_step.shape == (B, 2)
