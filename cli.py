@@ -28,7 +28,7 @@ from nprnn.shell import output
 from nprnn.shell.options import (FOLDER, SEED, FiniteFloat, bench_models, check_jacobian,
                                  check_simulation, data_dir_option, file_name, given_flags,
                                  given_values, name_list, number_list, perm_seed_option,
-                                 run_options, run_task_options, task_choice)
+                                 run_options, run_task_options, seq_len_option, task_choice)
 
 
 # On a GPU numba warns, once per grid size, of any launch with fewer than 128 blocks. Ours are
@@ -227,7 +227,7 @@ def gates(runs, out, name, task, T, data_dir, sequences, batch_size, seed):
     except (CheckpointError, OSError, ValueError) as e:
         raise click.ClickException(str(e)) from None
     except MemoryError as e:
-        raise output.memory_error(e, "--batch-size or --T") from None
+        raise output.memory_error(e, "--batch-size or --seq-len") from None
     stem = out / name
     png = stem.with_suffix(".png")
     old = output.earlier(png, stem.with_suffix(".csv"), stem.with_suffix(".json"))
@@ -362,7 +362,7 @@ def train(progress, out, resume, allow_lost_log, **options):
     except (training.TrainError, CheckpointError, ValueError, RuntimeError, OSError) as e:
         raise click.ClickException(str(e)) from None
     except MemoryError as e:
-        raise output.memory_error(e, "--hidden, --batch-size, --eval-batch-size or --T",
+        raise output.memory_error(e, "--hidden, --batch-size, --eval-batch-size or --seq-len",
                                   output.left_behind(out)) from None
     except training.SecondSignal as e:
         click.echo(output.aborted(e.name, out), err=True)
@@ -371,7 +371,7 @@ def train(progress, out, resume, allow_lost_log, **options):
         ctx.exit(128 + signal.Signals[result["stopped"]])
 
 
-@cli.command("eval", short_help="Test (or validation) accuracy of a run's checkpoint.")
+@cli.command("eval", short_help="Test (or validation) metrics of a run's checkpoint.")
 @click.argument("run", type=click.Path())
 @click.option("--split", default="test", show_default=True,
               type=click.Choice(["test", "valid", "train"]), help="Which split to score.")
@@ -379,19 +379,21 @@ def train(progress, out, resume, allow_lost_log, **options):
               help="Another task with the same input size and classes [default: the run's].")
 @click.option("--data-dir", default=None, type=FOLDER,
               help="Where the task's data is [default: the run's].")
-@click.option("--T", "T", default=None, type=click.IntRange(min=1),
-              help="Sequence length of a noise-padded task [default: the run's].")
+@seq_len_option("T of a noise-padded or synthetic task (copy: the delay) [default: the "
+                "run's].")
 @click.option("--batch-size", default=None, type=click.IntRange(min=1),
               help="Examples per forward pass [default: the run's --eval-batch-size].")
 @click.option("--device", default="auto", show_default=True,
               type=click.Choice(["cpu", "cuda", "auto"]),
               help="Where to evaluate, whatever the run was trained on.")
 def eval_run(run, split, task, data_dir, T, batch_size, device):
-    """Evaluate the checkpoint of RUN (a run folder or a checkpoint file): loss and accuracy."""
+    """Evaluate the checkpoint of RUN (a run folder or a checkpoint file) by its task's metric:
+    loss and accuracy, or the MSE (adding); and beside them what a model without memory scores,
+    where the task says (adding, copy)."""
 
     shown = CountBar(f"evaluating {split}")
     try:
-        with output.enough_memory("--batch-size or --T"):
+        with output.enough_memory("--batch-size or --seq-len"):
             r = training.evaluate_checkpoint(run, split=split, task_name=task, data_dir=data_dir,
                                              T=T, batch_size=batch_size, device=device,
                                              progress=shown)
@@ -399,10 +401,9 @@ def eval_run(run, split, task, data_dir, T, batch_size, device):
         raise click.ClickException(str(e)) from None
     finally:
         shown.close()
-    correct = round(r["accuracy"] * r["count"])
     click.echo(f"{r['model']} from {r['checkpoint']} (iteration {r['iteration']}) on "
-               f"{r['task']} (T={r['T']}) {r['split']}, {r['device']}: accuracy "
-               f"{r['accuracy']:.4f} ({correct}/{r['count']}), loss {r['loss']:.4f}")
+               f"{r['task']} (T={r['T']}) {r['split']}, {r['device']}: "
+               f"{output.evaluation(r)}")
 
 
 @cli.command(short_help='Time per batch of each model, beside PyTorch when installed.')
@@ -470,19 +471,31 @@ def data():
               help="Task whose cache to build (repeatable; 'all' for every task).")
 @data_dir_option
 @perm_seed_option
+@seq_len_option("T of the synthetic tasks, whose caches are per T (copy: the delay); 'all' "
+                "prepares them only with it.")
 @click.option("--download/--no-download", default=True, show_default=True,
               help="Fetch missing raw files from the canonical sources.")
-def data_prepare(tasks, data_dir, perm_seed, download):
-    """Find (or download) a task's raw files, check them and build DATA_DIR/<task>.h5.
+def data_prepare(tasks, data_dir, perm_seed, T, download):
+    """Find (or download) a task's raw files, check them and build DATA_DIR/<task>.h5; for a
+    synthetic task, draw its valid and test sets into DATA_DIR/<task>-T<T>.h5.
 
     An existing cache is checked and kept if it is good, rebuilt if not."""
     names = list(TASKS) if "all" in tasks else list(dict.fromkeys(tasks))
+    synthetic = [n for n in names if TASKS[n].synthetic]
+    if T is not None and not synthetic:
+        raise click.BadParameter(f"is for the synthetic tasks "
+                                 f"({', '.join(n for n in TASKS if TASKS[n].synthetic)}), whose "
+                                 f"caches are per T", param_hint="--seq-len")
     failed = []
     for name in names:
         start = time.perf_counter()
+        if "all" in tasks and T is None and name in synthetic:
+            click.echo(f"{name}: skipped (its valid and test sets are per T: give --seq-len T)")
+            continue
         try:
-            with datasets.get_task(name, data_dir=data_dir, seed=perm_seed,
-                                   download=download) as task:
+            with output.enough_memory("--seq-len"), datasets.get_task(
+                    name, data_dir=data_dir, seed=perm_seed, T=T if name in synthetic else None,
+                    download=download) as task:
                 sizes = ", ".join(f"{s} {task.size(s):,}" for s in ("train", "test"))
                 click.echo(f"{name}: {task.path} ({sizes}; T={task.T}, m={task.m}) ready in "
                            f"{time.perf_counter() - start:.1f} s")
@@ -501,8 +514,8 @@ def data_prepare(tasks, data_dir, perm_seed, download):
               help="The task to describe.")
 @data_dir_option
 @perm_seed_option
-@click.option("--T", "T", default=None, type=click.IntRange(min=1),
-              help="Sequence length of a noise-padded task [default: the task's].")
+@seq_len_option("T of a noise-padded task [default: the task's] or a synthetic one "
+                "(needed; copy: the delay).")
 @click.option("--json", "as_json", is_flag=True, help="Print the description as JSON.")
 def data_info(task, data_dir, perm_seed, T, as_json):
     """Shapes, split sizes, label histograms, raw files and their MD5s, and the cache's state.

@@ -406,7 +406,8 @@ def test_results_give_each_runs_settings_reach_and_last_and_best_accuracy(tmp_pa
                      "eps 0.01, gamma 0.1, sigma_w 2, optimizer sgd, lr 0.4, seed 1, "
                      "gate_bias 1, pixels standardised",
                      reached=20, planned=50000, time=None, split="test",
-                     last=(20, 0.1 + 20 / 30), best=(20, 0.1 + 20 / 30))
+                     last=(20, 0.1 + 20 / 30), best=(20, 0.1 + 20 / 30), metric="accuracy",
+                     baseline=None)
     assert t["settings"] == ("hidden 16, T 28, eps 0.1, gamma 0.01, sigma_w 1, optimizer "
                              "adagrad, lr 0.123456789, seed 0, clip 1, batch_size 20")
     assert (t["split"], t["last"], t["best"], t["time"]) == ("valid", (30, 0.7), (20, 0.7), 1900)

@@ -289,7 +289,7 @@ def test_eval_beyond_memory_is_one_line(monkeypatch):
         return np.empty((TOO_LONG, 1000), np.float32)
     monkeypatch.setattr(nprnn.runs.train, "evaluate_checkpoint", evaluate_checkpoint)
     assert_one_line_error(invoke(["eval", "somewhere"]), 1, "not enough memory",
-                          "lower --batch-size or --T")
+                          "lower --batch-size or --seq-len")
 
 
 def test_train_beyond_memory_before_the_run_folder(tmp_path, toy_get_task):

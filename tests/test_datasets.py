@@ -195,8 +195,10 @@ def test_splitmix64_reference_values_and_permutation():
 
 def test_task_shapes_and_T_option(monkeypatch):
     assert list(TASKS) == ["mnist", "pmnist", "cifar10", "cifar10-noise", "padded-mnist",
-                           "mnist-noise", "fashion-mnist", "mnist-sample"]
-    shapes = {name: spec.shape() for name, spec in TASKS.items()}
+                           "mnist-noise", "fashion-mnist", "mnist-sample", "adding",
+                           "adding-varlen", "copy"]      # the synthetic ones: test_synthetic_tasks
+    images = {name: spec for name, spec in TASKS.items() if not spec.synthetic}
+    shapes = {name: spec.shape() for name, spec in images.items()}
     assert shapes == {"mnist": (784, 1), "pmnist": (784, 1), "cifar10": (1024, 3),
                       "cifar10-noise": (1000, 96), "padded-mnist": (100, 784),
                       "mnist-noise": (1000, 28), "fashion-mnist": (784, 1),
@@ -204,7 +206,7 @@ def test_task_shapes_and_T_option(monkeypatch):
     assert TASKS["cifar10-noise"].shape(200) == (200, 96)
     assert TASKS["mnist"].shape(784) == (784, 1)
     # the steps that carry the image; noise fills the rest of the noise tasks' T
-    assert {name: spec.image_steps() for name, spec in TASKS.items()} == {
+    assert {name: spec.image_steps() for name, spec in images.items()} == {
         "mnist": 784, "pmnist": 784, "cifar10": 1024, "cifar10-noise": 32, "padded-mnist": 1,
         "mnist-noise": 28, "fashion-mnist": 784, "mnist-sample": 784}
     assert TASKS["mnist-noise"].image_steps(T=30) == 28

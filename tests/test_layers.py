@@ -39,6 +39,7 @@ LAYERS = [
     ["nprnn.data.datasets"],                    # a task's batches, over its cache
     ["nprnn.data.cache"],                       # the HDF5 cache: built, checked
     ["nprnn.data.tasks"],                       # images to sequences; the registry of tasks
+    ["nprnn.data.synthetic"],                   # the adding and copy tasks, drawn from keys
     ["nprnn.data.noise", "nprnn.data.sources"],
     # core/: the model, its cells and optimisers, and where their kernels run
     ["nprnn.core"],

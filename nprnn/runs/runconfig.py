@@ -54,6 +54,8 @@ OPTIONS = dict(
                   choices=tasks.PIXEL_SCALINGS),
     device=Option("cpu", "Where the kernels run.", "choice", choices=DEVICES, on_resume=True),
     hidden=Option(128, "Hidden units n.", minimum=1),
+    layers=Option(1, "Stacked layers of the cell: layer l + 1 reads layer l's hidden sequence.",
+                  minimum=1),
     eps=Option(None, f"Step size eps of the Euler cells (Appendix C grid: 0.01, 0.1, 1) "
                      f"[default: {DEFAULT_EPS:g}].", "float", minimum=0, above=True),
     gamma=Option(None, f"Diffusion gamma (grid: 0.001, 0.01, 0.1, 1) [default: "
@@ -105,7 +107,8 @@ OPTIONS = dict(
                           "if left out).", "folder", on_resume=True),
     valid_size=Option(0, "Hold out this many training examples and evaluate on them during "
                          "training.", minimum=0),
-    T=Option(None, "Sequence length of the noise-padded tasks.", minimum=1),
+    T=Option(None, "The task's T: the sequence length of adding and of the noise-padded tasks, "
+                   "the delay of copy (whose sequences are T + 20 steps long).", minimum=1),
     keep_best=Option(False, "Also keep best.h5, the checkpoint of the best validation accuracy "
                             "so far (needs --valid-size; `eval` takes it).", "flag",
                      on_resume=True),
@@ -120,9 +123,13 @@ CHANGEABLE_ON_RESUME = tuple(name for name, option in OPTIONS.items() if option.
 SWEEP_VALID_SIZE = 5000   # held out of the training set where a sweep does not say (nprnn/sweep/)
 
 
+# T's option is --seq-len; --T, its older name, still works (nprnn/shell/options.py)
+T_ALIAS = "--T"
+
+
 def flag(name):
-    """The `train` option of setting `name`: --sigma-w for sigma_w, --T for T."""
-    return "--T" if name == "T" else "--" + name.replace("_", "-")
+    """The `train` option of setting `name`: --sigma-w for sigma_w, --seq-len for T."""
+    return "--seq-len" if name == "T" else "--" + name.replace("_", "-")
 
 
 def train_command(config, out, always=()):
@@ -343,10 +350,19 @@ def load_task(config, task=None):
                              pixels=pixels)
 
 
+def task_head(task):
+    """What a task declares of the model that learns it, recorded in config.json: the readout
+    ("last", "every"), the loss ("xent", "mse") and the metric ("accuracy", "mse")."""
+    return dict(readout=task.readout, loss=task.loss, metric=task.metric)
+
+
 def build_model(config, input_size, num_classes):
-    """The model a configuration names, for inputs of size m = input_size and K = num_classes."""
+    """The model a configuration names, for inputs of size m = input_size and K = num_classes,
+    with the config's layers, readout and loss (runs saved before them: 1, "last", "xent")."""
     return make_model(config["model"], input_size=input_size, hidden_size=config["hidden"],
-                      num_classes=num_classes, eps=config["eps"], gamma=config["gamma"],
+                      num_classes=num_classes, layers=config.get("layers", 1),
+                      readout=config.get("readout", "last"), loss=config.get("loss", "xent"),
+                      eps=config["eps"], gamma=config["gamma"],
                       sigma_w=config["sigma_w"], init=config["init"], seed=config["seed"],
                       dtype=config["dtype"], device=config["device"],
                       gate_bias=config.get("gate_bias", 0.0),      # (runs saved before it: 0)
@@ -359,20 +375,27 @@ def build_optimizer(config, params):
                           **{k: config[k] for k in cls.options})
 
 
-def check_task_fits(model, task, source):
-    """A task whose input size or number of classes differs from the model's cannot be used."""
-    _check_fits(model, task.name, task.m, task.num_classes, source)
+def check_task_fits(model, trained, task, source):
+    """A task whose input size, number of classes (outputs), readout or loss differs from those
+    of the model (built from the config `trained`) cannot be used."""
+    _check_fits(model, trained, task.name, task.m, task.num_classes, task_head(task), source)
 
 
-def check_named_task_fits(model, config, source):
+def check_named_task_fits(model, trained, config, source):
     """check_task_fits for the task that config["task"] and config["T"] name, from its spec
     alone: a task that does not fit is refused before its data is fetched or cached."""
     spec = tasks.task_spec(config["task"])
-    _check_fits(model, spec.name, spec.shape(config["T"])[1], spec.num_classes, source)
+    _check_fits(model, trained, spec.name, spec.shape(config["T"])[1], spec.num_classes,
+                task_head(spec), source)
 
 
-def _check_fits(model, name, m, num_classes, source):
+def _check_fits(model, trained, name, m, num_classes, head, source):
+    have = dict(readout=trained.get("readout", "last"), loss=trained.get("loss", "xent"))
     if m != model.input_size or num_classes != model.num_classes:
         raise TrainError(f"task {name!r} (input size m={m}, {num_classes} classes) does not "
                          f"fit the model in {source} (m={model.input_size}, "
                          f"{model.num_classes} classes)")
+    for key in have:
+        if head[key] != have[key]:
+            raise TrainError(f"task {name!r} ({key} {head[key]!r}) does not fit the model in "
+                             f"{source} ({key} {have[key]!r})")

@@ -4,15 +4,18 @@ One iteration is one minibatch step (Appendix C counts 50,000 of them, batch siz
 
     x, y      = the next training batch (B, T, m), (B,)      in the order the task draws from
                                                               (seed, epoch): see nprnn/data/datasets.py
+                (and each row's length, for a task with them; y as the task's loss takes it)
     L, g      = model.loss_and_grad(x, y)                     full BPTT
     s         = min(1, clip / ||g||)                          gradient-norm clipping (0: s = 1)
     params   <- optimizer step with s g                       SGD with momentum or Adagrad
 
 A run lives in a folder, runs/NAME/:
 
-    config.json      the resolved configuration: model, task, every hyperparameter (what
-                     `python cli.py eval` needs to rebuild the model and the task)
+    config.json      the resolved configuration: model, task, every hyperparameter, and what the
+                     task declares: readout, loss, metric (what `python cli.py eval` needs to
+                     rebuild the model and the task; runs without them: last, xent, accuracy)
     metrics.jsonl    one JSON object per line: {"iteration", "split", "loss", "accuracy", ...};
+                     "accuracy" null for a task scored by its MSE (its "loss");
                      split "train" for each logging interval (means over its steps, plus "lr",
                      "grad_norm", "time", "it_per_s"), "valid"/"test" for each evaluation.
                      "time" is the run's wall time so far (all its pieces, evaluations and
@@ -60,10 +63,10 @@ from .saved import open_run
 # a run's settings (runconfig.py) and its folder's files and guards (runfolder.py); train's
 # callers (cli.py, nprnn/sweep/, the tests) read them through this module too
 from .runconfig import (CHANGEABLE_ON_RESUME, DEFAULTS, OPTIONS, SWEEP_VALID_SIZE,  # noqa: F401
-                        Option, _data_dir_resolved, _unused_options, build_model,
+                        T_ALIAS, Option, _data_dir_resolved, _unused_options, build_model,
                         build_optimizer, check_named_task_fits, check_options_used,
                         check_task_fits, flag, load_task, lr_at, merge_resume_config,
-                        parse_iterations, resolve_config, train_command)
+                        parse_iterations, resolve_config, task_head, train_command)
 from .runfolder import (BEST, CONFIG, LOCK, METRICS, MetricsLog, RunInUse,  # noqa: F401
                         RunLock, SecondSignal, StopSignals, TensorBoardLog, TrainError,
                         TrainingDiverged, last_record, write_json)
@@ -82,9 +85,28 @@ def cross_entropy(logits, y):
     return log_norm - z[np.arange(len(y)), y], z.argmax(axis=1)
 
 
+def score(outputs, y, loss, lengths=None):
+    """(loss sum, correct, count) of one batch in float64, as the model's loss counts them.
+
+    loss "xent": outputs (B, K) or (B, T, K) logits, y (B,) or (B, T) labels; entries where y
+    is -1, or past a row's length (lengths (B,)), are not counted. loss "mse": outputs and y
+    (B, K) or (B, T, K); every entry is counted, and `correct` is 0."""
+    if loss == "mse":
+        d = outputs.astype(np.float64) - y
+        return float((d * d).sum()), 0, d.size
+    y = np.array(y, dtype=np.int64)                 # a copy: the steps past a length go to -1
+    if lengths is not None and y.ndim == 2:
+        y[np.arange(y.shape[1]) >= np.asarray(lengths)[:, None]] = -1
+    counted = y >= 0
+    losses, pred = cross_entropy(outputs[counted], y[counted])
+    return float(losses.sum()), int((pred == y[counted]).sum()), int(counted.sum())
+
+
 def evaluate(model, task, split, batch_size=256, should_stop=None, progress=None, staging=None):
-    """Mean loss and accuracy of `model` over every example of a split, in a fixed order (the
-    training split too: unshuffled, its last short batch kept), whatever the batch size.
+    """The mean loss of `model` over every example of a split, and its accuracy where the task
+    is scored by it (`task.metric`; else None), in a fixed order (the training split too:
+    unshuffled, its last short batch kept), whatever the batch size. Means are over the entries
+    the loss counts: examples, or steps of an "every" readout, or outputs of "mse".
 
     Returns dict(loss, accuracy, count), or None if `should_stop()` became true in between
     (a stop signal during a long evaluation does not wait for it to finish). `progress`, if
@@ -96,18 +118,29 @@ def evaluate(model, task, split, batch_size=256, should_stop=None, progress=None
             raise TrainError(f"task {task.name!r} has no validation split: it is held out of the "
                              f"training set with --valid-size N when training starts")
         raise TrainError(f"split {split!r} of task {task.name!r} is empty")
-    loss_sum, correct, count = 0.0, 0, 0
-    for x, y in task.batches(split, batch_size, shuffle=False, drop_last=False,
-                             device=model.device, reuse=_reuse(model, staging)):
+    loss_sum, correct, count, done = 0.0, 0, 0, 0
+    for x, y, lengths in task.batches(split, batch_size, shuffle=False, drop_last=False,
+                                      device=model.device, reuse=_reuse(model, staging),
+                                      with_lengths=True):
         if should_stop is not None and should_stop():
             return None
-        losses, pred = cross_entropy(model.forward(x), y)
-        loss_sum += float(losses.sum())
-        correct += int((pred == y).sum())
-        count += len(y)
+        batch = score(model.forward(x, lengths=lengths), y, task.loss, lengths)
+        loss_sum, correct, count = loss_sum + batch[0], correct + batch[1], count + batch[2]
+        done += len(y)
         if progress is not None:
-            progress(count, task.size(split))
-    return dict(loss=loss_sum / count, accuracy=correct / count, count=count)
+            progress(done, task.size(split))
+    accuracy = correct / count if task.metric == "accuracy" else None
+    return dict(loss=loss_sum / count, accuracy=accuracy, count=count)
+
+
+def better(res, best, metric):
+    """Whether evaluation `res` beats `best` (None: nothing yet) by the task's metric: a higher
+    accuracy, or a lower loss for "mse"."""
+    if best is None:
+        return True
+    if metric == "mse":
+        return res["loss"] < best["loss"]
+    return res["accuracy"] > best["accuracy"]
 
 
 def _reuse(model, staging):
@@ -151,7 +184,8 @@ def _arithmetic():
 def format_config(config, model):
     """The resolved configuration as aligned 'key  value' lines, the parameter count and, on
     cuda, the kernels each pass runs."""
-    keys = ["model", "task", "pixels", "seq_len", "hidden", "eps", "gamma", "sigma_w",
+    keys = ["model", "task", "pixels", "T", "seq_len", "readout", "loss", "hidden", "layers",
+            "eps", "gamma", "sigma_w",
             "gate_bias", "w_form", "init", "optimizer", "lr", "lr_decay_at", "lr_decay",
             "momentum", "clip", "batch_size", "iterations", "seed", "perm_seed", "dtype",
             "device", "eval_every", "eval_split", "log_every", "checkpoint_every", "data_dir",
@@ -161,6 +195,7 @@ def format_config(config, model):
              and not (k == "perm_seed" and config["task"] != "pmnist")
              and not (k == "gate_bias" and "b_z" not in model.params)
              and not (k == "w_form" and config.get(k) is None)
+             and not (k == "T" and config.get(k) in (None, config.get("seq_len")))
              and not (k == "lr_decay" and not config.get("lr_decay_at"))]
     lines.append(f"  {'parameters':<17} {model.num_params():,}")
     if model.device == "cuda":      # which GPU kernels run (nprnn/core/autotune.py times them once)
@@ -210,8 +245,8 @@ def _train(run, callback, should_stop=None):
         with StopSignals(run.bar.message, should_stop) as stop:
             run.begin(stop)
             while run.it < run.total and stop.stopping() is None:
-                for x, y in run.batches():            # the rest of this epoch, in its order
-                    run.step(x, y)                    # forward, full BPTT, optimizer step
+                for x, y, lengths in run.batches():   # the rest of this epoch, in its order
+                    run.step(x, y, lengths)           # forward, full BPTT, optimizer step
                     run.report(stop, callback)        # log, evaluate, checkpoint when due
                     if run.it >= run.total or stop.stopping() is not None:
                         break
@@ -223,8 +258,12 @@ def _train(run, callback, should_stop=None):
         echo(f"stopped by {stopped} at iteration {it}; checkpoint saved to {ckpt_path}. "
              f"Continue with: python cli.py train --out {out} --resume")
     elif final is not None:
-        echo(f"final test accuracy after {it} iterations: {final['accuracy']:.4f} "
-             f"(loss {final['loss']:.4f}, {run.prog['elapsed']:.0f} s of training)")
+        if final.get("accuracy") is None:         # a task scored by its MSE (the loss)
+            echo(f"final test MSE after {it} iterations: {final['loss']:.4g} "
+                 f"({run.prog['elapsed']:.0f} s of training)")
+        else:
+            echo(f"final test accuracy after {it} iterations: {final['accuracy']:.4f} "
+                 f"(loss {final['loss']:.4f}, {run.prog['elapsed']:.0f} s of training)")
     return dict(iteration=it, completed=it >= run.total and not stopped, stopped=stopped,
                 final=final, elapsed=run.prog["elapsed"], out=str(out))
 
@@ -313,9 +352,10 @@ class Run:
         out, task, resume, echo = self.out, self.task, self.resume, self.echo
         if resume:
             model = build_model(config, config["input_size"], config["num_classes"])
-            check_task_fits(model, task, f"checkpoint {self.ckpt_path}")
+            check_task_fits(model, config, task, f"checkpoint {self.ckpt_path}")
             load_params_into(model, saved["params"], f"checkpoint {self.ckpt_path}")
         else:
+            config.update(task_head(task))    # the task's, never the user's to set
             model = build_model(config, task.m, task.num_classes)
         optimizer = build_optimizer(config, model.params)
         if resume:
@@ -330,6 +370,8 @@ class Run:
                       w_form=model.cell.w_form, seq_len=task.T,
                       input_size=task.m, num_classes=task.num_classes,
                       num_params=model.num_params(), eval_split=eval_split)
+        if task.baseline is not None:         # what a model without memory scores (results)
+            config["baseline"] = task.baseline
         B, total = config["batch_size"], config["iterations"]
         per_epoch = task.num_batches("train", B)
         if per_epoch == 0:
@@ -422,12 +464,13 @@ class Run:
         epoch, start = divmod(self.it, self.per_epoch)
         return self.task.batches("train", self.config["batch_size"], seed=self.config["seed"],
                                  epoch=epoch, start=start, device=self.model.device,
-                                 reuse=_reuse(self.model, self.staging))
+                                 reuse=_reuse(self.model, self.staging), with_lengths=True)
 
-    def step(self, x, y):
-        """One iteration: the loss and its gradient by full BPTT, the running totals (and the
-        clipping factor they give), the optimizer's update."""
-        self.last_step = step = self.model.step_arrays(x, y)
+    def step(self, x, y, lengths=None):
+        """One iteration: the loss and its gradient by full BPTT (from each row's length, where
+        `lengths` gives them), the running totals (and the clipping factor they give), the
+        optimizer's update."""
+        self.last_step = step = self.model.step_arrays(x, y, lengths)
         self.recorder.record(step)
         self.optimizer.lr = lr_at(self.config, self.it)     # the schedule's, at this step
         self.optimizer.step(self.model.params, step.grads, self.recorder.scale)
@@ -444,11 +487,13 @@ class Run:
                 or callback is not None):
             acc = self.sync()
             self.run_loss = acc["loss_sum"] / max(acc["count"], 1)
-            self.run_acc = acc["correct"] / max(acc["count"], 1)
+            self.run_acc = (acc["correct"] / max(acc["count"], 1)
+                            if config.get("metric", "accuracy") == "accuracy" else float("nan"))
         if interval_end:
             t = self.elapsed()
             self.log.write(iteration=it, split="train", loss=self.run_loss,
-                           accuracy=self.run_acc, grad_norm=acc["grad_norm_sum"] / acc["steps"],
+                           accuracy=None if math.isnan(self.run_acc) else self.run_acc,
+                           grad_norm=acc["grad_norm_sum"] / acc["steps"],
                            lr=lr_at(config, it - 1), epoch=it / self.per_epoch, time=round(t, 3),
                            it_per_s=round(it / max(t, 1e-9), 4))
         self.bar.update(it, self.run_loss, self.run_acc, interval_end)
@@ -525,12 +570,13 @@ class Run:
         self.prog["evaluated"][split] = it
         self.log.write(iteration=it, split=split, loss=res["loss"], accuracy=res["accuracy"],
                        count=res["count"], time=round(self.elapsed(), 3))
-        self.bar.message(f"iteration {it}: {split} loss {res['loss']:.4f}  accuracy "
-                         f"{res['accuracy']:.4f}")
-        best = self.prog.get("best")
+        accuracy = "" if res["accuracy"] is None else f"  accuracy {res['accuracy']:.4f}"
+        self.bar.message(f"iteration {it}: {split} loss {res['loss']:.4f}{accuracy}")
+        metric = self.config.get("metric", "accuracy")
         if (self.config["keep_best"] and split == "valid"
-                and (best is None or res["accuracy"] > best["accuracy"])):
-            self.prog["best"] = dict(iteration=it, accuracy=res["accuracy"])
+                and better(res, self.prog.get("best"), metric)):
+            key = "loss" if metric == "mse" else "accuracy"
+            self.prog["best"] = {"iteration": it, key: res[key]}
             save_checkpoint(self.out / BEST, self.model.params, self.optimizer.state_dict(),
                             self.config, dict(self.prog, elapsed=self.elapsed()))
         if self.on_evaluation is not None:
@@ -549,7 +595,7 @@ def _warm_up(config, model, task):
     if model.device == "cuda":
         warm.tuner = autotune.Fixed(model.kernels_for(config["batch_size"], task.T))
     x = np.zeros((1, min(task.T, 2), model.input_size), dtype=np.float32)
-    y = np.zeros(1, dtype=np.int64)
+    y = zero_targets(config, x.shape[1], model.num_classes)
     step = warm.step_arrays(x, y)
     recorder = StepRecorder(warm.device, config["clip"], _new_interval())
     recorder.record(step)
@@ -557,6 +603,15 @@ def _warm_up(config, model, task):
     recorder.read()
     warm.forward(x)
     return time.perf_counter() - t0
+
+
+def zero_targets(config, T, K):
+    """Targets of one row of T steps, all 0, in the form the config's loss and readout take
+    (nprnn.core.model): (1,) or (1, T) labels for "xent", (1, K) or (1, T, K) for "mse"."""
+    every = config.get("readout", "last") == "every"
+    if config.get("loss", "xent") == "mse":
+        return np.zeros((1, T, K) if every else (1, K), dtype=np.float32)
+    return np.zeros((1, T) if every else (1,), dtype=np.int64)
 
 
 def _say_what_changed(prog, arithmetic, echo):
@@ -590,8 +645,9 @@ def evaluate_checkpoint(path, split="test", task_name=None, data_dir=None, T=Non
 
     A run folder's config.json and its checkpoint must describe the same model; a task that does
     not fit the model raises TrainError. `progress` is passed to `evaluate`. Returns dict(loss,
-    accuracy, count, iteration, model, task, T (the task's sequence length), split, device (the
-    one used: cpu or cuda), checkpoint)."""
+    accuracy (None for a task scored by its MSE), count, iteration, model, task, T (the task's
+    sequence length), split, device (the one used: cpu or cuda), checkpoint, metric, baseline
+    (the task's, or None), readout)."""
     run = open_run(path, dtype=None, device=resolve_device(device))
     model, where = run.model, run.checkpoint["path"]
     config = dict(run.trained)
@@ -604,14 +660,15 @@ def evaluate_checkpoint(path, split="test", task_name=None, data_dir=None, T=Non
         config["data_dir"] = data_dir
     owns_task = task is None
     if owns_task and config["task"] != trained_on:
-        check_named_task_fits(model, config, f"{where}, trained on {trained_on!r},")
+        check_named_task_fits(model, run.trained, config, f"{where}, trained on {trained_on!r},")
     task = load_task(config, task)
     try:
-        check_task_fits(model, task, f"{where}, trained on {trained_on!r},")
+        check_task_fits(model, run.trained, task, f"{where}, trained on {trained_on!r},")
         res = evaluate(model, task, split, batch_size or config.get("eval_batch_size", 256),
                        progress=progress)
     finally:
         if owns_task:
             task.close()
     return dict(res, iteration=run.iteration, model=model.name, task=task.name,
-                T=task.T, split=split, device=model.device, checkpoint=str(where))
+                T=task.T, split=split, device=model.device, checkpoint=str(where),
+                metric=task.metric, baseline=task.baseline, readout=task.readout)

@@ -250,17 +250,24 @@ def run_options(command, defaults=None):
             kw["type"] = ITERATIONS
         elif option.kind == "flag":
             flag = f"{flag}/--no-{flag[2:]}"
-        command = click.option(flag, name, **kw)(command)
+        aliases = (training.T_ALIAS,) if name == "T" else ()      # --seq-len's older name
+        command = click.option(flag, *aliases, name, **kw)(command)
     return command
 
 
+def seq_len_option(help):
+    """--seq-len (also --T, its older name): a task's T, the `T` of the command."""
+    return click.option(training.flag("T"), training.T_ALIAS, "T", default=None,
+                        type=click.IntRange(min=1), help=help)
+
+
 def run_task_options(command):
-    """--task, --T and --data-dir: what trained runs are fed (SavedRun.feed)."""
+    """--task, --seq-len and --data-dir: what trained runs are fed (SavedRun.feed)."""
     for option in reversed([
             click.option("--task", default=None, help="Feed every run this task's test "
                          "sequences [default: each run's own task]."),
-            click.option("--T", "T", default=None, type=click.IntRange(min=1),
-                         help="Sequence length of a noise-padded task [default: each run's]."),
+            seq_len_option("T of a noise-padded or synthetic task (copy: the delay) "
+                           "[default: each run's]."),
             click.option("--data-dir", default=None, type=FOLDER,
                          help="Where the task's data is [default: each run's].")]):
         command = option(command)

@@ -167,13 +167,39 @@ def echo_table(table, left):
 
 def results_table(rows):
     """`results`' table of analysis.run_summary's `rows`: a header, then a row of strings per
-    run."""
+    run; a column "baseline" where a run's task has one (what a model without memory scores)."""
+    baselines = any(r.get("baseline") for r in rows)
     return [("run", "model", "task", "settings", "iterations", "time", "split", "last",
-             "best")] + [
+             "best") + ("baseline",) * baselines] + [
         (r["name"], r["model"], r["task"], r["settings"],
          f"{r['reached']:,}" + ("" if r["planned"] is None else f" of {r['planned']:,}"),
-         "-" if r["time"] is None else duration(r["time"]), r["split"], at(r["last"]),
-         at(r["best"])) for r in rows]
+         "-" if r["time"] is None else duration(r["time"]), r["split"],
+         at(r["last"], r.get("metric")), at(r["best"], r.get("metric")))
+        + (baseline(r.get("baseline"), r.get("metric")),) * baselines for r in rows]
+
+
+def baseline(scores, metric):
+    """A task's baseline as a results cell: "MSE 0.1667", or "92.71% (loss 0.1733)"."""
+    if not scores:
+        return "-"
+    if metric == "mse":
+        return f"MSE {scores['loss']:.4g}"
+    return f"{scores['accuracy']:.2%} (loss {scores['loss']:.4f})"
+
+
+def evaluation(r):
+    """`eval`'s words for evaluate_checkpoint's dict `r`: the task's metric and loss, and
+    what a model without memory scores where the task says."""
+    if r["accuracy"] is None:
+        words = f"MSE {r['loss']:.4g} over {r['count']:,} outputs"
+    else:
+        steps = " steps" if r.get("readout") == "every" else ""
+        words = (f"accuracy {r['accuracy']:.4f} ({round(r['accuracy'] * r['count'])}/"
+                 f"{r['count']}{steps}), loss {r['loss']:.4f}")
+    if r.get("baseline"):
+        words += "; without memory: " + ", ".join(
+            f"{'MSE' if r['accuracy'] is None else k} {v:.4f}" for k, v in r["baseline"].items())
+    return words
 
 
 def echo_markdown(table):
@@ -189,5 +215,8 @@ def duration(seconds):
     return f"{minutes // 60} h {minutes % 60} min" if minutes >= 60 else f"{minutes} min"
 
 
-def at(point):
-    return "-" if point is None else f"{point[1]:.2%} at {point[0]:,}"
+def at(point, metric="accuracy"):
+    """(iteration, value) as a results cell: "98.10% at 50,000", or "MSE 0.00123 at 2,000"."""
+    if point is None:
+        return "-"
+    return (f"MSE {point[1]:.3g}" if metric == "mse" else f"{point[1]:.2%}") + f" at {point[0]:,}"

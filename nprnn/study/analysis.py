@@ -668,8 +668,8 @@ def read_runs(paths, empty_ok=False):
 
 # a results table's settings: these always, and any other that is not train's default
 SUMMARY_SETTINGS = ("hidden", "T", "eps", "gamma", "sigma_w", "optimizer", "lr", "seed")
-OTHER_SETTINGS = ("w_form", "gate_bias", "pixels", "init", "clip", "momentum", "lr_decay_at",
-                  "lr_decay", "batch_size", "perm_seed", "dtype")
+OTHER_SETTINGS = ("layers", "w_form", "gate_bias", "pixels", "init", "clip", "momentum",
+                  "lr_decay_at", "lr_decay", "batch_size", "perm_seed", "dtype")
 # what a setting left out of a run's config means, where not train's DEFAULTS (which say "the
 # model's own" for w_form)
 SHOWN_DEFAULTS = dict(DEFAULTS, w_form="triangle")
@@ -680,11 +680,20 @@ def run_summary(run):
     settings ("name value, ..." text), reached (the last iteration logged),
     planned (--iterations), time (seconds: the run's wall time so far, or None), split
     (the evaluation split: test, or valid with --valid-size), last and best (iteration,
-    accuracy) of that split's evaluations, or None before the first)."""
+    value) of that split's evaluations by the task's metric, or None before the first; metric
+    ("accuracy", the best the highest, or "mse", the loss, the best the lowest; runs without
+    one: accuracy) and baseline (what a model without memory scores, as config.json records
+    it, or None))."""
     config = run["config"]
     split = config.get("eval_split") or ("valid" if config.get("valid_size") else "test")
-    evals = [(r["iteration"], r["accuracy"]) for r in run["records"]
-             if r["split"] == split and r["accuracy"] is not None]
+    metric = config.get("metric", "accuracy")
+    key = "loss" if metric == "mse" else "accuracy"
+    evals = [(r["iteration"], r[key]) for r in run["records"]
+             if r["split"] == split and r[key] is not None]
+    if metric == "mse":
+        best = min(evals, key=lambda e: (e[1], e[0])) if evals else None
+    else:
+        best = max(evals, key=lambda e: (e[1], -e[0])) if evals else None
     shown = [k for k in SUMMARY_SETTINGS if config.get(k) is not None]
     shown += [k for k in OTHER_SETTINGS
               if config.get(k, SHOWN_DEFAULTS[k]) not in (SHOWN_DEFAULTS[k], DEFAULTS[k])
@@ -694,8 +703,8 @@ def run_summary(run):
     return dict(name=run["name"], model=run["model"], task=run["task"], settings=settings,
                 reached=max((r["iteration"] for r in run["records"]), default=0),
                 planned=config.get("iterations"), time=run["time"],
-                split=split, last=evals[-1] if evals else None,
-                best=max(evals, key=lambda e: (e[1], -e[0])) if evals else None)
+                split=split, last=evals[-1] if evals else None, best=best, metric=metric,
+                baseline=config.get("baseline"))
 
 
 def curve(run, split, key):

@@ -222,10 +222,14 @@ def plot_learning_curves(runs, path, title=""):
     iterations: training as a line, evaluations as markers joined by a dashed line, told apart
     by colour too (one run: blue for training, orange and green for the evaluation splits;
     several: one colour per run, labelled by model and task). The accuracy axis spans the data,
-    so that 0.90 and 0.97 are told apart."""
+    so that 0.90 and 0.97 are told apart; runs scored by their MSE (adding) have no accuracy
+    panel, and a dotted line marks the loss of a model without memory where the task has one."""
 
-    fig = _figure(figsize=(12, 4.8), layout="constrained")
-    ax_loss, ax_acc = fig.subplots(1, 2, sharex=True)
+    has_accuracy = any(len(curve(run, split, "accuracy")[0])
+                       for run in runs for split in ("train",) + EVAL_SPLITS)
+    fig = _figure(figsize=(12 if has_accuracy else 6.5, 4.8), layout="constrained")
+    axes = fig.subplots(1, 2 if has_accuracy else 1, sharex=True)
+    ax_loss, ax_acc = axes if has_accuracy else (axes, None)
     one = len(runs) == 1
     split_colors = {"train": "C0", "test": "C1", "valid": "C2"}
     lows, highs = [], []
@@ -243,13 +247,20 @@ def plot_learning_curves(runs, path, title=""):
                         late = v[it >= 0.1 * it.max()]
                         lows.append(float(late.min()))
                         highs.append(float(late.max()))
-    ax_loss.set_ylabel("cross-entropy loss", fontsize=11)
+        baseline = (run["config"].get("baseline") or {}).get("loss")
+        if baseline is not None:
+            ax_loss.axhline(baseline, color="0.4" if one else color, linestyle=":",
+                            linewidth=1.2, label=f"{name}without memory")
+    losses = {run["config"].get("loss", "xent") for run in runs}
+    ax_loss.set_ylabel({"xent": "cross-entropy loss", "mse": "mean squared error"}.get(
+        losses.pop() if len(losses) == 1 else None, "loss (cross-entropy or MSE)"), fontsize=11)
     ax_loss.set_yscale("log")
     _plain_log_ticks(ax_loss)
-    ax_acc.set_ylabel("accuracy", fontsize=11)
+    if ax_acc is not None:
+        ax_acc.set_ylabel("accuracy", fontsize=11)
     if lows:
         ax_acc.set_ylim(max(0.0, min(lows) - 0.03), min(1.0, max(highs) + 0.02))
-    for ax in (ax_loss, ax_acc):
+    for ax in (ax_loss, ax_acc)[:1 + has_accuracy]:
         ax.set_xlabel("iteration", fontsize=11)
         ax.tick_params(labelsize=9)
         ax.grid(alpha=0.3)

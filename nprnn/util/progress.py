@@ -34,8 +34,10 @@ class TrainingBar:
     @staticmethod
     def _postfix(loss, acc):
         # the interval's loss and accuracy so far, as last read (on a GPU: at the interval's
-        # end); none before the first reading
-        return f"loss {loss:.4f}  acc {acc:.3f}" if math.isfinite(loss) else ""
+        # end); none before the first reading, no accuracy for a task scored by its MSE (nan)
+        if not math.isfinite(loss):
+            return ""
+        return f"loss {loss:.4f}" + (f"  acc {acc:.3f}" if math.isfinite(acc) else "")
 
     def update(self, it, loss, acc, interval_end=False):
         if not self.enabled:
