@@ -481,3 +481,33 @@ def test_h0_and_dh_T_must_hold_one_state_per_batch_row_on_the_gpu_too(name):
     _, cache = cell.forward(model.cell_params(), xt, None, ws, backend=be, **model.hyper)
     with pytest.raises(ValueError, match=r"dh_T must have shape \(B, n\) = \(3, 5\), got \(2, 5\)"):
         cell.backward(model.cell_params(), cache, np.ones((2, 5)), ws, backend=be, **model.hyper)
+
+
+SEQUENCE_CELLS = ["antisym-gated", "rnn", "peephole-lstm", "gru"]
+
+
+@pytest.mark.parametrize("name", SEQUENCE_CELLS)
+def test_lengths_every_step_and_layers_on_cuda_match_the_cpu(name):
+    """Two layers, a readout at every step and rows of lengths T, 1 and between: the same loss,
+    outputs and gradients as on the CPU. Asked for the persistent kernels, the model runs the
+    step ones for the passes they cannot run, and warns once, naming why."""
+    kw = dict(seed=3, dtype="float64", layers=2, readout="every")
+    if "eps" in nprnn.CELLS[name].hyper:
+        kw["eps"] = 0.5
+    cpu = nprnn.make_model(name, gt.M, gt.N, 4, **kw)
+    dev = nprnn.make_model(name, gt.M, gt.N, 4, device="cuda", **kw)
+    dev.gpu_version = "persistent"
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((gt.B, gt.T, gt.M))
+    y = rng.integers(-1, 4, (gt.B, gt.T))
+    lengths = np.array([gt.T, 1, 2])[:gt.B]
+    with pytest.warns(UserWarning, match="lengths, a readout at every step, 2 layers: BPTT "
+                                         "runs the step kernels"):
+        loss_d, g_d, out_d = dev.loss_and_grad(x, y, lengths=lengths, return_logits=True)
+    loss_c, g_c, out_c = cpu.loss_and_grad(x, y, lengths=lengths, return_logits=True)
+    assert abs(loss_d - loss_c) <= 1e-12 * max(1.0, abs(loss_c))
+    gt.assert_close(out_d, out_c, "float64", "outputs")
+    for k in g_c:
+        gt.assert_close(g_d[k], g_c[k], "float64", f"grad {k}")
+    gt.assert_close(dev.forward(x, lengths=lengths), cpu.forward(x, lengths=lengths),
+                    "float64", "forward")
