@@ -417,6 +417,11 @@ def eval_run(run, split, task, data_dir, T, batch_size, device):
               help="Input size m.")
 @click.option("--hidden", "n", default=128, show_default=True, type=click.IntRange(min=1),
               help="Hidden units n.")
+@click.option("--layers", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Stacked layers (PyTorch's num_layers).")
+@click.option("--readout", default="last", show_default=True,
+              type=click.Choice(["last", "every"]),
+              help="A readout and cross-entropy at the last step, or at every step.")
 @click.option("--dtype", default="float32", show_default=True,
               type=click.Choice(["float32", "float64"]), help="Precision.")
 @click.option("--repeat", default=7, show_default=True, type=click.IntRange(min=1),
@@ -428,7 +433,7 @@ def eval_run(run, split, task, data_dir, T, batch_size, device):
               help="cpu: the @njit kernels; cuda: every GPU kernel version, beside PyTorch on the "
                    "same GPU (eager cell, cuDNN nn.RNN / nn.LSTM); auto: cuda when a GPU is "
                    "usable.")
-def bench(models, B, T, m, n, dtype, repeat, with_torch, device):
+def bench(models, B, T, m, n, layers, readout, dtype, repeat, with_torch, device):
     """Forward and forward+backward time per batch, beside PyTorch measured in the same run.
 
     Prints medians of --repeat runs after a warm-up run. The last column is nprnn's time over
@@ -444,15 +449,16 @@ def bench(models, B, T, m, n, dtype, repeat, with_torch, device):
                    if not B_.torch_available() else "PyTorch cannot use the GPU (a CPU-only "
                    "build?): timing nprnn alone.")
         with_torch = False
-    with output.enough_memory("--batch, --T, --input-size or --hidden"):
+    shape = f"B={B} T={T} m={m} n={n} layers={layers} readout={readout} {dtype}"
+    with output.enough_memory("--batch, --T, --input-size, --hidden or --layers"):
         if device == "cuda":
-            click.echo(f"B={B} T={T} m={m} n={n} {dtype}, median of {repeat}; "
-                       f"{autotune.device_name()}")
+            click.echo(f"{shape}, median of {repeat}; {autotune.device_name()}")
             rows = B_.run_gpu(names, B, T, m, n, dtype=dtype, repeat=repeat,
-                              with_torch=with_torch)
+                              with_torch=with_torch, layers=layers, readout=readout)
         else:
-            click.echo(f"B={B} T={T} m={m} n={n} {dtype}, median of {repeat}; {B_.machine()}")
-            rows = B_.run(names, B, T, m, n, dtype=dtype, repeat=repeat, with_torch=with_torch)
+            click.echo(f"{shape}, median of {repeat}; {B_.machine()}")
+            rows = B_.run(names, B, T, m, n, dtype=dtype, repeat=repeat, with_torch=with_torch,
+                          layers=layers, readout=readout)
     click.echo(B_.format_table(rows))
 
 

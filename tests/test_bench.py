@@ -23,13 +23,39 @@ def test_flop_counts_follow_the_products():
     assert bench.flops("lstm", 2, 3, 1, 4)[0] == 4 * bench.flops("rnn", 2, 3, 1, 4)[0]
 
 
+def test_flop_counts_add_up_over_the_layers():
+    """Layer 0 reads m inputs, each layer above it n."""
+    one = bench.flops("lstm", 2, 3, 1, 4)
+    above = bench.flops("lstm", 2, 3, 4, 4)
+    assert bench.flops("lstm", 2, 3, 1, 4, layers=3) == tuple(a + 2 * b for a, b in
+                                                              zip(one, above))
+
+
+def test_bench_times_stacked_layers_read_at_every_step():
+    result = CliRunner().invoke(cli.cli, ["bench", "--model", "antisym,lstm", "--batch", "3",
+                                          "--T", "4", "--hidden", "5", "--repeat", "1",
+                                          "--layers", "2", "--readout", "every", "--no-torch"])
+    assert result.exit_code == 0, result.output
+    assert "layers=2 readout=every" in result.output.splitlines()[0]
+    assert [line.split()[0] for line in result.output.splitlines()[2:]] == ["antisym", "lstm"]
+
+
+@pytest.mark.skipif(not bench.torch_available(), reason="PyTorch is not installed (optional)")
+@pytest.mark.parametrize("name", ["antisym-gated", "gru"])
+def test_torch_yardstick_stacks_layers_and_reads_every_step(name):
+    x, y = bench.bench_inputs(2, 3, 1, "float32", readout="every")
+    assert y.shape == (2, 3)
+    r = bench.bench_torch(name, x, y, 4, repeat=1, layers=2)
+    assert r["forward"] > 0 and np.isfinite(r["fwd_bwd"])
+
+
 def test_bench_prints_a_row_per_model():
     result = CliRunner().invoke(cli.cli, ["bench", "--model", "antisym,gru", "--batch", "3",
                                           "--T", "4", "--hidden", "5", "--repeat", "2",
                                           "--no-torch"])
     assert result.exit_code == 0, result.output
     lines = result.output.strip().splitlines()
-    assert lines[0].startswith("B=3 T=4 m=1 n=5 float32, median of 2")
+    assert lines[0].startswith("B=3 T=4 m=1 n=5 layers=1 readout=last float32, median of 2")
     threads = nprnn.study.bench.threads(nprnn.study.bench.numba.get_num_threads())   # "1 thread", ...
     rows = [line for line in lines if f"nprnn (numba, {threads})" in line]
     assert [r.split()[0] for r in rows] == ["antisym", "gru"]
@@ -147,7 +173,7 @@ def test_bench_says_a_size_does_not_fit_in_memory(size):
     result = CliRunner().invoke(cli.cli, ["bench", "--model", "rnn", "--no-torch", *size])
     assert result.exit_code == 1, result.output
     assert "\nError: not enough memory for this size (" in result.output
-    assert "lower --batch, --T, --input-size or --hidden" in result.output
+    assert "lower --batch, --T, --input-size, --hidden or --layers" in result.output
 
 
 def test_a_torch_out_of_memory_error_is_the_memory_message(monkeypatch):

@@ -6,12 +6,13 @@ launches (nprnn.core.autotune.time_model) and of the wall time up to torch.cuda.
 PyTorch.
 "forward" is model.forward (cell + readout); "fwd+bwd" is model.loss_and_grad (forward, loss,
 full BPTT). The PyTorch side does the same work: the cell, the readout, cross-entropy, and
-`loss.backward()`. Both sides get the same batch: x (B, T, m) uniform on [0, 1), as pixels are,
+`loss.backward()`; with `layers` stacked layers (nn.LSTM's num_layers) and with readout "every"
+a readout and cross-entropy at every step (y (B, T)), as make_model's options. Both sides get the same batch: x (B, T, m) uniform on [0, 1), as pixels are,
 and y (`bench_inputs`), batch-first as a task yields it, so each side's own change of layout is
 timed too.
 
 GFLOP/s is that of the forward+backward pass, counting the matrix products only (the elementwise
-work is small beside them):
+work is small beside them), summed over the layers (input size m for the first, n above it):
 
     forward   2 T B n (k_rec n + k_in m)          k_rec, k_in = n-wide blocks of the recurrent and
     backward  2 T B n (2 k_rec n + k_in m)        input products (1 for antisym, 4 for lstm, ...)
@@ -36,12 +37,15 @@ from ..core.device import cpu_model
 from ..core.model import make_model
 
 # (k_rec, k_in): how many n-wide blocks the recurrent and the input products have
-def flops(name, B, T, m, n):
+def flops(name, B, T, m, n, layers=1):
     """(forward, forward + backward) matrix-product FLOPs of one batch (the cell's
-    `product_blocks`: n-wide blocks of its recurrent and input products)."""
+    `product_blocks`: n-wide blocks of its recurrent and input products), over its layers."""
     k_rec, k_in = CELLS[name].product_blocks
-    fwd = 2 * T * B * n * (k_rec * n + k_in * m)
-    bwd = 2 * T * B * n * (2 * k_rec * n + k_in * m)
+    fwd = bwd = 0
+    for k in range(layers):
+        inputs = m if k == 0 else n
+        fwd += 2 * T * B * n * (k_rec * n + k_in * inputs)
+        bwd += 2 * T * B * n * (2 * k_rec * n + k_in * inputs)
     return fwd, fwd + bwd
 
 
@@ -66,17 +70,18 @@ def machine():
     return f"{cpu_model()}, {os.cpu_count()} cores"
 
 
-def bench_inputs(B, T, m, dtype, seed=0, K=10):
-    """The batch every contender gets: x (B, T, m) of `dtype`, uniform on [0, 1), and y (B,)
-    int64 labels in 0 .. K-1."""
+def bench_inputs(B, T, m, dtype, seed=0, K=10, readout="last"):
+    """The batch every contender gets: x (B, T, m) of `dtype`, uniform on [0, 1), and int64
+    labels in 0 .. K-1, y (B,), or (B, T) for a readout at every step."""
     rng = np.random.default_rng(seed)
     x = rng.random((B, T, m), dtype=np.float32).astype(dtype)
-    return x, rng.integers(0, K, size=B)
+    return x, rng.integers(0, K, size=B if readout == "last" else (B, T))
 
 
-def bench_nprnn(name, x, y, n, repeat, seed=0):
-    """nprnn's model `name` of n units, on the CPU, in x's dtype."""
-    model = make_model(name, x.shape[2], n, 10, dtype=x.dtype, seed=seed)
+def bench_nprnn(name, x, y, n, repeat, seed=0, layers=1, readout="last"):
+    """nprnn's model `name` of n units (and `layers`, `readout`), on the CPU, in x's dtype."""
+    model = make_model(name, x.shape[2], n, 10, dtype=x.dtype, seed=seed, layers=layers,
+                       readout=readout)
     return dict(forward=median_time(lambda: model.forward(x), repeat),
                 fwd_bwd=median_time(lambda: model.loss_and_grad(x, y), repeat))
 
@@ -102,7 +107,7 @@ def _torch_euler(cell, torch, n, m, eps, gamma, dtype, gen, device="cpu"):
     V_z, b_z = (param(n, m), param(n, scale=0.0)) if gated else (None, None)
     eye = torch.eye(n, dtype=dtype, device=device)
 
-    def hidden(x):
+    def hidden(x):              # x (B, T, m) -> h_1 .. h_T (B, T, n)
         if cell.antisymmetric:
             A = W.triu(1) - W.triu(1).T - gamma * eye
         elif cell.diffusion:
@@ -113,24 +118,29 @@ def _torch_euler(cell, torch, n, m, eps, gamma, dtype, gen, device="cpu"):
         U = torch.addmm(b_h, x.reshape(B * T, m), V_h.T).reshape(B, T, n)
         Z = torch.addmm(b_z, x.reshape(B * T, m), V_z.T).reshape(B, T, n) if gated else None
         h = torch.zeros(B, n, dtype=dtype, device=device)
+        hs = []
         if gated and cell.kz:                       # eq. 13: the gate reads A h_{t-1} too
             for u, v in zip(U.unbind(1), Z.unbind(1)):
                 Ah = h @ A.T
                 h = h + eps * torch.sigmoid(Ah + v) * torch.tanh(Ah + u)
+                hs.append(h)
         elif gated:                                 # antisym-xgate: every step's gate at once
             for u, g in zip(U.unbind(1), torch.sigmoid(Z).unbind(1)):
                 h = h + eps * g * torch.tanh(torch.addmm(u, h, A.T))
+                hs.append(h)
         else:
             for u in U.unbind(1):
                 h = h + eps * torch.tanh(torch.addmm(u, h, A.T))
-        return h
+                hs.append(h)
+        return torch.stack(hs, dim=1)
     return hidden
 
 
-def bench_torch(name, x, y, n, repeat, seed=0, device="cpu"):
+def bench_torch(name, x, y, n, repeat, seed=0, device="cpu", layers=1):
     """PyTorch doing the same work on `device` ("cpu" or "cuda") from the same batch x (B, T, m),
-    y (B,) in x's dtype; None where PyTorch has no counterpart (peephole-lstm). On "cuda", rnn,
-    lstm and gru are cuDNN's kernels."""
+    y (B,) (or (B, T): a readout at every step) in x's dtype, with `layers` layers; None where
+    PyTorch has no counterpart (peephole-lstm). On "cuda", rnn, lstm and gru are cuDNN's
+    kernels."""
     import torch
     dtype = x.dtype.name
     # PyTorch's fastest setting on the CPU in float32: gradients that die away over hundreds of
@@ -138,50 +148,65 @@ def bench_torch(name, x, y, n, repeat, seed=0, device="cpu"):
     # kernels flush them too; its float64 kernels do not, nor does PyTorch then).
     torch.set_flush_denormal(dtype == "float32")
     try:
-        return _bench_torch(torch, name, x, y, n, dtype, repeat, seed, device)
+        return _bench_torch(torch, name, x, y, n, dtype, repeat, seed, device, layers)
     finally:
         torch.set_flush_denormal(False)     # the thread's mode, as numba's kernels found it
 
 
-def _bench_torch(torch, name, x, y, n, dtype, repeat, seed, device):
+def _bench_torch(torch, name, x, y, n, dtype, repeat, seed, device, layers=1):
     tdtype = getattr(torch, dtype)
     m = x.shape[2]
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)                   # the modules below draw from the global generator
     cell = CELLS[name]
     if cell.torch_module:                     # nn.RNN, nn.LSTM, nn.GRU: the same weights
-        module = getattr(torch.nn, cell.torch_module)(m, n, batch_first=True,
+        module = getattr(torch.nn, cell.torch_module)(m, n, num_layers=layers, batch_first=True,
                                                        dtype=tdtype).to(device)
-        hidden = lambda x: module(x)[0][:, -1]                                   # noqa: E731
+        sequence = lambda x: module(x)[0]                                        # noqa: E731
     elif isinstance(cell, EulerCell):
-        # the cell nprnn's side builds: make_model's default eps and gamma
-        hidden = _torch_euler(cell, torch, n, m, DEFAULT_EPS, DEFAULT_GAMMA, tdtype, gen, device)
+        # the cell nprnn's side builds: make_model's default eps and gamma; layer k + 1 reads
+        # layer k's hidden sequence
+        stack = [_torch_euler(cell, torch, n, m if k == 0 else n, DEFAULT_EPS, DEFAULT_GAMMA,
+                              tdtype, gen, device) for k in range(layers)]
+
+        def sequence(x):
+            for layer in stack:
+                x = layer(x)
+            return x
     else:
         return None
+    every = y.ndim == 2                       # a readout at every step
     readout = torch.nn.Linear(n, 10, dtype=tdtype).to(device)
     x = torch.from_numpy(x).to(device)
     y = torch.from_numpy(y).to(device)
     sync = torch.cuda.synchronize if device == "cuda" else None
 
+    def outputs():
+        h = sequence(x)
+        return readout(h).flatten(0, 1) if every else readout(h[:, -1])
+
     def forward():
         with torch.no_grad():
-            readout(hidden(x))
+            outputs()
 
     def fwd_bwd():
-        torch.nn.functional.cross_entropy(readout(hidden(x)), y).backward()
+        torch.nn.functional.cross_entropy(outputs(), y.flatten()).backward()
     return dict(forward=median_time(forward, repeat, sync),
                 fwd_bwd=median_time(fwd_bwd, repeat, sync),
                 threads=torch.get_num_threads(), version=torch.__version__)
 
 
-def run(names, B, T, m, n, dtype="float32", repeat=5, with_torch=True, seed=0):
-    """Measure each model, and PyTorch beside it where installed. Returns a list of rows."""
+def run(names, B, T, m, n, dtype="float32", repeat=5, with_torch=True, seed=0, layers=1,
+        readout="last"):
+    """Measure each model (of `layers` layers, read at the last step or every step), and PyTorch
+    beside it where installed. Returns a list of rows."""
     rows = []
-    x, y = bench_inputs(B, T, m, dtype, seed)
+    x, y = bench_inputs(B, T, m, dtype, seed, readout=readout)
     for name in names:
-        f_all = flops(name, B, T, m, n)[1]
-        ours = bench_nprnn(name, x, y, n, repeat, seed)
-        theirs = bench_torch(name, x, y, n, repeat, seed) if with_torch else None
+        f_all = flops(name, B, T, m, n, layers)[1]
+        ours = bench_nprnn(name, x, y, n, repeat, seed, layers=layers, readout=readout)
+        theirs = (bench_torch(name, x, y, n, repeat, seed, layers=layers) if with_torch
+                  else None)
         row = dict(model=name, impl=f"nprnn (numba, {threads(numba.get_num_threads())})", **ours,
                    gflops=f_all / ours["fwd_bwd"] / 1e9)
         if theirs is not None:
@@ -221,18 +246,21 @@ def format_table(rows):
     return "\n".join(lines)
 
 
-def run_gpu(names, B, T, m, n, dtype="float32", repeat=5, with_torch=True, seed=0):
+def run_gpu(names, B, T, m, n, dtype="float32", repeat=5, with_torch=True, seed=0, layers=1,
+            readout="last"):
     """Each GPU kernel option of each model (nprnn.core.autotune.time_model, CUDA events; a note says
     which 'auto' runs on this GPU), and PyTorch on
     the same GPU in the same run: the same cell as an eager loop for the Euler family, cuDNN for
     rnn, lstm, gru. Also cuDNN nn.RNN (tanh) and nn.LSTM of the same size, the issue's yardsticks.
     Ratios are nprnn's time over the same model's PyTorch time."""
     rows = []
-    x, y = bench_inputs(B, T, m, dtype, seed)
+    x, y = bench_inputs(B, T, m, dtype, seed, readout=readout)
     for name in names:
-        f_all = flops(name, B, T, m, n)[1]
-        theirs = bench_torch(name, x, y, n, repeat, seed, device="cuda") if with_torch else None
-        model = make_model(name, m, n, 10, seed=seed, dtype=dtype, device="cuda")
+        f_all = flops(name, B, T, m, n, layers)[1]
+        theirs = (bench_torch(name, x, y, n, repeat, seed, device="cuda", layers=layers)
+                  if with_torch else None)
+        model = make_model(name, m, n, 10, seed=seed, dtype=dtype, device="cuda", layers=layers,
+                           readout=readout)
         for r in autotune.time_model(model, x, y, repeats=repeat):
             row = dict(model=name, impl=f"nprnn cuda, {r['version']}", note=r["note"],
                        forward=r["forward_ms"] / 1e3, fwd_bwd=r["forward_backward_ms"] / 1e3)
@@ -250,8 +278,8 @@ def run_gpu(names, B, T, m, n, dtype="float32", repeat=5, with_torch=True, seed=
     if with_torch:
         for name in ("rnn", "lstm"):                 # cuDNN yardsticks of the same size
             if name not in names:
-                t = bench_torch(name, x, y, n, repeat, seed, device="cuda")
-                f_all = flops(name, B, T, m, n)[1]
+                t = bench_torch(name, x, y, n, repeat, seed, device="cuda", layers=layers)
+                f_all = flops(name, B, T, m, n, layers)[1]
                 rows.append(dict(model=name, impl=f"PyTorch {t['version']} cuDNN",
                                  forward=t["forward"], fwd_bwd=t["fwd_bwd"],
                                  gflops=f_all / t["fwd_bwd"] / 1e9, ratio=1.0))
