@@ -60,3 +60,50 @@ def test_parameter_shapes_and_count_match_pytorch(name):
     assert {key + "_l0": shape for key, shape in shapes.items()} == \
         {key: tuple(v.shape) for key, v in module.named_parameters()}
     assert nprnn.CELLS[name].num_params(M, N) == sum(v.numel() for v in module.parameters())
+
+
+@pytest.mark.parametrize("name", ["rnn", "lstm", "gru"])
+@pytest.mark.parametrize("readout", ["every", "last"])
+def test_a_two_layer_pytorch_model_loads_and_matches(name, readout):
+    """A 2-layer nn.RNN/LSTM/GRU's state_dict loads into `layers=2` by name (weight_ih_l0, ...);
+    with the same readout, pack_padded_sequence lengths and a cross-entropy at every step
+    (ignore_index=-1) or from each row's last state, the loss, the outputs and every gradient
+    agree to rounding."""
+    module = getattr(torch.nn, TORCH_MODULES[name])(M, N, num_layers=2, batch_first=True,
+                                                      dtype=torch.float64)
+    readout_t = torch.nn.Linear(N, 5, dtype=torch.float64)
+    model = nprnn.make_model(name, M, N, 5, dtype="float64", layers=2, readout=readout)
+    state = {k: v.detach().numpy() for k, v in module.state_dict().items()}
+    assert set(state) == set(model.params) - {"W_out", "b_out"}
+    for k, v in state.items():
+        model.params[k][...] = v
+    model.params["W_out"][...] = readout_t.weight.detach().numpy()
+    model.params["b_out"][...] = readout_t.bias.detach().numpy()
+
+    rng = np.random.default_rng(1)
+    x, lengths = rng.standard_normal((B, T, M)), np.array([T, 2, 4])
+    y = rng.integers(-1, 5, (B, T)) if readout == "every" else rng.integers(0, 5, B)
+    packed = torch.nn.utils.rnn.pack_padded_sequence(torch.from_numpy(x), torch.from_numpy(
+        lengths), batch_first=True, enforce_sorted=False)
+    out, last = module(packed)
+    if readout == "every":
+        h, _ = torch.nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=T)
+        logits = readout_t(h)
+        mask = torch.from_numpy(np.arange(T)[None, :] < lengths[:, None])
+        logits = logits * mask[..., None]                        # 0 past a row's length
+        target = torch.from_numpy(np.where(mask.numpy(), y, -1))
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 5), target.reshape(-1),
+                                                 ignore_index=-1)
+    else:
+        h_T = (last[0] if name == "lstm" else last)[-1]           # the top layer, at each end
+        logits = readout_t(h_T)
+        loss = torch.nn.functional.cross_entropy(logits, torch.from_numpy(y))
+    loss.backward()
+
+    np.testing.assert_allclose(model.forward(x, lengths=lengths), logits.detach().numpy(),
+                               rtol=1e-12, atol=1e-13)
+    ours, grads = model.loss_and_grad(x, y, lengths=lengths)
+    assert ours == pytest.approx(loss.item(), rel=1e-12)
+    theirs = dict(module.named_parameters(), W_out=readout_t.weight, b_out=readout_t.bias)
+    for k, p in theirs.items():
+        np.testing.assert_allclose(grads[k], p.grad.numpy(), rtol=1e-9, atol=1e-12, err_msg=k)
