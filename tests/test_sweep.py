@@ -140,6 +140,15 @@ def test_a_param_given_twice_is_refused():
                                         sweep.parse_param("lr=0.2,0.3")])
 
 
+def test_a_task_scored_by_its_mse_is_refused_before_any_trial(tmp_path):
+    """A sweep ranks trials by validation accuracy; the adding problem has none."""
+    with pytest.raises(sweep.SweepError, match=r"^task adding is scored by its MSE, and a sweep "
+                                               r"chooses trials by validation accuracy"):
+        sweep.open_sweep(tmp_path / "s", toy_config(task="adding", T=4, data_dir=str(tmp_path),
+                                                    valid_size=50), grid("lr=0.1"), "grid")
+    assert not (tmp_path / "s").exists()
+
+
 def test_a_named_task_that_trials_could_not_load_is_refused_before_any_trial(tmp_path,
                                                                            fake_mnist_dir):
     """The task a sweep names is loaded (its cache built if need be) when the sweep is made:

@@ -228,14 +228,19 @@ def grid_points(space, seed):
 
 def task_shape(fixed, task=None):
     """(m, classes) of `task`, or of the task `fixed` names, which is loaded here (its cache
-    built if need be, once for all trials): what its runs would say of it is a SweepError."""
-    if task is not None:
-        return task.m, task.num_classes
-    try:
-        with load_task(fixed) as named:
-            return named.m, named.num_classes
-    except (ValueError, OSError, DataError) as e:
-        raise SweepError(f"task {fixed['task']}: {e}") from None
+    built if need be, once for all trials): what its runs would say of it is a SweepError, and
+    so is a task not scored by accuracy, the one measure a sweep chooses trials by."""
+    if task is None:
+        try:
+            with load_task(fixed) as named:
+                return task_shape(fixed, named)
+        except (ValueError, OSError, DataError) as e:
+            raise SweepError(f"task {fixed['task']}: {e}") from None
+    if task.metric != "accuracy":
+        raise SweepError(f"task {task.name} is scored by its {task.metric.upper()}, and a sweep "
+                         f"chooses trials by validation accuracy: train its runs with "
+                         f"`cli.py train` and compare them with `cli.py results`")
+    return task.m, task.num_classes
 
 
 def check_space(fixed, space, task=None):
