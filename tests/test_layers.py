@@ -12,6 +12,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # top to bottom; each package's modules sit together (test_packages_are_layers)
 LAYERS = [
+    # nprnn/torch.py, the PyTorch layer: at the top, so that nothing of nprnn imports it
+    ["nprnn.torch"],
     ["cli"],
     # shell/: cli.py's click building blocks that are not commands
     ["nprnn.shell"],
@@ -95,6 +97,20 @@ def imports(path, name, known):
             continue
         found += [(node.lineno, t) for t in targets if t == "nprnn" or t.startswith("nprnn.")]
     return found
+
+
+def test_only_the_torch_layer_and_the_yardstick_import_torch():
+    """PyTorch is an optional extra: the library imports it in nprnn/torch.py (the layer) and in
+    the benchmark's yardstick (nprnn/study/bench.py), nowhere else."""
+    found = set()
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level
+                     else [])
+            if any(n == "torch" or n.startswith("torch.") for n in names):
+                found.add(name)
+    assert found == {"nprnn.torch", "nprnn.study.bench"}
 
 
 def test_every_module_has_a_layer():

@@ -1,0 +1,148 @@
+"""nprnn's cells as a PyTorch layer: forward and BPTT by nprnn's own kernels, not by autograd.
+
+    from nprnn.torch import Recurrent
+    rnn = Recurrent("antisym", input_size=m, hidden_size=n, num_layers=1, batch_first=True,
+                    eps=0.01, gamma=0.01)          # any nprnn cell and its settings
+    out, h_n = rnn(x, hx=None)                     # out (B, T, n) (batch_first), h_n (layers, B, n)
+    out, h_n = rnn(x, lengths=lengths)             # or rnn(packed): a PackedSequence in, one out
+
+Each layer is one torch.autograd.Function: its forward runs the cell's forward kernels over the
+whole sequence and keeps their cache; its backward runs the cell's BPTT with the gradient of
+every output step (and of h_n), and hands back the gradients of x, of h_0 and of every parameter
+(nprnn/core/cells.py: `forward`, `backward`, `input_grads`). The parameters are nn.Parameters
+under nprnn's names (`W`, `V_h`, ..., `weight_ih_l0` for several layers), drawn as make_model
+draws them from the same seed. CPU tensors are shared with NumPy without copying (the kernels
+write into arrays that the returned tensors view); x is made time-major once, as the kernels read
+it. Past a row's length the outputs are 0 and h_n holds each row's last state, as
+pad_packed_sequence and nn.LSTM give them.
+
+What is not here yet, each refused with an error that says so: CUDA tensors (issue 54) and a
+given c_0 for the LSTMs, whose kernels start at c_0 = 0 (their c_n is returned, and takes no
+gradient). This is the only module that imports torch, and nothing in nprnn imports it.
+"""
+import numpy as np
+import torch
+
+from .core.backends import CPU
+from .core.model import READOUT_NAMES, layer_names, make_model
+
+DTYPES = {torch.float32: "float32", torch.float64: "float64"}
+
+
+class _Layer(torch.autograd.Function):
+    """One layer over a time-major x (T, B, m): (outputs h_1 .. h_T (T, B, n), h_T (B, n)[, c_T])."""
+
+    @staticmethod
+    def forward(ctx, cell, hyper, names, lengths, x, h0, *params):
+        p = {names[k]: v.detach().numpy() for k, v in enumerate(params)}
+        T = x.shape[0]
+        _, cache = cell.forward(p, x.detach().numpy(), h0.detach().numpy(), None, CPU,
+                                lengths=lengths, **hyper)
+        ctx.cell, ctx.hyper, ctx.names, ctx.p, ctx.cache = cell, hyper, names, p, cache
+        hs = cache["hs"]
+        outs = (torch.from_numpy(hs[1:]), torch.from_numpy(hs[T]))
+        if "cs" in cache:                           # the LSTMs' c_T: returned, not differentiated
+            c_T = torch.from_numpy(cache["cs"][T])
+            ctx.mark_non_differentiable(c_T)
+            outs += (c_T,)
+        return outs
+
+    @staticmethod
+    def backward(ctx, d_out, d_h_T, *d_c_T):
+        cell, cache, p = ctx.cell, ctx.cache, ctx.p
+        if d_c_T and d_c_T[0] is not None and torch.any(d_c_T[0] != 0):
+            raise RuntimeError("nprnn's LSTM BPTT takes no gradient of c_n yet: use h_n and the "
+                               "outputs in the loss")
+        grads, dh0 = cell.backward(p, cache, d_h_T.contiguous().numpy(), dhs=np.ascontiguousarray(
+            d_out.numpy()), **ctx.hyper)
+        dx = cell.input_grads(p, cache)
+        return (None, None, None, None, torch.from_numpy(dx), torch.from_numpy(dh0),
+                *(torch.from_numpy(grads[name]) for name in ctx.names))
+
+
+class Recurrent(torch.nn.Module):
+    """`num_layers` layers of the nprnn cell `cell` as nn.RNN is used: see the module docstring.
+    `settings` are the cell's own (eps, gamma, w_form, sigma_w, init, gate_bias, seed)."""
+
+    def __init__(self, cell, input_size, hidden_size, num_layers=1, batch_first=True,
+                 device=None, dtype=None, **settings):
+        super().__init__()
+        dtype = torch.get_default_dtype() if dtype is None else dtype
+        if dtype not in DTYPES:
+            raise TypeError(f"dtype must be one of {', '.join(map(str, DTYPES))}, got {dtype}")
+        _check_device(device)
+        model = make_model(cell, input_size, hidden_size, num_classes=2, layers=num_layers,
+                           dtype=DTYPES[dtype], **settings)
+        self.cell, self.hyper = model.cell, dict(model.hyper)
+        self.input_size, self.hidden_size = input_size, hidden_size
+        self.num_layers, self.batch_first = num_layers, batch_first
+        self._names = layer_names(model.cell, num_layers)     # {our name: the cell's}, per layer
+        for name, value in model.params.items():
+            if name not in READOUT_NAMES:
+                self.register_parameter(name, torch.nn.Parameter(torch.from_numpy(value)))
+
+    def forward(self, x, hx=None, lengths=None):
+        """(out, h_n) for x (B, T, m) (batch_first; else (T, B, m)) or a PackedSequence;
+        h_n (layers, B, n), for the LSTMs (h_n, c_n). hx (layers, B, n): h_0 (None: 0)."""
+        packed = isinstance(x, torch.nn.utils.rnn.PackedSequence)
+        if packed:
+            if lengths is not None:
+                raise ValueError("give lengths or a PackedSequence, not both")
+            x, lengths = torch.nn.utils.rnn.pad_packed_sequence(x, batch_first=self.batch_first)
+        _check_device(x.device)
+        if x.dtype != self.W_dtype():
+            raise TypeError(f"x is {x.dtype}; this layer's parameters are {self.W_dtype()}")
+        xt = (x.transpose(0, 1) if self.batch_first else x).contiguous()       # (T, B, m)
+        T, B, _ = xt.shape
+        if lengths is not None:
+            lengths = np.asarray(torch.as_tensor(lengths).cpu(), dtype=np.int64)
+            if lengths.shape != (B,) or lengths.min() < 1 or lengths.max() > T:
+                raise ValueError(f"lengths must be (B,) = ({B},) ints in [1, {T}], got "
+                                 f"{lengths.tolist()}")
+            lengths = None if (lengths == T).all() else lengths
+        h0 = self._initial(hx, B, x.dtype)
+        h_n, c_n = [], []
+        for k in range(self.num_layers):
+            names = self._names[k]
+            params = [getattr(self, name) for name in names]
+            outs = _Layer.apply(self.cell, self.hyper, list(names.values()), lengths, xt, h0[k],
+                                *params)
+            xt = outs[0]
+            h_n.append(outs[1])
+            c_n += outs[2:]
+        out = xt.transpose(0, 1) if self.batch_first else xt
+        if lengths is not None:                     # 0 past a row's length, as pad_packed gives
+            steps = torch.arange(T)[:, None] < torch.from_numpy(lengths)[None, :]   # (T, B)
+            out = out * (steps.T if self.batch_first else steps)[..., None].to(out.dtype)
+        if packed:
+            out = torch.nn.utils.rnn.pack_padded_sequence(
+                out, torch.from_numpy(lengths if lengths is not None else np.full(B, T)),
+                batch_first=self.batch_first, enforce_sorted=False)
+        h_n = torch.stack(h_n)
+        return (out, (h_n, torch.stack(c_n))) if c_n else (out, h_n)
+
+    def W_dtype(self):
+        return next(self.parameters()).dtype
+
+    def _initial(self, hx, B, dtype):
+        """h_0 of each layer, (layers, B, n): hx, or zeros."""
+        shape = (self.num_layers, B, self.hidden_size)
+        if isinstance(hx, tuple):                   # (h_0, c_0), as nn.LSTM takes it
+            hx, c0 = hx
+            if c0 is not None and torch.any(c0 != 0):
+                raise ValueError("nprnn's LSTM kernels start at c_0 = 0: pass c_0 = 0 or None")
+        if hx is None:
+            return torch.zeros(shape, dtype=dtype)
+        if tuple(hx.shape) != shape or hx.dtype != dtype:
+            raise ValueError(f"hx must be {dtype} of shape (layers, B, n) = {shape}, got "
+                             f"{hx.dtype} {tuple(hx.shape)}")
+        _check_device(hx.device)
+        return hx.contiguous()
+
+
+def _check_device(device):
+    """Only CPU tensors for now: say so, naming what is supported."""
+    if device is not None and torch.device(device).type != "cpu":
+        raise NotImplementedError(f"nprnn.torch runs on CPU tensors only so far, got device "
+                                  f"{device}: the CUDA path (numba-cuda through "
+                                  f"__cuda_array_interface__) is not built yet")
