@@ -177,3 +177,18 @@ def test_an_lstm_c0_must_be_zero_and_c_n_takes_no_gradient():
                                                                       dtype=torch.float64)))
     out, (h_n, c_n) = rnn(x)
     assert c_n.shape == (1, B, N) and not c_n.requires_grad
+
+
+def test_the_readmes_python_blocks_run():
+    """Every ```python block of README.md runs as written (the PyTorch layer's example among
+    them), and the layer's example fills every parameter's gradient."""
+    import re
+    from pathlib import Path
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert any("nprnn.torch" in b for b in blocks)
+    for block in blocks:
+        scope = {}
+        exec(compile(block, "README.md", "exec"), scope)
+        if "rnn" in scope:
+            assert all(p.grad is not None for p in scope["rnn"].parameters())
