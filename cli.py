@@ -428,12 +428,16 @@ def eval_run(run, split, task, data_dir, T, batch_size, device):
               help="Timed runs per measurement; the median is reported.")
 @click.option("--torch/--no-torch", "with_torch", default=True, show_default=True,
               help="Time PyTorch beside nprnn when it is installed.")
+@click.option("--torch-layer", is_flag=True,
+              help="Time PyTorch training steps (forward, backward, SGD) with the cell as "
+                   "nprnn.torch.Recurrent, beside the same steps with the plain PyTorch cell "
+                   "(CPU).")
 @click.option("--device", default="cpu", show_default=True,
               type=click.Choice(["cpu", "cuda", "auto"]),
               help="cpu: the @njit kernels; cuda: every GPU kernel version, beside PyTorch on the "
                    "same GPU (eager cell, cuDNN nn.RNN / nn.LSTM); auto: cuda when a GPU is "
                    "usable.")
-def bench(models, B, T, m, n, layers, readout, dtype, repeat, with_torch, device):
+def bench(models, B, T, m, n, layers, readout, dtype, repeat, with_torch, torch_layer, device):
     """Forward and forward+backward time per batch, beside PyTorch measured in the same run.
 
     Prints medians of --repeat runs after a warm-up run. The last column is nprnn's time over
@@ -443,6 +447,9 @@ def bench(models, B, T, m, n, layers, readout, dtype, repeat, with_torch, device
         device = resolve_device(device)
     except DeviceUnavailable as e:
         raise click.ClickException(str(e)) from None
+    if torch_layer and (device == "cuda" or not B_.torch_available()):
+        raise click.UsageError("--torch-layer times nprnn.torch on the CPU and needs PyTorch "
+                               "(pip install -e '.[torch]')", ctx=None)
     if with_torch and not B_.torch_available(device):
         click.echo("PyTorch is not installed: timing nprnn alone (pip install -e '.[bench]' to "
                    "compare)."
@@ -458,7 +465,7 @@ def bench(models, B, T, m, n, layers, readout, dtype, repeat, with_torch, device
         else:
             click.echo(f"{shape}, median of {repeat}; {B_.machine()}")
             rows = B_.run(names, B, T, m, n, dtype=dtype, repeat=repeat, with_torch=with_torch,
-                          layers=layers, readout=readout)
+                          layers=layers, readout=readout, torch_layer=torch_layer)
     click.echo(B_.format_table(rows))
 
 

@@ -314,3 +314,21 @@ def test_the_command_line_silences_numbas_small_grid_warnings_only():
                                               "under-utilization due to low occupancy."))
         warnings.warn(NumbaPerformanceWarning("something else"))
     assert [str(w.message) for w in caught] == ["something else"]
+
+
+@pytest.mark.skipif(not bench.torch_available(), reason="PyTorch is not installed (optional)")
+def test_torch_layer_rows_time_training_steps_beside_plain_pytorch():
+    result = CliRunner().invoke(cli.cli, ["bench", "--model", "antisym,gru,peephole-lstm",
+                                          "--batch", "3", "--T", "4", "--hidden", "5",
+                                          "--repeat", "1", "--torch-layer", "--layers", "2"])
+    assert result.exit_code == 0, result.output
+    rows = result.output.splitlines()[2:]
+    assert [r.split()[0] for r in rows] == ["antisym", "antisym", "gru", "gru", "peephole-lstm"]
+    assert "nprnn.torch in PyTorch" in rows[0] and rows[1].split()[1] == "PyTorch"
+    assert rows[-1].endswith("(PyTorch has no such cell)")
+
+
+def test_torch_layer_rows_need_pytorch_on_the_cpu(monkeypatch):
+    monkeypatch.setattr(bench, "torch_available", lambda device="cpu": False)
+    result = CliRunner().invoke(cli.cli, ["bench", "--torch-layer", "--repeat", "1"])
+    assert result.exit_code == 2 and "--torch-layer times nprnn.torch on the CPU" in result.output

@@ -12,8 +12,6 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # top to bottom; each package's modules sit together (test_packages_are_layers)
 LAYERS = [
-    # nprnn/torch.py, the PyTorch layer: at the top, so that nothing of nprnn imports it
-    ["nprnn.torch"],
     ["cli"],
     # shell/: cli.py's click building blocks that are not commands
     ["nprnn.shell"],
@@ -29,6 +27,8 @@ LAYERS = [
     ["nprnn.study.plotting"],                   # figures of what analysis computes
     ["nprnn.study.probes"],                     # what jacobian, gates, criticality compute
     ["nprnn.study.analysis", "nprnn.study.bench"],  # dynamics, Jacobians, gates; the benchmark
+    # nprnn/torch.py, the PyTorch layer: only the benchmark (its torch-layer rows) imports it
+    ["nprnn.torch"],
     # runs/: a run, from its options to its folder
     ["nprnn.runs"],
     ["nprnn.runs.train"],                       # the training loop

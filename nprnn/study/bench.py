@@ -133,14 +133,18 @@ def _torch_euler(cell, torch, n, m, eps, gamma, dtype, gen, device="cpu"):
                 h = h + eps * torch.tanh(torch.addmm(u, h, A.T))
                 hs.append(h)
         return torch.stack(hs, dim=1)
+    hidden.params = [W, V_h, b_h] + ([V_z, b_z] if gated else [])
     return hidden
 
 
-def bench_torch(name, x, y, n, repeat, seed=0, device="cpu", layers=1):
+def bench_torch(name, x, y, n, repeat, seed=0, device="cpu", layers=1, layer=False,
+                step=False):
     """PyTorch doing the same work on `device` ("cpu" or "cuda") from the same batch x (B, T, m),
     y (B,) (or (B, T): a readout at every step) in x's dtype, with `layers` layers; None where
     PyTorch has no counterpart (peephole-lstm). On "cuda", rnn, lstm and gru are cuDNN's
-    kernels."""
+    kernels. With `layer`, the cell is nprnn.torch.Recurrent instead (nprnn's kernels in a
+    PyTorch model); with `step`, every fwd+bwd ends with a torch.optim.SGD step, as a training
+    step does."""
     import torch
     dtype = x.dtype.name
     # PyTorch's fastest setting on the CPU in float32: gradients that die away over hundreds of
@@ -148,21 +152,30 @@ def bench_torch(name, x, y, n, repeat, seed=0, device="cpu", layers=1):
     # kernels flush them too; its float64 kernels do not, nor does PyTorch then).
     torch.set_flush_denormal(dtype == "float32")
     try:
-        return _bench_torch(torch, name, x, y, n, dtype, repeat, seed, device, layers)
+        return _bench_torch(torch, name, x, y, n, dtype, repeat, seed, device, layers, layer,
+                            step)
     finally:
         torch.set_flush_denormal(False)     # the thread's mode, as numba's kernels found it
 
 
-def _bench_torch(torch, name, x, y, n, dtype, repeat, seed, device, layers=1):
+def _bench_torch(torch, name, x, y, n, dtype, repeat, seed, device, layers=1, layer=False,
+                 step=False):
     tdtype = getattr(torch, dtype)
     m = x.shape[2]
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)                   # the modules below draw from the global generator
     cell = CELLS[name]
-    if cell.torch_module:                     # nn.RNN, nn.LSTM, nn.GRU: the same weights
+    params = []                               # what the optimiser steps (with `step`)
+    if layer:                                 # nprnn's kernels as a PyTorch layer
+        from ..torch import Recurrent
+        rnn = Recurrent(name, m, n, num_layers=layers, dtype=tdtype, seed=seed)
+        sequence = lambda x: rnn(x)[0]                                           # noqa: E731
+        params = list(rnn.parameters())
+    elif cell.torch_module:                   # nn.RNN, nn.LSTM, nn.GRU: the same weights
         module = getattr(torch.nn, cell.torch_module)(m, n, num_layers=layers, batch_first=True,
                                                        dtype=tdtype).to(device)
         sequence = lambda x: module(x)[0]                                        # noqa: E731
+        params = list(module.parameters())
     elif isinstance(cell, EulerCell):
         # the cell nprnn's side builds: make_model's default eps and gamma; layer k + 1 reads
         # layer k's hidden sequence
@@ -170,13 +183,15 @@ def _bench_torch(torch, name, x, y, n, dtype, repeat, seed, device, layers=1):
                               tdtype, gen, device) for k in range(layers)]
 
         def sequence(x):
-            for layer in stack:
-                x = layer(x)
+            for one in stack:
+                x = one(x)
             return x
+        params = [p for one in stack for p in one.params]
     else:
         return None
     every = y.ndim == 2                       # a readout at every step
     readout = torch.nn.Linear(n, 10, dtype=tdtype).to(device)
+    opt = torch.optim.SGD(params + list(readout.parameters()), lr=1e-3)
     x = torch.from_numpy(x).to(device)
     y = torch.from_numpy(y).to(device)
     sync = torch.cuda.synchronize if device == "cuda" else None
@@ -191,15 +206,22 @@ def _bench_torch(torch, name, x, y, n, dtype, repeat, seed, device, layers=1):
 
     def fwd_bwd():
         torch.nn.functional.cross_entropy(outputs(), y.flatten()).backward()
+        if step:
+            opt.step()
+            opt.zero_grad()
     return dict(forward=median_time(forward, repeat, sync),
                 fwd_bwd=median_time(fwd_bwd, repeat, sync),
                 threads=torch.get_num_threads(), version=torch.__version__)
 
 
 def run(names, B, T, m, n, dtype="float32", repeat=5, with_torch=True, seed=0, layers=1,
-        readout="last"):
+        readout="last", torch_layer=False):
     """Measure each model (of `layers` layers, read at the last step or every step), and PyTorch
-    beside it where installed. Returns a list of rows."""
+    beside it where installed. Returns a list of rows. With `torch_layer`, training steps in
+    PyTorch instead: nprnn.torch.Recurrent against the plain PyTorch cell, both with an SGD
+    step."""
+    if torch_layer:
+        return run_torch_layer(names, B, T, m, n, dtype, repeat, seed, layers, readout)
     rows = []
     x, y = bench_inputs(B, T, m, dtype, seed, readout=readout)
     for name in names:
@@ -220,6 +242,30 @@ def run(names, B, T, m, n, dtype="float32", repeat=5, with_torch=True, seed=0, l
             if with_torch:
                 row["note"] = "(PyTorch has no such cell)"
             rows.append(row)
+    return rows
+
+
+def run_torch_layer(names, B, T, m, n, dtype, repeat, seed, layers, readout):
+    """A PyTorch training step (forward, loss, backward, torch.optim.SGD) with the cell as
+    nprnn.torch.Recurrent, beside the same step with the plain PyTorch cell (nn.RNN/LSTM/GRU, or
+    the Euler cells' loop): rows as `run`'s, the ratio the layer's over the plain one's."""
+    rows = []
+    x, y = bench_inputs(B, T, m, dtype, seed, readout=readout)
+    for name in names:
+        f_all = flops(name, B, T, m, n, layers)[1]
+        ours = bench_torch(name, x, y, n, repeat, seed, layers=layers, layer=True, step=True)
+        theirs = bench_torch(name, x, y, n, repeat, seed, layers=layers, step=True)
+        rows.append(dict(model=name, impl=f"nprnn.torch in PyTorch {ours['version']} "
+                         f"({threads(numba.get_num_threads())})", forward=ours["forward"],
+                         fwd_bwd=ours["fwd_bwd"], gflops=f_all / ours["fwd_bwd"] / 1e9))
+        if theirs is None:
+            rows[-1]["note"] = "(PyTorch has no such cell)"
+            continue
+        rows[-1]["ratio"] = ours["fwd_bwd"] / theirs["fwd_bwd"]
+        rows.append(dict(model=name, impl=f"PyTorch {theirs['version']} "
+                         f"({threads(theirs['threads'])})", forward=theirs["forward"],
+                         fwd_bwd=theirs["fwd_bwd"], gflops=f_all / theirs["fwd_bwd"] / 1e9,
+                         ratio=1.0))
     return rows
 
 
