@@ -218,7 +218,8 @@ def tiny_model(name, **kw):
     return nprnn.make_model(name, input_size=2, hidden_size=3, num_classes=2,
                             sigma_w=kw.get("sigma_w", 2.0),
                             dtype="float64", seed=1, eps=0.7 if "eps" in hyper else None,
-                            gamma=kw.get("gamma", 0.1) if "gamma" in hyper else None)
+                            gamma=kw.get("gamma", 0.1) if "gamma" in hyper else None,
+                            dt=0.5 if "dt" in hyper else None)
 
 
 def fd_jacobian(model, x, h0, delta=1e-6):
@@ -902,12 +903,15 @@ def test_jacobian_feeds_a_checkpoint_the_permutation_it_was_trained_on(tmp_path,
 # The gates of trained models (`gates`)
 # ----------------------------------------------------------------------------------------------
 
-GATED = ["antisym-gated", "ablation", "antisym-xgate", "lstm", "peephole-lstm", "gru"]
+GATED = ["antisym-gated", "ablation", "antisym-xgate", "lstm", "peephole-lstm", "gru", "lem"]
 
 
 def oracle_gates(model, x):
     """{gate: (T, B, n)} from the float64 NumPy oracle's forward pass (nprnn/core/reference.py)."""
     _, cache = model.cell.reference_forward(model.cell_params(), x, **model.hyper)
+    if model.name == "lem":                               # y's and z's gates per step
+        return {g: np.stack([s[k] for s in cache["steps"]]) for k, g in ((0, "y_gate"),
+                                                                        (1, "z_gate"))}
     if "zs" in cache:                                     # the Euler cells: z_t of eq. 13
         return {"z": np.stack(cache["zs"])}
     if "gates" in cache:                                  # the LSTMs: (i, f, g, o) per step

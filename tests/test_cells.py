@@ -19,6 +19,9 @@ from nprnn.core.model import LOSSES                  # "xent", "mse": the readou
 
 CELL_NAMES = [label for label, _, _ in variants()]   # "antisym", ..., "antisym[w_form=full]"
 B, T, M, N, K = 3, 7, 3, 5, 4          # tiny, but several steps of full BPTT
+# hyperparameters large enough that every gradient stands far above the finite differences'
+# rounding (each cell takes those it has; the others keep their defaults)
+HYPER = {"eps": 0.5, "gamma": 0.1, "dt": 0.2}
 
 
 def variant(label):
@@ -40,8 +43,7 @@ def random_model(label, dtype="float64", seed=0, loss="xent"):
     gradient path is exercised; the strict upper triangle of an antisymmetric W is respected."""
     hyper = nprnn.CELLS[variant(label)[0]].hyper
     model = make(label, M, N, K, dtype=dtype, seed=seed, sigma_w=2.0, loss=loss,
-                 **({"eps": 0.5, "gamma": 0.1} if "gamma" in hyper
-                    else {"eps": 0.5} if "eps" in hyper else {}))
+                 **{k: v for k, v in HYPER.items() if k in hyper})
     rng = np.random.default_rng(seed + 100)
     for key, value in model.params.items():
         noise = 0.3 * rng.standard_normal(value.shape)

@@ -159,8 +159,8 @@ FLOAT_OPTIONS = [(["simulate", "--out", "OUT"], "--eps"),
                  (["jacobian", "--out", "OUT"], "--eps"),
                  (["jacobian", "--out", "OUT"], "--sigma-w"),
                  *[(["train", "--out", "OUT"], o) for o in
-                   ("--eps", "--gamma", "--sigma-w", "--gate-bias", "--lr", "--momentum",
-                    "--clip")]]
+                   ("--eps", "--gamma", "--dt", "--epsilon", "--sigma-w", "--gate-bias", "--lr",
+                    "--momentum", "--clip")]]
 
 
 @pytest.mark.parametrize("args, option", FLOAT_OPTIONS)

@@ -25,8 +25,13 @@ from nprnn.data.noise import fill_gaussian
 from nprnn.kernels import common as K_common
 from nprnn.core.optim import StepRecorder, make_optimizer
 
-MODULES = ["common", "antisym", "rnn", "lstm", "gru", "readout", "optim", "noise", "layout",
-           "stack"]
+# the kernel modules scanned: these, and those of every registered cell's CPU twins (a new
+# family's kernels file is scanned without being listed)
+MODULES = list(dict.fromkeys(
+    [f"nprnn.kernels.{m}" for m in ("common", "antisym", "rnn", "lstm", "gru", "readout", "optim",
+                                    "noise", "layout", "stack")]
+    + [twins.cpu.py_func.__module__ for cell in CELLS.values()
+       for twins in (cell.forward_kernels, cell.backward_kernels)]))
 
 FLOAT64_ON_PURPOSE = {
     "softmax_xent_cpu": "the loss and softmax of K = 10 logits per row, once per batch, in "
@@ -81,7 +86,7 @@ def _float32_signatures():
     _run_everything_in_float32()
     found = []
     for mod_name in MODULES:
-        mod = importlib.import_module(f"nprnn.kernels.{mod_name}")
+        mod = importlib.import_module(mod_name)
         for name, disp in vars(mod).items():
             if not isinstance(disp, CPUDispatcher) or disp.py_func.__module__ != mod.__name__:
                 continue
@@ -108,7 +113,8 @@ def test_the_scan_finds_the_kernels(float32_kernels):
                      "lstm_backward_cpu", "peephole_lstm_backward_cpu", "gru_forward_cpu",
                      "gru_backward_cpu", "matmul_tn_rows", "sum_rows", "time_major_cpu",
                      "gaussian_fill_cpu", "adagrad_cpu", "softmax_xent_cpu", "record_step_cpu",
-                     "mse_cpu"):
+                     "mse_cpu", "cornn_forward_cpu", "cornn_backward_cpu", "lem_forward_cpu",
+                     "lem_backward_cpu"):
         assert expected in names, f"no float32 call of {expected}: found {sorted(names)}"
 
 

@@ -24,7 +24,7 @@ B, T, M, N, K = 3, 5, 2, 4, 3
 VARIANTS = variants()
 # large enough steps that every parameter's gradient stands far above the finite differences'
 # rounding (at eps = 0.01 a stacked layer's gradients are ~eps^2 of the loss)
-HYPER = {"eps": 0.5, "gamma": 0.1}
+HYPER = {"eps": 0.5, "gamma": 0.1, "dt": 0.2}
 
 
 def model_for(name, options, dtype="float64", **kw):

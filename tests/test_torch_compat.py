@@ -3,6 +3,8 @@
 rnn, lstm and gru use PyTorch's parameter names and layouts, so the same float64 numbers go into
 nn.RNN / nn.LSTM / nn.GRU and into our CPU kernels; h_T, dL/dh_0 and every parameter gradient of
 L = sum(w o h_T) (w random) must agree to rounding. peephole-lstm with zero peepholes is the LSTM.
+coRNN and LEM are held to their official formulas, written below in PyTorch, their weights moved
+through the cells' converters of the official state_dicts.
 """
 import numpy as np
 import pytest
@@ -107,3 +109,100 @@ def test_a_two_layer_pytorch_model_loads_and_matches(name, readout):
     theirs = dict(module.named_parameters(), W_out=readout_t.weight, b_out=readout_t.bias)
     for k, p in theirs.items():
         np.testing.assert_allclose(grads[k], p.grad.numpy(), rtol=1e-9, atol=1e-12, err_msg=k)
+
+
+# ----------------------------------------------------------------------------------------------
+# coRNN and LEM against their official formulas (successors.md 1.1 and 2.1), written here in
+# PyTorch under autograd with the official modules' parameter names, the weights moved through
+# the cells' converters (from_official / to_official): outputs, dL/dy_0 and every gradient agree
+# in float64.
+# ----------------------------------------------------------------------------------------------
+
+class OfficialCoRNN(torch.nn.Module):
+    """coRNN as its official code computes it: one Linear over cat(u, z, y); damping with
+    z_{t-1} (or, with imex, the paper's eq. 3: with z_t)."""
+
+    def __init__(self, m, n, dt, gamma, epsilon, imex=False):
+        super().__init__()
+        self.i2h = torch.nn.Linear(m + 2 * n, n, dtype=torch.float64)
+        self.dt, self.gamma, self.epsilon, self.imex = dt, gamma, epsilon, imex
+
+    def forward(self, x, y, z):
+        for t in range(x.shape[1]):
+            s = torch.tanh(self.i2h(torch.cat((x[:, t], z, y), 1)))
+            if self.imex:
+                z = (z + self.dt * (s - self.gamma * y)) / (1 + self.dt * self.epsilon)
+            else:
+                z = z + self.dt * (s - self.gamma * y - self.epsilon * z)
+            y = y + self.dt * z
+        return y
+
+
+class OfficialLEM(torch.nn.Module):
+    """LEM as its official code computes it: inp2hid's four chunks, hid2hid's three on y,
+    transform_z on the new z."""
+
+    def __init__(self, m, n, dt):
+        super().__init__()
+        self.inp2hid = torch.nn.Linear(m, 4 * n, dtype=torch.float64)
+        self.hid2hid = torch.nn.Linear(n, 3 * n, dtype=torch.float64)
+        self.transform_z = torch.nn.Linear(n, n, dtype=torch.float64)
+        self.dt = dt
+
+    def forward(self, x, y, z):
+        for t in range(x.shape[1]):
+            i_dt1, i_dt2, i_z, i_y = self.inp2hid(x[:, t]).chunk(4, 1)
+            h_dt1, h_dt2, h_y = self.hid2hid(y).chunk(3, 1)
+            dt_bar = self.dt * torch.sigmoid(i_dt1 + h_dt1)
+            dt_z = self.dt * torch.sigmoid(i_dt2 + h_dt2)
+            z = (1 - dt_z) * z + dt_z * torch.tanh(i_y + h_y)
+            y = (1 - dt_bar) * y + dt_bar * torch.tanh(self.transform_z(z) + i_z)
+        return y
+
+
+SUCCESSORS = {"cornn": lambda m, n: OfficialCoRNN(m, n, 0.2, 1.5, 2.0),
+              "cornn-imex": lambda m, n: OfficialCoRNN(m, n, 0.2, 1.5, 2.0, imex=True),
+              "lem": lambda m, n: OfficialLEM(m, n, 0.3)}
+SUCCESSOR_HYPER = {"cornn": dict(dt=0.2, gamma=1.5, epsilon=2.0), "lem": dict(dt=0.3)}
+
+
+@pytest.mark.parametrize("name", list(SUCCESSORS))
+def test_successors_match_their_official_formulas_through_the_converters(name):
+    """The official module's state_dict (PyTorch's own initialisation, a model's "cell."
+    prefix) loads through from_official; y_T, dL/dy_0 and the gradients of L = sum(w o y_T),
+    taken back to our names, agree to 1e-10 over T = 40 steps (where the discriminators of
+    successors.md section 5, the other form of coRNN or LEM's old z, move them by far more)."""
+    T_long = 40
+    torch.manual_seed(0)
+    official = SUCCESSORS[name](M, N)
+    cell = nprnn.CELLS[name]
+    hyper = SUCCESSOR_HYPER[name.split("-")[0]]
+    p = cell.from_official({f"cell.{k}": v.detach().numpy()
+                            for k, v in official.state_dict().items()})
+    rng = np.random.default_rng(1)
+    x, y0, w = (rng.standard_normal((B, T_long, M)), rng.standard_normal((B, N)),
+                rng.standard_normal((B, N)))
+
+    y0_t = torch.tensor(y0, requires_grad=True)
+    y_T_t = official(torch.from_numpy(x), y0_t, torch.zeros(B, N, dtype=torch.float64))
+    (y_T_t * torch.from_numpy(w)).sum().backward()
+    t_grads = cell.from_official({k: v.grad.numpy() for k, v in official.named_parameters()})
+
+    y_T, cache = cell.forward(p, np.ascontiguousarray(x.transpose(1, 0, 2)), y0, **hyper)
+    grads, dy0 = cell.backward(p, cache, w, **hyper)
+    np.testing.assert_allclose(y_T, y_T_t.detach().numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(dy0, y0_t.grad.numpy(), rtol=1e-10, atol=1e-12)
+    for key, g in t_grads.items():
+        np.testing.assert_allclose(grads[key], g, rtol=1e-10, atol=1e-12, err_msg=key)
+    # and back: our parameters give the official module's state_dict
+    for k, v in cell.to_official(p).items():
+        np.testing.assert_array_equal(v, official.state_dict()[k].numpy())
+
+
+@pytest.mark.parametrize("name", ["cornn", "lem"])
+def test_successor_parameter_counts_match_the_official_modules(name):
+    module = SUCCESSORS[name](M, N)
+    assert nprnn.CELLS[name].num_params(M, N) == sum(v.numel() for v in module.parameters())
+    assert {k: tuple(v.shape) for k, v in nprnn.CELLS[name].to_official(
+        {k: np.zeros(s) for k, s in nprnn.CELLS[name].shapes(M, N).items()}).items()} == \
+        {k: tuple(v.shape) for k, v in module.state_dict().items()}

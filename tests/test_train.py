@@ -966,6 +966,33 @@ def test_a_gate_bias_run_records_it_keeps_it_on_resume_and_older_runs_start_at_0
     assert np.all(nprnn.runs.train.build_model(older, 2, 2).params["b_z"] == 0)
 
 
+def test_the_cells_hyperparameters_are_recorded_kept_on_resume_and_older_runs_load(tmp_path):
+    """Each cell declares its hyperparameters (cells.Hyper): a coRNN run records dt, gamma and
+    epsilon (the ones given and the defaults), shows them, cannot change them on resume; an
+    antisym run records eps and gamma and no dt; a run saved before dt existed has no dt in its
+    config.json and builds as it was."""
+    cornn = dict(CONFIG, model="cornn", eps=None, gamma=None, dt=0.1, iterations=3)
+    said = []
+    train(dict(cornn), tmp_path, task=toy_task(), echo=said.append, progress=False)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert (saved["dt"], saved["gamma"], saved["epsilon"], saved["eps"]) == (0.1, 2.7, 4.7, None)
+    assert "\n  dt                0.1\n" in "\n".join(said)
+    with pytest.raises(TrainError, match=r"--epsilon 1.0 \(the run was started with 4.7\)"):
+        train(out=tmp_path, resume=True, given=dict(epsilon=1.0), task=toy_task(), **quiet())
+    done = train(out=tmp_path, resume=True, given=dict(iterations=5), task=toy_task(), **quiet())
+    assert done["completed"] and done["iteration"] == 5
+    train(dict(CONFIG, iterations=1), tmp_path / "plain", task=toy_task(), **quiet())
+    plain = json.loads((tmp_path / "plain" / "config.json").read_text())
+    assert (plain["eps"], plain["dt"], plain["epsilon"]) == (0.5, None, None)
+    with pytest.raises(ValueError, match="model 'antisym' has no hyperparameter 'dt'"):
+        train(dict(CONFIG, dt=0.1), tmp_path / "no-dt", task=toy_task(), **quiet())
+    older = resolve_config(**CONFIG)
+    del older["dt"], older["epsilon"]
+    config, changes = nprnn.runs.train.merge_resume_config(older, {})
+    assert config["dt"] is None and changes == []
+    assert nprnn.runs.train.build_model(older, 2, 2).hyper == dict(eps=0.5, gamma=0.01)
+
+
 def test_the_lr_schedule_decays_at_its_iterations_is_logged_and_resumes_bit_identical(tmp_path):
     """--lr-decay-at 9,13 --lr-decay 0.5: the steps after iteration 9 take lr / 2, after 13
     lr / 4 (an SGD step moves the velocity by the gradient and the parameters by lr times it,

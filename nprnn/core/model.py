@@ -27,7 +27,7 @@ import numpy as np
 
 from . import autotune, backends, inputs
 from .backends import CPU, CUDA, time_major
-from .cells import CELLS, DEFAULT_EPS, DEFAULT_GAMMA, gaussian
+from .cells import CELLS, gaussian
 from .device import DEVICES, resolve_device
 from ..kernels import readout as K_readout
 from .memory import (DeviceWorkspace, Staging, Workspace, is_device_array, memory_of, to_device,
@@ -366,6 +366,26 @@ def _real(label, v):
     return float(v)
 
 
+def check_hyper(key, spec, value, dtype):
+    """The value of the hyperparameter `key` (declared by `spec`, a cells.Hyper) that a model of
+    `dtype` computes with: spec.default for None, else `value` as a float, checked to be finite,
+    in the spec's range and a number of the dtype (not rounded to 0 there where it must be
+    > 0: a subnormal eps flushes eps * tanh(...) to 0 in the float32 kernels' BPTT)."""
+    value = spec.default if value is None else _real(key, value)
+    if not np.isfinite(value) or value < spec.minimum or (spec.above and value == spec.minimum):
+        raise ValueError(f"{key} = {value!r} is not allowed: need {key} {spec.allowed}")
+    with np.errstate(over="ignore"):                # said just below, with the value
+        in_dtype = np.dtype(dtype).type(value)      # what the kernels compute with
+    if not np.isfinite(in_dtype) or (spec.above and value > 0
+                                     and in_dtype < np.finfo(dtype).tiny):
+        how = ("overflows" if not np.isfinite(in_dtype) else
+               "is subnormal" if in_dtype else "rounds to 0")
+        raise ValueError(f"{key} = {value!r} is beyond {dtype}'s range "
+                         f"({np.finfo(dtype).tiny:.3g} .. {np.finfo(dtype).max:.3g}): it "
+                         f"{how} there")
+    return value
+
+
 def _output_size(loss, num_classes, output_size):
     """K, the readout's size: num_classes >= 2 (10 if not given) for "xent"; for "mse"
     num_classes or output_size, >= 1 (give one, or both alike)."""
@@ -398,7 +418,7 @@ def _dtype_name(dtype):
 
 def make_model(name, input_size, hidden_size, num_classes=None, eps=None, gamma=None, sigma_w=1.0,
                init="paper", seed=0, dtype="float32", device="cpu", gate_bias=0.0, w_form=None,
-               loss="xent", output_size=None, layers=1, readout="last"):
+               loss="xent", output_size=None, layers=1, readout="last", **hyper):
     """Build a model by name (see `nprnn.CELLS`), initialised as in Appendix C of the paper
     (`init="paper"`) or critically (`init="critical"`, LSTMs only; Gilboa et al. 2019, D.4).
     gate_bias starts the gate bias b_z of a gated Euler cell (eq. 13) at that value instead of
@@ -410,7 +430,10 @@ def make_model(name, input_size, hidden_size, num_classes=None, eps=None, gamma=
     the other; both must agree).
     layers: stacked layers of the cell, layer k + 1 reading layer k's hidden sequence (each
     initialised as the first, with input size n). readout: "last", the outputs from each row's
-    last state; "every", from every step's (READOUTS)."""
+    last state; "every", from every step's (READOUTS).
+    eps, gamma and the keywords in `hyper` (dt, epsilon, ...) are the cell's hyperparameters
+    (`Cell.hyper`; None or left out: the cell's default): a model refuses one its cell does not
+    have, and a value outside the range its cell declares."""
     if name not in CELLS:
         raise ValueError(f"unknown model {name!r}; choose one of: {', '.join(CELLS)}")
     cell = CELLS[name].with_w_form(w_form)
@@ -442,27 +465,13 @@ def make_model(name, input_size, hidden_size, num_classes=None, eps=None, gamma=
         gated = ", ".join(k for k, c in CELLS.items() if "b_z" in c.shapes(1, 1))
         raise ValueError(f"gate_bias = {gate_bias!r} starts b_z, the gate bias of {gated}; "
                          f"model {name!r} has none: leave gate_bias at 0")
-    hyper = {}
-    for key, value, default in (("eps", eps, DEFAULT_EPS), ("gamma", gamma, DEFAULT_GAMMA)):
-        if key not in cell.hyper:
-            if value is not None:
-                raise ValueError(f"model {name!r} has no hyperparameter {key!r} "
-                                 f"(it takes: {', '.join(cell.hyper) or 'none'})")
-            continue
-        value = default if value is None else _real(key, value)
-        if not np.isfinite(value) or value < 0 or (key == "eps" and value == 0):
-            allowed = "eps > 0" if key == "eps" else "gamma >= 0"
-            raise ValueError(f"{key} = {value!r} is not allowed: need {allowed}")
-        with np.errstate(over="ignore"):                # said just below, with the value
-            in_dtype = np.dtype(dtype).type(value)      # what the kernels compute with
-        if not np.isfinite(in_dtype) or (key == "eps" and in_dtype < np.finfo(dtype).tiny):
-            # (a subnormal eps: eps * tanh(...) flushes to 0 in the float32 kernels' BPTT)
-            how = ("overflows" if not np.isfinite(in_dtype) else
-                   "is subnormal" if in_dtype else "rounds to 0")
-            raise ValueError(f"{key} = {value!r} is beyond {dtype}'s range "
-                             f"({np.finfo(dtype).tiny:.3g} .. {np.finfo(dtype).max:.3g}): it "
-                             f"{how} there")
-        hyper[key] = value
+    given = dict(eps=eps, gamma=gamma, **hyper)
+    for key, value in given.items():
+        if value is not None and key not in cell.hyper:
+            raise ValueError(f"model {name!r} has no hyperparameter {key!r} "
+                             f"(it takes: {', '.join(cell.hyper) or 'none'})")
+    hyper = {key: check_hyper(key, spec, given.get(key), dtype)
+             for key, spec in cell.hyper.items()}
     device = resolve_device(device)            # DeviceUnavailable for "cuda" without a GPU
     rng = np.random.default_rng(seed)
     n, m, K = hidden_size, input_size, num_classes

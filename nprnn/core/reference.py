@@ -410,6 +410,138 @@ def gru_backward(p, cache, dh_T):
 
 
 # ---------------------------------------------------------------------------------------------
+# The successors of AntisymmetricRNN, as their official code computes them: coRNN (Rusch &
+# Mishra, ICLR 2021) and LEM (Rusch, Mishra, Erichson & Mahoney, ICLR 2022). Each has two states
+# of n units: y, which the readout reads (the `hs` of the other cells), and z, internal, as an
+# LSTM's c is: z_0 = 0 always, `h0` sets y_0 only, and the dh_0 returned is dL/dy_0.
+# ---------------------------------------------------------------------------------------------
+
+def cornn_forward(p, x, dt, gamma, epsilon, h0=None, imex=False):
+    """coRNN (parameters W, W_z (n, n), V (n, m), b (n,)):
+        s_t = tanh(W y_{t-1} + W_z z_{t-1} + V x_t + b)
+        z_t = z_{t-1} + dt (s_t - gamma y_{t-1} - epsilon z_{t-1})      (the official code)
+        z_t = (z_{t-1} + dt (s_t - gamma y_{t-1})) / (1 + dt epsilon)  (imex: the paper's eq. 3)
+        y_t = y_{t-1} + dt z_t"""
+    p, x = _float64(p, x)
+    B, T, m = x.shape
+    n = p["W"].shape[0]
+    y, z = _h0(x, n, h0), np.zeros((B, n))
+    hs, zs, ss = [y], [z], []
+    for t in range(T):
+        s = np.tanh(y @ p["W"].T + z @ p["W_z"].T + x[:, t, :] @ p["V"].T + p["b"])   # (B, n)
+        if imex:
+            z = (z + dt * (s - gamma * y)) / (1.0 + dt * epsilon)
+        else:
+            z = z + dt * (s - gamma * y - epsilon * z)
+        y = y + dt * z
+        hs.append(y)
+        zs.append(z)
+        ss.append(s)
+    return y, dict(x=x, hs=hs, zs=zs, ss=ss, imex=imex)
+
+
+def cornn_imex_forward(p, x, dt, gamma, epsilon, h0=None):
+    """coRNN in the paper's IMEX form (see cornn_forward)."""
+    return cornn_forward(p, x, dt, gamma, epsilon, h0=h0, imex=True)
+
+
+def cornn_backward(p, cache, dh_T, dt, gamma, epsilon):
+    """BPTT through cornn_forward (either form: the cache says which)."""
+    p = _float64(p)
+    x, hs, zs, ss, imex = (cache[k] for k in ("x", "hs", "zs", "ss", "imex"))
+    grads = _zero_grads(p)
+    dy = np.array(dh_T, dtype=np.float64)
+    dz = np.zeros_like(dy)                            # z_T reaches the loss only through y
+    for t in reversed(range(x.shape[1])):
+        # forward was: y_t = y_{t-1} + dt z_t
+        # so:          dL/dz_t = dz + dt dy ;  dy_{t-1} = dy + ...
+        dz = dz + dt * dy
+        if imex:
+            # forward was: z_t = (z_{t-1} + dt (s_t - gamma y_{t-1})) / (1 + dt epsilon)
+            d = 1.0 + dt * epsilon
+            ds, dy_prev, dz_prev = dz * dt / d, dy - dz * dt * gamma / d, dz / d
+        else:
+            # forward was: z_t = z_{t-1} + dt (s_t - gamma y_{t-1} - epsilon z_{t-1})
+            ds, dy_prev, dz_prev = dz * dt, dy - dz * dt * gamma, dz * (1.0 - dt * epsilon)
+        # forward was: s_t = tanh(a_t),  a_t = W y_{t-1} + W_z z_{t-1} + V x_t + b
+        da = ds * (1.0 - ss[t] ** 2)                  # (B, n)
+        grads["W"] += da.T @ hs[t]
+        grads["W_z"] += da.T @ zs[t]
+        grads["V"] += da.T @ x[:, t, :]
+        grads["b"] += da.sum(axis=0)
+        dy = dy_prev + da @ p["W"]
+        dz = dz_prev + da @ p["W_z"]
+    return grads, dy
+
+
+def lem_forward(p, x, dt, h0=None):
+    """LEM, in the official layout (weight_ih (4n, m), bias_ih (4n,): y's gate, z's gate, the
+    input terms of y's and of z's candidate; weight_hh (3n, n), bias_hh (3n,) on y_{t-1}: y's
+    gate, z's gate, z's candidate; weight_z (n, n), bias_z (n,) on the NEW z_t):
+        [A1 | A2 | A3 | A4] = weight_ih x_t + bias_ih
+        [H1 | H2 | H3] = weight_hh y_{t-1} + bias_hh
+        gbar_t = dt sigmoid(A1 + H1)                                     (y's step)
+        g_t = dt sigmoid(A2 + H2)                                        (z's step)
+        z_t = (1 - g_t) z_{t-1} + g_t tanh(A4 + H3)
+        y_t = (1 - gbar_t) y_{t-1} + gbar_t tanh(weight_z z_t + bias_z + A3)"""
+    p, x = _float64(p, x)
+    B, T, m = x.shape
+    n = p["weight_z"].shape[0]
+    y, z = _h0(x, n, h0), np.zeros((B, n))
+    hs, zs, steps = [y], [z], []
+    for t in range(T):
+        A1, A2, A3, A4 = np.split(x[:, t, :] @ p["weight_ih"].T + p["bias_ih"], 4, axis=1)
+        H1, H2, H3 = np.split(y @ p["weight_hh"].T + p["bias_hh"], 3, axis=1)
+        sy = sigmoid(A1 + H1)                         # y's gate: gbar_t = dt sy
+        sz = sigmoid(A2 + H2)                         # z's gate: g_t = dt sz
+        cz = np.tanh(A4 + H3)
+        z = (1.0 - dt * sz) * z + dt * sz * cz
+        cy = np.tanh(z @ p["weight_z"].T + p["bias_z"] + A3)
+        y = (1.0 - dt * sy) * y + dt * sy * cy
+        hs.append(y)
+        zs.append(z)
+        steps.append((sy, sz, cy, cz))
+    return y, dict(x=x, hs=hs, zs=zs, steps=steps)
+
+
+def lem_backward(p, cache, dh_T, dt):
+    p = _float64(p)
+    x, hs, zs, steps = cache["x"], cache["hs"], cache["zs"], cache["steps"]
+    grads = _zero_grads(p)
+    dy = np.array(dh_T, dtype=np.float64)
+    dz = np.zeros_like(dy)                            # z_T reaches the loss only through y
+    for t in reversed(range(x.shape[1])):
+        sy, sz, cy, cz = steps[t]
+        y_prev, z_prev, z = hs[t], zs[t], zs[t + 1]
+        # forward was: y_t = (1 - dt sy) y_{t-1} + dt sy cy,  sy = sigmoid(A1 + H1),
+        #              cy = tanh(weight_z z_t + bias_z + A3)
+        # so:          da1 = dy dt (cy - y_{t-1}) sy (1 - sy) ;  dq = dy dt sy (1 - cy**2)
+        #              dz_t += dq weight_z ;  dy_{t-1} = dy (1 - dt sy) + ...
+        da1 = dy * dt * (cy - y_prev) * sy * (1.0 - sy)
+        dq = dy * dt * sy * (1.0 - cy ** 2)
+        dz = dz + dq @ p["weight_z"]
+        grads["weight_z"] += dq.T @ z
+        grads["bias_z"] += dq.sum(axis=0)
+        # forward was: z_t = (1 - dt sz) z_{t-1} + dt sz cz,  sz = sigmoid(A2 + H2),
+        #              cz = tanh(A4 + H3)
+        # so:          da2 = dz dt (cz - z_{t-1}) sz (1 - sz) ;  da4 = dz dt sz (1 - cz**2)
+        #              dz_{t-1} = dz (1 - dt sz)
+        da2 = dz * dt * (cz - z_prev) * sz * (1.0 - sz)
+        da4 = dz * dt * sz * (1.0 - cz ** 2)
+        # forward was: [A1|A2|A3|A4] = weight_ih x_t + bias_ih,
+        #              [H1|H2|H3] = weight_hh y_{t-1} + bias_hh
+        dA = np.concatenate([da1, da2, dq, da4], axis=1)              # (B, 4n)
+        dH = np.concatenate([da1, da2, da4], axis=1)                  # (B, 3n)
+        grads["weight_ih"] += dA.T @ x[:, t, :]
+        grads["bias_ih"] += dA.sum(axis=0)
+        grads["weight_hh"] += dH.T @ y_prev
+        grads["bias_hh"] += dH.sum(axis=0)
+        dy = dy * (1.0 - dt * sy) + dH @ p["weight_hh"]
+        dz = dz * (1.0 - dt * sz)
+    return grads, dy
+
+
+# ---------------------------------------------------------------------------------------------
 # Sequences: lengths, gradients at every step, stacked layers, by their definitions. Built on a
 # cell's functions above and nothing else, so that they check the kernels' handling of each
 # (kernels/common.py, "Sequences"; kernels/stack.py) independently of it. Slow: they rerun the

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from ..data import datasets, tasks
-from ..core.cells import CELLS, DEFAULT_EPS, DEFAULT_GAMMA, INIT_SCHEMES, W_FORMS
+from ..core.cells import CELLS, INIT_SCHEMES, W_FORMS
 from ..data.datasets import MAX_SEED
 from ..core.device import DEVICES, resolve_device
 from ..core.model import DTYPES, make_model
@@ -40,8 +40,28 @@ class Option:
     note: str = ""                       # said after the allowed range in an error
 
 
-# Everything a run is made of, in the order `train --help` lists it. None for eps / gamma / T
-# means "the model's / task's default"; the resolved values are written to config.json. What
+# The cells' hyperparameters (cells.Hyper), each name once: eps, gamma (the Euler cells; gamma
+# coRNN's too), dt (coRNN, LEM), epsilon (coRNN). A name is one option of a run and one key of
+# its config.json whatever cell reads it; each cell has its own default and range for it, which
+# make_model checks. coRNN's damping is `epsilon`, not `eps`: the Euler cells' eps is a step
+# size (> 0, default 0.01), coRNN's epsilon a damping (>= 0, default 4.7), and one key must not
+# mean both in a run's record.
+HYPERPARAMETERS = tuple(dict.fromkeys(name for cell in CELLS.values() for name in cell.hyper))
+
+
+def hyper_option(name):
+    """The run option of the hyperparameter `name`: no default of its own (None: the model's),
+    the loosest range any cell declares for it (make_model then checks the model's own), and a
+    help saying what each cell means by it and its default."""
+    specs = [cell.hyper[name] for cell in CELLS.values() if name in cell.hyper]
+    helps = dict.fromkeys(f"{spec.help} [default: {spec.default:g}]." for spec in specs)
+    low = min(spec.minimum for spec in specs)
+    return Option(None, " ".join(helps), "float", minimum=low,
+                  above=all(spec.above for spec in specs if spec.minimum == low))
+
+
+# Everything a run is made of, in the order `train --help` lists it. None for a hyperparameter
+# or T means "the model's / task's default"; the resolved values are written to config.json. What
 # --resume may change: how long to run, how often to report, where the data is and runs, and
 # the two knobs one turns after a divergence; anything else would make it a different run.
 OPTIONS = dict(
@@ -56,12 +76,11 @@ OPTIONS = dict(
     hidden=Option(128, "Hidden units n.", minimum=1),
     layers=Option(1, "Stacked layers of the cell: layer l + 1 reads layer l's hidden sequence.",
                   minimum=1),
-    eps=Option(None, f"Step size eps of the Euler cells (Appendix C grid: 0.01, 0.1, 1) "
-                     f"[default: {DEFAULT_EPS:g}].", "float", minimum=0, above=True),
-    gamma=Option(None, f"Diffusion gamma (grid: 0.001, 0.01, 0.1, 1) [default: "
-                       f"{DEFAULT_GAMMA:g}].", "float", minimum=0),
+    **{name: hyper_option(name) for name in HYPERPARAMETERS},
     sigma_w=Option(1.0, "Recurrent init W ~ N(0, sigma_w^2 / n) (grid: 0, 1, 2, 4, 8, 16); "
-                        "--init paper only.", "float", minimum=0),
+                        "--init paper only. coRNN and LEM: the scale of their recurrent "
+                        "matrices' official U(-1/sqrt(fan_in), 1/sqrt(fan_in)).", "float",
+                   minimum=0),
     gate_bias=Option(0.0, "Start the gate bias b_z of antisym-gated, ablation and antisym-xgate "
                           "at this value (Appendix C: 0; 1 is a deviation from the paper).",
                      "float"),
@@ -362,7 +381,7 @@ def build_model(config, input_size, num_classes):
     return make_model(config["model"], input_size=input_size, hidden_size=config["hidden"],
                       num_classes=num_classes, layers=config.get("layers", 1),
                       readout=config.get("readout", "last"), loss=config.get("loss", "xent"),
-                      eps=config["eps"], gamma=config["gamma"],
+                      **{k: config.get(k) for k in HYPERPARAMETERS},   # (before dt: None)
                       sigma_w=config["sigma_w"], init=config["init"], seed=config["seed"],
                       dtype=config["dtype"], device=config["device"],
                       gate_bias=config.get("gate_bias", 0.0),      # (runs saved before it: 0)

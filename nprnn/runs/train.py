@@ -62,9 +62,9 @@ from .checkpoint import (FILENAME, CheckpointError, load_checkpoint, load_params
 from .saved import open_run
 # a run's settings (runconfig.py) and its folder's files and guards (runfolder.py); train's
 # callers (cli.py, nprnn/sweep/, the tests) read them through this module too
-from .runconfig import (CHANGEABLE_ON_RESUME, DEFAULTS, OPTIONS, SWEEP_VALID_SIZE,  # noqa: F401
-                        T_ALIAS, Option, _data_dir_resolved, _unused_options, build_model,
-                        build_optimizer, check_named_task_fits, check_options_used,
+from .runconfig import (CHANGEABLE_ON_RESUME, DEFAULTS, HYPERPARAMETERS, OPTIONS,  # noqa: F401
+                        SWEEP_VALID_SIZE, T_ALIAS, Option, _data_dir_resolved, _unused_options,
+                        build_model, build_optimizer, check_named_task_fits, check_options_used,
                         check_task_fits, flag, load_task, lr_at, merge_resume_config,
                         parse_iterations, resolve_config, task_head, train_command)
 from .runfolder import (BEST, CONFIG, LOCK, METRICS, MetricsLog, RunInUse,  # noqa: F401
@@ -185,7 +185,7 @@ def format_config(config, model):
     """The resolved configuration as aligned 'key  value' lines, the parameter count and, on
     cuda, the kernels each pass runs."""
     keys = ["model", "task", "pixels", "T", "seq_len", "readout", "loss", "hidden", "layers",
-            "eps", "gamma", "sigma_w",
+            *HYPERPARAMETERS, "sigma_w",
             "gate_bias", "w_form", "init", "optimizer", "lr", "lr_decay_at", "lr_decay",
             "momentum", "clip", "batch_size", "iterations", "seed", "perm_seed", "dtype",
             "device", "eval_every", "eval_split", "log_every", "checkpoint_every", "data_dir",
@@ -195,6 +195,9 @@ def format_config(config, model):
              and not (k == "perm_seed" and config["task"] != "pmnist")
              and not (k == "gate_bias" and "b_z" not in model.params)
              and not (k == "w_form" and config.get(k) is None)
+             # (eps and gamma are said whatever the model; the later ones where it has them)
+             and not (k in HYPERPARAMETERS and k not in ("eps", "gamma")
+                      and config.get(k) is None)
              and not (k == "T" and config.get(k) in (None, config.get("seq_len")))
              and not (k == "lr_decay" and not config.get("lr_decay_at"))]
     lines.append(f"  {'parameters':<17} {model.num_params():,}")
@@ -366,8 +369,8 @@ class Run:
 
         # the resolved configuration: every default made explicit, as config.json records it
         eval_split = "valid" if config["valid_size"] > 0 else "test"
-        config.update(eps=model.hyper.get("eps"), gamma=model.hyper.get("gamma"),
-                      w_form=model.cell.w_form, seq_len=task.T,
+        config.update({k: model.hyper.get(k) for k in HYPERPARAMETERS})
+        config.update(w_form=model.cell.w_form, seq_len=task.T,
                       input_size=task.m, num_classes=task.num_classes,
                       num_params=model.num_params(), eval_split=eval_split)
         if task.baseline is not None:         # what a model without memory scores (results)

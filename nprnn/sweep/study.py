@@ -17,8 +17,8 @@ from optuna.trial import TrialState
 
 from ..util.files import temporary_name, written_atomically
 from ..data.sources import DataError
-from ..runs.train import (OPTIONS, SWEEP_VALID_SIZE, TrainError, build_model, check_options_used,
-                     flag, load_task, resolve_config)
+from ..runs.train import (HYPERPARAMETERS, OPTIONS, SWEEP_VALID_SIZE, TrainError, build_model,
+                          check_options_used, flag, load_task, resolve_config)
 
 
 # Appendix C of Chang et al. (2019): the grid searched for the Euler cells
@@ -28,7 +28,7 @@ SPACES = {
                        lr=[0.1, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0], optimizer=["sgd", "adagrad"]),
 }
 # the options a space may search (the others are held fixed: they say what the run is, not how)
-SEARCHABLE = ("lr", "optimizer", "momentum", "sigma_w", "eps", "gamma", "gate_bias", "w_form",
+SEARCHABLE = ("lr", "optimizer", "momentum", "sigma_w", *HYPERPARAMETERS, "gate_bias", "w_form",
               "init", "clip", "batch_size", "hidden", "pixels", "seed")
 SAMPLERS = ("grid", "random", "tpe")
 SWEEP = "sweep.json"

@@ -159,7 +159,7 @@ def test_a_matrix_too_big_for_shared_memory_is_read_from_global_memory(name, mon
         gt.assert_close(g_d[k], g_c[k], "float64", f"grad {k}")
 
 
-@pytest.mark.parametrize("name", ["antisym", "antisym-gated"])
+@pytest.mark.parametrize("name", ["antisym", "antisym-gated", "cornn", "lem"])
 def test_float32_model_on_cuda_matches_cpu(name):
     cpu, dev = pair(name, "float32")
     x, y = data(1)
@@ -483,7 +483,7 @@ def test_h0_and_dh_T_must_hold_one_state_per_batch_row_on_the_gpu_too(name):
         cell.backward(model.cell_params(), cache, np.ones((2, 5)), ws, backend=be, **model.hyper)
 
 
-SEQUENCE_CELLS = ["antisym-gated", "rnn", "peephole-lstm", "gru"]
+SEQUENCE_CELLS = ["antisym-gated", "rnn", "peephole-lstm", "gru", "cornn-imex", "lem"]
 
 
 @pytest.mark.parametrize("name", SEQUENCE_CELLS)
