@@ -348,7 +348,8 @@ def add_upstream(dh, dhs, da, t, b, b0, lengths):
     the later steps, gets dhs[t, b] (when dhs has steps). Returns whether step t is past the
     row's end, having then written da[t, b] = 0 (dh passes on unchanged)."""
     if dhs.shape[0] > 0:
-        dh[b - b0] += dhs[t, b]
+        for i in range(dh.shape[1]):            # a loop: a row's += would allocate each step
+            dh[b - b0, i] += dhs[t, b, i]
     if t >= lengths[b]:
         da[t, b] = 0.0
         return True

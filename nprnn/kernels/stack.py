@@ -16,28 +16,23 @@ input product, accumulating from the second on.
                                             gpu_common.rows_times_matrix_kernel
 """
 import numpy as np
-from numba import prange
 
-from .common import BLOCK_ROWS, Twins, njit_parallel, num_slices, row_slice
+from .common import Twins, njit
 from .gpu_common import rows_times_matrix_gpu
 
 
-@njit_parallel
+@njit
 def input_grad_cpu(dx, D, W, accumulate):
     """dx (+)= D W over every step: dx (T, B, m) written (=), or added to (+=) when
     `accumulate`; D (T, B, P) the pre-activation gradients of one input product, W (P, m) its
-    matrix. Rows of the (T*B, P) @ (P, m) product split across threads."""
+    matrix. One (T*B, P) @ (P, m) product, which BLAS splits over its own threads (called from
+    numba's threads, inside their parallel region, BLAS would nest in it)."""
     T, B, m = dx.shape
-    R, P = T * B, D.shape[2]
-    out, D2 = dx.reshape(R, m), D.reshape(R, P)
-    S = num_slices(R, BLOCK_ROWS)
-    for c in prange(S):
-        r0, r1 = row_slice(c, S, R)
-        part = np.dot(D2[r0:r1], W)
-        if accumulate:
-            out[r0:r1] += part
-        else:
-            out[r0:r1] = part
+    out, D2 = dx.reshape(T * B, m), D.reshape(T * B, D.shape[2])
+    if accumulate:
+        out += np.dot(D2, W)
+    else:
+        np.dot(D2, W, out)
 
 
 def input_grad_gpu(dx, D, W, accumulate, *, block=(128, 1)):
