@@ -47,6 +47,7 @@ LAYERS = [
     ["nprnn.core"],
     ["nprnn.core.model", "nprnn.core.optim", "nprnn.core.gradcheck"],
     ["nprnn.core.autotune"],                    # times the GPU kernel options
+    ["nprnn.core.successors"],                  # coRNN and LEM, registered into cells
     ["nprnn.core.cells"],
     ["nprnn.core.backends"],                    # where kernels run: memory, twins, launch
     ["nprnn.core.device", "nprnn.core.reference", "nprnn.core.inputs"],

@@ -23,12 +23,12 @@ which is the code's form with z's step dt_z = dt / (1 + dt epsilon) in place of 
 
 (expand the quotient: z_{t-1} + dt_z (s_t - gamma y_{t-1}) - dt_z epsilon z_{t-1}). So every
 kernel here takes both steps, dt (y's) and dt_z (z's): dt_z = dt runs the code's form, dt_z =
-dt / (1 + dt epsilon) the IMEX form (`cells.CoRNNCell` passes one or the other; the float64
+dt / (1 + dt epsilon) the IMEX form (`successors.CoRNNCell` passes one or the other; the float64
 oracle, nprnn/core/reference.py, writes each form as it is).
 
 Parameters, the paper's names: W (n, n) acting on y, W_z (n, n) acting on z (the paper's
 script W), V (n, m), b (n,). The official code holds [V | W_z | W] as one Linear over (u, z, y):
-`cells.CoRNNCell.from_official` splits it.
+`successors.CoRNNCell.from_official` splits it.
 
 Shapes: B batch, T time, m input size, n hidden size. Time-major: x (T, B, m); hs, zs
 (T+1, B, n) with hs[0] = y_0 given by the caller and zs[0] = z_0 (0 in the models); th (T, B, n)
