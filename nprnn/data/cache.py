@@ -148,21 +148,13 @@ def check_cache(path, name, seed=DEFAULT_PERMUTATION_SEED, T=None):
     source = sources.SOURCES[spec.source]
     path = Path(path)
     try:
-        if not path.exists():
-            return "it does not exist"
-        if path.is_dir():
-            return "it is a directory, not a file"
+        if not path.exists() or path.is_dir():
+            return _not_a_file(path)
         with h5py.File(path, "r") as f:
-            version = f.attrs.get("format_version")
-            if version != CACHE_FORMAT_VERSION:
-                return (f"it has format version {version}, this nprnn writes version "
-                        f"{CACHE_FORMAT_VERSION}")
-            for key, want in (("task", spec.name), ("layout", spec.layout),
-                              ("num_classes", source.num_classes)):
-                got = f.attrs.get(key)
-                if got != want:
-                    got = got.item() if isinstance(got, np.generic) else got
-                    return f"its {key} is {got!r}, expected {want!r}"
+            wrong = _wrong_header(f, task=spec.name, layout=spec.layout,
+                                  num_classes=source.num_classes)
+            if wrong:
+                return wrong
             missing = [key for key in _DESCRIPTIVE_ATTRS if key not in f.attrs]
             if missing:
                 return f"its attribute(s) {', '.join(missing)} are missing"
@@ -274,26 +266,38 @@ def _build_synthetic(spec, path, T):
     return path
 
 
+def _not_a_file(path):
+    """Why a cache path that is not a file cannot be read."""
+    return "it is a directory, not a file" if path.is_dir() else "it does not exist"
+
+
+def _wrong_header(f, **want):
+    """What is wrong with an open cache's header, or None: its format version, then each
+    attribute named in `want` against its expected value."""
+    version = f.attrs.get("format_version")
+    if version != CACHE_FORMAT_VERSION:
+        return (f"it has format version {version}, this nprnn writes version "
+                f"{CACHE_FORMAT_VERSION}")
+    for key, value in want.items():
+        got = f.attrs.get(key)
+        if got != value:
+            got = got.item() if isinstance(got, np.generic) else got
+            return f"its {key} is {got!r}, expected {value!r}"
+    return None
+
+
 def _check_synthetic(path, spec, T):
     """check_cache for a synthetic task at T: format, task, layout, T, the datasets, their
     shapes, dtypes and CRC-32, and the rows against the task's definition."""
     T = spec.check_T(T)
     path = Path(path)
     try:
-        if not path.exists():
-            return "it does not exist"
-        if path.is_dir():
-            return "it is a directory, not a file"
+        if not path.exists() or path.is_dir():
+            return _not_a_file(path)
         with h5py.File(path, "r") as f:
-            version = f.attrs.get("format_version")
-            if version != CACHE_FORMAT_VERSION:
-                return (f"it has format version {version}, this nprnn writes version "
-                        f"{CACHE_FORMAT_VERSION}")
-            for key, want in (("task", spec.name), ("layout", spec.layout), ("T", T)):
-                got = f.attrs.get(key)
-                if got != want:
-                    got = got.item() if isinstance(got, np.generic) else got
-                    return f"its {key} is {got!r}, expected {want!r}"
+            wrong = _wrong_header(f, task=spec.name, layout=spec.layout, T=T)
+            if wrong:
+                return wrong
             for split in SYNTHETIC_SPLITS:
                 for key, (dtype, row) in synthetic_datasets(spec, T).items():
                     name = f"{split}/{key}"
