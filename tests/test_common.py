@@ -139,3 +139,27 @@ def test_one_blas_thread_holds_scipys_blas_even_if_made_before_it_is_loaded():
     assert out.returncode == 0, out.stderr
     counts = eval(out.stdout.strip())
     assert counts and all(c == 1 for c in counts), out.stdout
+
+
+def test_every_cpu_kernel_runs_with_blas_on_one_thread():
+    """backends.CPU runs every kernel, a readout's or a loss's as a cell's pass, with BLAS held
+    to one thread: after a product large enough for OpenBLAS's own threads, they spin-wait and
+    take the cores from the numba threads of the next kernel (docs/speed.md)."""
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("with one core BLAS runs on one thread anyway; nothing to tell apart")
+    import scipy.linalg.cython_blas  # noqa: F401  (numba's BLAS, loaded before the limits)
+    from threadpoolctl import threadpool_info, threadpool_limits
+    from nprnn.core.backends import CPU, Sequence
+    from nprnn.kernels.common import Twins
+
+    def blas_threads(seen):
+        seen.append([i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"])
+
+    seen = []
+    kernel = Twins(blas_threads, None)
+    with threadpool_limits(limits=2, user_api="blas"):      # what a user's BLAS may have
+        CPU.run(kernel, seen)
+        CPU.run_pass(kernel, False, seen, sequence=Sequence((), True))
+        blas_threads(seen)                                   # outside: as the user left it
+    assert seen[0] and seen[0] == seen[1] and set(seen[0]) == {1}, seen
+    assert set(seen[2]) == {2}, seen

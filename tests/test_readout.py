@@ -101,3 +101,38 @@ def test_mse_of_outputs_equal_to_the_targets_is_zero_with_zero_gradients(dtype):
     loss, grads = model.loss_and_grad(x, y - 1)
     assert loss == pytest.approx(1.0, rel=1e-6)
     np.testing.assert_allclose(grads["b_out"], np.full(3, 2.0 / 3), rtol=1e-6)
+
+
+@pytest.mark.parametrize("loss", ["xent", "mse"])
+def test_readout_kernels_split_over_many_row_blocks_match_numpy(loss):
+    """A readout at every step has T*B rows, which the CPU twins split across threads in blocks
+    of BLOCK_ROWS (kernels/common.py): over 3 blocks and a ragged one, with rows that do not
+    count (w = 0), they give NumPy's float64 result."""
+    from nprnn.kernels.common import BLOCK_ROWS
+    rng = np.random.default_rng(4)
+    R, K, n = 3 * BLOCK_ROWS + 5, 4, 6
+    h, W_out, b_out = (rng.standard_normal(s) for s in ((R, n), (K, n), (K,)))
+    w = np.where(rng.random(R) < 0.2, 0.0, 1.0)
+    w /= w.sum()
+    out = np.empty((R, K))
+    K_readout.readout_forward_cpu(out, h, W_out, b_out)
+    np.testing.assert_allclose(out, h @ W_out.T + b_out, rtol=1e-12)
+    losses, dout = np.empty(R), np.empty((R, K))
+    if loss == "xent":
+        y = rng.integers(0, K, R)
+        K_readout.softmax_xent_cpu(losses, dout, out, y, w)
+        p = np.exp(out - out.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+        want = -np.log(p[np.arange(R), y])
+        want_dout = w[:, None] * (p - np.eye(K)[y])
+    else:
+        y = rng.standard_normal((R, K))
+        K_readout.mse_cpu(losses, dout, out, y, w)
+        want, want_dout = ((out - y) ** 2).mean(axis=1), w[:, None] * 2 * (out - y) / K
+    np.testing.assert_allclose(losses, np.where(w > 0, want, 0.0), rtol=1e-12)
+    np.testing.assert_allclose(dout, want_dout, rtol=1e-12, atol=1e-300)
+    dW_out, db_out, dh = np.empty_like(W_out), np.empty_like(b_out), np.empty_like(h)
+    K_readout.readout_backward_cpu(dW_out, db_out, dh, dout, h, W_out)
+    np.testing.assert_allclose(dW_out, dout.T @ h, rtol=1e-12)
+    np.testing.assert_allclose(db_out, dout.sum(axis=0), rtol=1e-12)
+    np.testing.assert_allclose(dh, dout @ W_out, rtol=1e-12)

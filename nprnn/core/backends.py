@@ -2,7 +2,7 @@
 and the model (model.py) memory and runs a kernel's twins (`kernels.common.Twins`), so that each
 cell's forward pass and BPTT, and the model's readout and loss, are written once for both:
 
-    CPU                              the @njit twin; a cell's pass holds BLAS to one thread
+    CPU                              the @njit twin, BLAS held to one thread (kernels/common.py)
     CUDA(launch, forward, backward)  the GPU twin, launched with `launch` (a Launch), a cell's
                                      forward and backward passes with the kernels chosen for
                                      each (a Kernels: step, or persistent with a matrix layout)
@@ -202,7 +202,8 @@ class CPUBackend:
         return a
 
     def run(self, twins, *args):
-        twins.cpu(*args)
+        with one_blas_thread():       # BLAS's own threads would spin on after it (common.py)
+            twins.cpu(*args)
 
     def run_pass(self, twins, backward, *args, sequence):
         """A cell's pass: its CPU twin on `args`, then its Sequence's."""

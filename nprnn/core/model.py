@@ -30,6 +30,7 @@ from .backends import CPU, CUDA, time_major
 from .cells import CELLS, gaussian
 from .device import DEVICES, resolve_device
 from ..kernels import readout as K_readout
+from ..kernels.common import one_blas_thread
 from .memory import (DeviceWorkspace, Staging, Workspace, is_device_array, memory_of, to_device,
                      to_host)
 
@@ -71,7 +72,9 @@ class Step(NamedTuple):
 
     def loss(self):
         """The step's loss, a Python float (on cuda this waits for the GPU)."""
-        return float(np.dot(to_host(self.weights), to_host(self.losses).astype(np.float64)))
+        w, losses = to_host(self.weights), to_host(self.losses).astype(np.float64)
+        with one_blas_thread():     # as the kernels: a sum over T*B rows would wake BLAS's threads
+            return float(np.dot(w, losses))
 
 
 class Model:

@@ -247,6 +247,9 @@ def _restore_fp_mode(mode):
 # So the CPU kernels split the *batch* instead: each numba thread owns a slice of the batch rows
 # for all T steps (the CPU analogue of the persistent GPU kernel), and the BLAS calls inside run
 # on one thread (`one_blas_thread`). Large products over all steps are split by rows the same way.
+# Every CPU kernel runs so (backends.CPU), the readout's too: after a product large enough for
+# OpenBLAS to use its own threads, they spin-wait for the next one, and on 2 cores they took the
+# cores from the BPTT that followed (a readout at every step made it 2x slower; docs/speed.md).
 
 _blas = None
 
@@ -292,6 +295,19 @@ def matmul_nt_rows(out, X, V):
     for c in numba.prange(S):
         r0, r1 = row_slice(c, S, X.shape[0])
         np.dot(X[r0:r1], V.T, out[r0:r1])
+
+
+@njit_parallel
+def matmul_nn_rows(out, X, W, accumulate):
+    """out (+)= X W, rows split across threads. X (R, p), W (p, q), out (R, q) written (=), or
+    added to (+=) when `accumulate`."""
+    S = num_slices(X.shape[0], BLOCK_ROWS)
+    for c in numba.prange(S):
+        r0, r1 = row_slice(c, S, X.shape[0])
+        if accumulate:
+            out[r0:r1] += np.dot(X[r0:r1], W)
+        else:
+            np.dot(X[r0:r1], W, out[r0:r1])
 
 
 @njit_parallel

@@ -26,8 +26,10 @@ sum_r w[r] losses[r], and each row's output gradient carries w[r] in place of 1/
 import math
 
 import numpy as np
+from numba import prange
 
-from .common import Twins, njit, njit_inline
+from .common import (BLOCK_ROWS, Twins, matmul_nn_rows, matmul_tn_rows, njit, njit_inline,
+                     njit_parallel, num_slices, row_slice, sum_rows)
 from .gpu_common import cdiv, cuda, step_grid
 
 
@@ -88,14 +90,20 @@ mse_row_cpu = njit_inline(mse_row)
 mse_row_gpu = cuda.jit(device=True)(mse_row)
 
 
-@njit
+# The CPU twins split their rows across threads, in blocks of BLOCK_ROWS (kernels/common.py): a
+# readout at every step has T*B rows (100,352 for MNIST at B = 128), a last-step one B.
+
+@njit_parallel
 def readout_forward_cpu(logits, h, W_out, b_out):
-    """logits (B, K) written (=). h (B, n), W_out (K, n), b_out (K,) read."""
-    np.dot(h, W_out.T, logits)
-    logits += b_out
+    """logits (R, K) written (=). h (R, n), W_out (K, n), b_out (K,) read."""
+    S = num_slices(h.shape[0], BLOCK_ROWS)
+    for c in prange(S):
+        r0, r1 = row_slice(c, S, h.shape[0])
+        np.dot(h[r0:r1], W_out.T, logits[r0:r1])
+        logits[r0:r1] += b_out
 
 
-@njit
+@njit_parallel
 def softmax_xent_cpu(losses, dlogits, logits, y, w):
     """Per-row loss and the gradient of the weighted mean loss w.r.t. the logits.
 
@@ -105,11 +113,14 @@ def softmax_xent_cpu(losses, dlogits, logits, y, w):
     With p_rk = exp(l_rk) / sum_j exp(l_rj), loss_r = log sum_j exp(l_rj) - l_{r,y_r}, so
     d loss_r / d l_rk = p_rk - [k = y_r]; the mean weighs that by w[r] (1/B: over the batch).
     """
-    for b in range(logits.shape[0]):
-        softmax_xent_row_cpu(losses, dlogits, logits, y, w, b)
+    S = num_slices(logits.shape[0], BLOCK_ROWS)
+    for c in prange(S):
+        r0, r1 = row_slice(c, S, logits.shape[0])
+        for r in range(r0, r1):
+            softmax_xent_row_cpu(losses, dlogits, logits, y, w, r)
 
 
-@njit
+@njit_parallel
 def mse_cpu(losses, dout, out, y, w):
     """Per-row mean squared error and the gradient of the weighted mean w.r.t. the outputs
     (with w = 1/B, torch.nn.functional.mse_loss(out, y), reduction "mean").
@@ -118,19 +129,22 @@ def mse_cpu(losses, dout, out, y, w):
     dout (R, K) = w[r] 2 (out - y) / K. Read: out (R, K), y (R, K) targets of out's dtype,
     w (R,) float64.
     """
-    for b in range(out.shape[0]):
-        mse_row_cpu(losses, dout, out, y, w, b)
+    S = num_slices(out.shape[0], BLOCK_ROWS)
+    for c in prange(S):
+        r0, r1 = row_slice(c, S, out.shape[0])
+        for r in range(r0, r1):
+            mse_row_cpu(losses, dout, out, y, w, r)
 
 
 @njit
 def readout_backward_cpu(dW_out, db_out, dh, dlogits, h, W_out):
-    """Written (=): dW_out (K, n), db_out (K,), dh (B, n) = dL/dh_T.
-    Read: dlogits (B, K), h (B, n), W_out (K, n)."""
+    """Written (=): dW_out (K, n), db_out (K,), dh (R, n) = dL/dh of each row.
+    Read: dlogits (R, K), h (R, n), W_out (K, n)."""
     # forward was: logits = h W_out^T + b_out
-    # so:          dW_out = dlogits^T h ;  db_out = sum_b dlogits ;  dh = dlogits W_out
-    np.dot(dlogits.T, h, dW_out)
-    db_out[:] = dlogits.sum(axis=0)
-    np.dot(dlogits, W_out, dh)
+    # so:          dW_out = dlogits^T h ;  db_out = sum_r dlogits ;  dh = dlogits W_out
+    matmul_tn_rows(dW_out, dlogits, h)
+    sum_rows(db_out, dlogits)
+    matmul_nn_rows(dh, dlogits, W_out, False)
 
 
 # ------------------------------------------------------------------------------------------

@@ -15,9 +15,7 @@ input product, accumulating from the second on.
     input_grad_gpu(...)                     the same on the device: one launch per step of
                                             gpu_common.rows_times_matrix_kernel
 """
-import numpy as np
-
-from .common import Twins, njit
+from .common import Twins, matmul_nn_rows, njit
 from .gpu_common import rows_times_matrix_gpu
 
 
@@ -25,14 +23,9 @@ from .gpu_common import rows_times_matrix_gpu
 def input_grad_cpu(dx, D, W, accumulate):
     """dx (+)= D W over every step: dx (T, B, m) written (=), or added to (+=) when
     `accumulate`; D (T, B, P) the pre-activation gradients of one input product, W (P, m) its
-    matrix. One (T*B, P) @ (P, m) product, which BLAS splits over its own threads (called from
-    numba's threads, inside their parallel region, BLAS would nest in it)."""
+    matrix. One (T*B, P) @ (P, m) product, its rows split across threads."""
     T, B, m = dx.shape
-    out, D2 = dx.reshape(T * B, m), D.reshape(T * B, D.shape[2])
-    if accumulate:
-        out += np.dot(D2, W)
-    else:
-        np.dot(D2, W, out)
+    matmul_nn_rows(dx.reshape(T * B, m), D.reshape(T * B, D.shape[2]), W, accumulate)
 
 
 def input_grad_gpu(dx, D, W, accumulate, *, block=(128, 1)):
