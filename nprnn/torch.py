@@ -5,58 +5,68 @@
                     eps=0.01, gamma=0.01)          # any nprnn cell and its settings
     out, h_n = rnn(x, hx=None)                     # out (B, T, n) (batch_first), h_n (layers, B, n)
     out, h_n = rnn(x, lengths=lengths)             # or rnn(packed): a PackedSequence in, one out
+    out, (h_n, c_n) = lstm(x, (h0, c0))            # the LSTMs, as nn.LSTM
+    out, (y_n, z_n) = cornn(x, y0)                 # coRNN and LEM: both states (z_0 = 0)
 
 Each layer is one torch.autograd.Function: its forward runs the cell's forward kernels over the
 whole sequence and keeps their cache; its backward runs the cell's BPTT with the gradient of
-every output step (and of h_n), and hands back the gradients of x, of h_0 and of every parameter
-(nprnn/core/cells.py: `forward`, `backward`, `input_grads`). The parameters are nn.Parameters
-under nprnn's names (`W`, `V_h`, ..., `weight_ih_l0` for several layers), drawn as make_model
-draws them from the same seed. CPU tensors are shared with NumPy without copying (the kernels
-write into arrays that the returned tensors view); x is made time-major once, as the kernels read
-it. Past a row's length the outputs are 0 and h_n holds each row's last state, as
-pad_packed_sequence and nn.LSTM give them.
+every output step (and of h_n, and of the LSTMs' c_n), and hands back the gradients of x, of h_0
+(and c_0) and of every parameter (nprnn/core/cells.py: `forward`, `backward`, `input_grads`).
+The parameters are nn.Parameters under nprnn's names (`W`, `V_h`, ..., `weight_ih_l0` for
+several layers), drawn as make_model draws them from the same seed. CPU tensors are shared with
+NumPy without copying (the kernels write into arrays that the returned tensors view); x is made
+time-major once, as the kernels read it. Past a row's length the outputs are 0 and h_n holds
+each row's last state, as pad_packed_sequence and nn.LSTM give them.
 
-What is not here yet, each refused with an error that says so: CUDA tensors (issue 54) and a
-given c_0 for the LSTMs, whose kernels start at c_0 = 0 (their c_n is returned, and takes no
-gradient). This is the only module that imports torch, and nothing in nprnn imports it.
+What is not here yet, each refused with an error that says so: CUDA tensors (issue 54), and for
+coRNN and LEM a given z_0 and a gradient of z_n (their kernels start at z_0 = 0 and take
+gradients of y only). This is the only module that imports torch, and nothing in nprnn imports
+it.
 """
 import numpy as np
 import torch
 
 from .core.backends import CPU
+from .core.cells import LSTMCell
 from .core.model import READOUT_NAMES, layer_names, make_model
 
 DTYPES = {torch.float32: "float32", torch.float64: "float64"}
 
 
 class _Layer(torch.autograd.Function):
-    """One layer over a time-major x (T, B, m): (outputs h_1 .. h_T (T, B, n), h_T (B, n)[, c_T])."""
+    """One layer over a time-major x (T, B, m): (outputs h_1 .. h_T (T, B, n), h_T (B, n)
+    [, c_T or z_T]). c0 (B, n): the LSTMs' c_0 (None for the other cells, and for c_0 = 0)."""
 
     @staticmethod
-    def forward(ctx, cell, hyper, names, lengths, x, h0, *params):
+    def forward(ctx, cell, hyper, names, lengths, x, h0, c0, *params):
         p = {names[k]: v.detach().numpy() for k, v in enumerate(params)}
         T = x.shape[0]
+        cell_state = {} if c0 is None else dict(c0=c0.detach().numpy())
         _, cache = cell.forward(p, x.detach().numpy(), h0.detach().numpy(), None, CPU,
-                                lengths=lengths, **hyper)
+                                lengths=lengths, **hyper, **cell_state)
         ctx.cell, ctx.hyper, ctx.names, ctx.p, ctx.cache = cell, hyper, names, p, cache
         hs = cache["hs"]
         outs = (torch.from_numpy(hs[1:]), torch.from_numpy(hs[T]))
-        if "cs" in cache:                           # the LSTMs' c_T: returned, not differentiated
-            c_T = torch.from_numpy(cache["cs"][T])
-            ctx.mark_non_differentiable(c_T)
-            outs += (c_T,)
+        if "cs" in cache:                           # the LSTMs' c_T, differentiated
+            outs += (torch.from_numpy(cache["cs"][T]),)
+        elif "zs" in cache:         # coRNN's and LEM's z_T: a gradient of it is refused (below)
+            outs += (torch.from_numpy(cache["zs"][T]),)
         return outs
 
     @staticmethod
-    def backward(ctx, d_out, d_h_T, *d_c_T):
+    def backward(ctx, d_out, d_h_T, *d_second):
         cell, cache, p = ctx.cell, ctx.cache, ctx.p
-        if d_c_T and d_c_T[0] is not None and torch.any(d_c_T[0] != 0):
-            raise RuntimeError("nprnn's LSTM BPTT takes no gradient of c_n yet: use h_n and the "
-                               "outputs in the loss")
+        dc = {}
+        if "cs" in cache:
+            dc = dict(dc_T=None if d_second[0] is None else d_second[0].contiguous().numpy())
+        elif d_second and d_second[0] is not None and torch.any(d_second[0] != 0):
+            raise RuntimeError(f"nprnn's {cell.name} BPTT takes no gradient of z_n yet: use y_n "
+                               f"and the outputs in the loss")
         grads, dh0 = cell.backward(p, cache, d_h_T.contiguous().numpy(), dhs=np.ascontiguousarray(
-            d_out.numpy()), **ctx.hyper)
+            d_out.numpy()), **ctx.hyper, **dc)
         dx = cell.input_grads(p, cache)
-        return (None, None, None, None, torch.from_numpy(dx), torch.from_numpy(dh0),
+        dc0 = torch.from_numpy(cache["dc0"]) if ctx.needs_input_grad[6] else None   # c0's
+        return (None, None, None, None, torch.from_numpy(dx), torch.from_numpy(dh0), dc0,
                 *(torch.from_numpy(grads[name]) for name in ctx.names))
 
 
@@ -83,7 +93,8 @@ class Recurrent(torch.nn.Module):
 
     def forward(self, x, hx=None, lengths=None):
         """(out, h_n) for x (B, T, m) (batch_first; else (T, B, m)) or a PackedSequence;
-        h_n (layers, B, n), for the LSTMs (h_n, c_n). hx (layers, B, n): h_0 (None: 0)."""
+        h_n (layers, B, n); for the LSTMs (h_n, c_n), for coRNN and LEM (y_n, z_n). hx
+        (layers, B, n): h_0 (None: 0); for the LSTMs (h_0, c_0), either None for 0."""
         packed = isinstance(x, torch.nn.utils.rnn.PackedSequence)
         if packed:
             if lengths is not None:
@@ -100,13 +111,13 @@ class Recurrent(torch.nn.Module):
                 raise ValueError(f"lengths must be (B,) = ({B},) ints in [1, {T}], got "
                                  f"{lengths.tolist()}")
             lengths = None if (lengths == T).all() else lengths
-        h0 = self._initial(hx, B, x.dtype)
+        h0, c0 = self._initial(hx, B, x.dtype)
         h_n, c_n = [], []
         for k in range(self.num_layers):
             names = self._names[k]
             params = [getattr(self, name) for name in names]
             outs = _Layer.apply(self.cell, self.hyper, list(names.values()), lengths, xt, h0[k],
-                                *params)
+                                None if c0 is None else c0[k], *params)
             xt = outs[0]
             h_n.append(outs[1])
             c_n += outs[2:]
@@ -125,19 +136,27 @@ class Recurrent(torch.nn.Module):
         return next(self.parameters()).dtype
 
     def _initial(self, hx, B, dtype):
-        """h_0 of each layer, (layers, B, n): hx, or zeros."""
+        """(h_0, c_0) of each layer, (layers, B, n) each: from hx, h_0 zeros where not given,
+        c_0 None (the kernels' 0) unless an LSTM's is given."""
         shape = (self.num_layers, B, self.hidden_size)
+        lstm = isinstance(self.cell, LSTMCell)
+        c0 = None
         if isinstance(hx, tuple):                   # (h_0, c_0), as nn.LSTM takes it
+            if not lstm:
+                raise ValueError(f"hx for {self.cell.name} is h_0 alone (layers, B, n), not a "
+                                 f"tuple: only the LSTMs take (h_0, c_0)")
             hx, c0 = hx
-            if c0 is not None and torch.any(c0 != 0):
-                raise ValueError("nprnn's LSTM kernels start at c_0 = 0: pass c_0 = 0 or None")
-        if hx is None:
-            return torch.zeros(shape, dtype=dtype)
-        if tuple(hx.shape) != shape or hx.dtype != dtype:
-            raise ValueError(f"hx must be {dtype} of shape (layers, B, n) = {shape}, got "
-                             f"{hx.dtype} {tuple(hx.shape)}")
-        _check_device(hx.device)
-        return hx.contiguous()
+            c0 = None if c0 is None else self._state("c_0", c0, shape, dtype)
+        h0 = torch.zeros(shape, dtype=dtype) if hx is None else self._state("hx", hx, shape, dtype)
+        return h0, c0
+
+    @staticmethod
+    def _state(label, v, shape, dtype):
+        if tuple(v.shape) != shape or v.dtype != dtype:
+            raise ValueError(f"{label} must be {dtype} of shape (layers, B, n) = {shape}, got "
+                             f"{v.dtype} {tuple(v.shape)}")
+        _check_device(v.device)
+        return v.contiguous()
 
 
 def _check_device(device):

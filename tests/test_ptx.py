@@ -73,7 +73,7 @@ ARG_KINDS = {
                         "dgh", "partial", "D", "head", "u")},
     **{k: "2" for k in ("A", "W", "dA", "dW", "V", "V_h", "V_z", "W_out", "dW_out", "W_ih", "W_hh",
                         "WT", "AT", "logits", "dlogits", "dout", "h", "dh", "dh0", "dh_T",
-                        "dh_prev", "dc", "C")},
+                        "dh_prev", "dc", "dc0", "C")},
     **{k: "1" for k in ("b", "b_h", "b_z", "b_out", "db_out", "b_ih", "b_hh", "w_ci", "w_cf",
                         "w_co", "dw_ci", "dw_cf", "dw_co", "losses", "a", "p", "v", "g", "G")},
     "eps": "f", "kz": "f", "value": "f", "gamma": "f64", "lr": "f64", "momentum": "f64",

@@ -29,24 +29,27 @@ def layer_for(name, options, layers=2, dtype=torch.float64):
 
 @pytest.mark.parametrize("label, name, options", VARIANTS, ids=[v[0] for v in VARIANTS])
 def test_gradcheck_on_x_h0_and_every_parameter(label, name, options):
-    """Two layers, a given h_0, rows of lengths T, 1 and between; W of the antisymmetric cells
-    enters through its strict upper triangle (the lower one is not a parameter: its gradient is
-    held at 0, as make_model's)."""
+    """Two layers, a given h_0 (and the LSTMs' c_0, with c_n in the loss), rows of lengths T, 1
+    and between; W of the antisymmetric cells enters through its strict upper triangle (the lower
+    one is not a parameter: its gradient is held at 0, as make_model's)."""
     rnn = layer_for(name, options)
     names = [k for k, _ in rnn.named_parameters()]
+    lstm = name in ("lstm", "peephole-lstm")
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(B, T, M, dtype=torch.float64, generator=gen, requires_grad=True)
-    h0 = torch.randn(2, B, N, dtype=torch.float64, generator=gen, requires_grad=True)
+    h0, c0 = (torch.randn(2, B, N, dtype=torch.float64, generator=gen, requires_grad=True)
+              for _ in range(2))
     params = [p.detach().clone().requires_grad_() for p in rnn.parameters()]
 
-    def loss(x, h0, *values):
+    def loss(x, h0, c0, *values):
         mask = {k: rnn.cell.grad_mask(k.rsplit("_l", 1)[0], N) for k in names}
         held = {k: v if mask[k] is None else v * torch.from_numpy(mask[k])
                 for k, v in zip(names, values)}
-        out, h_n = torch.func.functional_call(rnn, held, (x, h0), dict(lengths=[T, 1, 3]))
-        h_n = h_n[0] if isinstance(h_n, tuple) else h_n
-        return (out ** 2).sum() + out.sum() + (h_n ** 3).sum()
-    assert torch.autograd.gradcheck(loss, (x, h0, *params), eps=1e-6, atol=1e-7, rtol=1e-6,
+        out, h_n = torch.func.functional_call(rnn, held, (x, (h0, c0) if lstm else h0),
+                                              dict(lengths=[T, 1, 3]))
+        h_n, c_n = h_n if lstm else (h_n[0] if isinstance(h_n, tuple) else h_n, x.new_zeros(()))
+        return (out ** 2).sum() + out.sum() + (h_n ** 3).sum() + (c_n ** 2).sum()
+    assert torch.autograd.gradcheck(loss, (x, h0, c0, *params), eps=1e-6, atol=1e-7, rtol=1e-6,
                                     fast_mode=True)
 
 
@@ -77,34 +80,35 @@ def test_the_layer_is_nprnns_model(name):
 
 @pytest.mark.parametrize("name", ["lstm", "gru"])
 def test_the_layer_is_pytorchs_module_with_a_packed_sequence(name):
-    """A 2-layer nn.LSTM / nn.GRU with the layer's weights, fed the same PackedSequence and h_0:
-    the same packed outputs, h_n, and gradients of x, h_0 and every weight."""
+    """A 2-layer nn.LSTM / nn.GRU with the layer's weights, fed the same PackedSequence and h_0
+    (and c_0): the same packed outputs, h_n (and c_n), and gradients of x, h_0 (c_0) and every
+    weight."""
     rnn = layer_for(name, {})
     module = getattr(torch.nn, name.upper())(M, N, num_layers=2, batch_first=True,
                                              dtype=torch.float64)
     module.load_state_dict({k: v.detach() for k, v in rnn.named_parameters()})
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(B, T, M, dtype=torch.float64, generator=gen)
-    h0 = torch.randn(2, B, N, dtype=torch.float64, generator=gen)
+    h0, c0 = (torch.randn(2, B, N, dtype=torch.float64, generator=gen) for _ in range(2))
     lengths = torch.tensor([2, T, 1])
     results = []
     for layer in (rnn, module):
-        xs, h = x.clone().requires_grad_(), h0.clone().requires_grad_()
+        xs, h, c = (v.clone().requires_grad_() for v in (x, h0, c0))
         packed = torch.nn.utils.rnn.pack_padded_sequence(xs, lengths, batch_first=True,
                                                          enforce_sorted=False)
-        state = (h, torch.zeros_like(h)) if name == "lstm" else h
-        out, h_n = layer(packed, state)
+        out, h_n = layer(packed, (h, c) if name == "lstm" else h)
         out, _ = torch.nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=T)
-        h_n = h_n[0] if name == "lstm" else h_n
-        ((out ** 2).sum() + (h_n * out[:, 0]).sum()).backward()
-        results.append((out, h_n, xs.grad, h.grad, {k: p.grad for k, p in
-                                                    layer.named_parameters()}))
+        h_n, c_n = h_n if name == "lstm" else (h_n, torch.zeros(()))
+        ((out ** 2).sum() + (h_n * out[:, 0]).sum() + (c_n ** 3).sum()).backward()
+        dc0 = c.grad if name == "lstm" else torch.zeros(())
+        results.append((out, h_n, c_n, xs.grad, h.grad, dc0, {k: p.grad for k, p in
+                                                              layer.named_parameters()}))
     ours, theirs = results
-    for a, b, what in zip(ours[:4], theirs[:4], ("out", "h_n", "dx", "dh0")):
+    for a, b, what in zip(ours[:6], theirs[:6], ("out", "h_n", "c_n", "dx", "dh0", "dc0")):
         np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(), rtol=1e-10,
                                    atol=1e-13, err_msg=what)
-    for k in theirs[4]:
-        np.testing.assert_allclose(ours[4][k].numpy(), theirs[4][k].numpy(), rtol=1e-10,
+    for k in theirs[6]:
+        np.testing.assert_allclose(ours[6][k].numpy(), theirs[6][k].numpy(), rtol=1e-10,
                                    atol=1e-13, err_msg=k)
 
 
@@ -169,14 +173,27 @@ def test_what_it_cannot_run_is_refused_saying_so(make, call, error, match):
         call(rnn)
 
 
-def test_an_lstm_c0_must_be_zero_and_c_n_takes_no_gradient():
-    rnn = Recurrent("lstm", M, N, dtype=torch.float64)
-    x = torch.zeros(B, T, M, dtype=torch.float64)
-    with pytest.raises(ValueError, match="start at c_0 = 0"):
-        rnn(x, (torch.zeros(1, B, N, dtype=torch.float64), torch.ones(1, B, N,
-                                                                      dtype=torch.float64)))
-    out, (h_n, c_n) = rnn(x)
-    assert c_n.shape == (1, B, N) and not c_n.requires_grad
+def test_the_second_states_as_documented():
+    """The LSTMs take (h_0, c_0), either None, and return a differentiable c_n; coRNN and LEM
+    return (y_n, z_n) and refuse a gradient of z_n (their BPTT does not take one); a tuple hx for
+    a one-state cell, or a c_0 of the wrong shape, is refused, naming it."""
+    f64 = dict(dtype=torch.float64)
+    x = torch.randn(B, T, M, **f64)
+    lstm = Recurrent("lstm", M, N, **f64)
+    out, (h_n, c_n) = lstm(x, (None, torch.ones(1, B, N, **f64)))
+    assert c_n.shape == (1, B, N) and c_n.requires_grad
+    torch.testing.assert_close(lstm(x, (torch.zeros(1, B, N, **f64), None))[0], lstm(x)[0])
+    with pytest.raises(ValueError, match=r"c_0 must be torch.float64 of shape \(layers, B, n\) = "
+                                         r"\(1, 3, 3\), got torch.float64 \(3, 3\)"):
+        lstm(x, (None, torch.ones(B, N, **f64)))
+    cornn = Recurrent("cornn", M, N, **f64)
+    out, (y_n, z_n) = cornn(x)
+    assert y_n.shape == z_n.shape == (1, B, N)
+    torch.testing.assert_close(y_n[0], out[:, -1])
+    with pytest.raises(RuntimeError, match="takes no gradient of z_n yet"):
+        (out.sum() + (z_n * 1.0).sum() + y_n.sum()).backward()
+    with pytest.raises(ValueError, match="hx for gru is h_0 alone"):
+        Recurrent("gru", M, N, **f64)(x, (torch.zeros(1, B, N, **f64),) * 2)
 
 
 def test_the_readmes_python_blocks_run():

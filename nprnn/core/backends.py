@@ -160,21 +160,23 @@ class CPUBackend:
             return np.empty(tuple(int(s) for s in shape), dtype=np.dtype(dtype))
         return ws.get(name, shape, dtype)
 
-    def states(self, ws, name, x, n, h0=None):
-        """hs (T+1, B, n) for time-major x (T, B, m), with hs[0] = h_0 (zero unless given)."""
+    def states(self, ws, name, x, n, h0=None, label="h0"):
+        """hs (T+1, B, n) for time-major x (T, B, m), with hs[0] = h_0 (zero unless given;
+        `label` names it in errors)."""
         T, B, _ = x.shape
-        check_state("h0", h0, B, n)
+        check_state(label, h0, B, n)
         hs = self.buffer(ws, name, (T + 1, B, n), x.dtype)
         hs[0] = 0.0 if h0 is None else h0
         return hs
 
-    def upstream(self, dh_T, hs):
+    def upstream(self, dh_T, hs, label="dh_T", copy=False):
         """dL/dh_T checked against the states hs (T+1, B, n), contiguous in their dtype (None:
-        zero, where the gradients enter at every step)."""
+        zero, where the gradients enter at every step); with `copy`, always an array of its own
+        (for a kernel that updates it)."""
         if dh_T is None:
             return np.zeros(hs.shape[1:], dtype=hs.dtype)
-        check_state("dh_T", dh_T, *hs.shape[1:])
-        return np.ascontiguousarray(dh_T, dtype=hs.dtype)
+        check_state(label, dh_T, *hs.shape[1:])
+        return (np.array if copy else np.ascontiguousarray)(dh_T, dtype=hs.dtype)
 
     def sequence(self, ws, x, n, lengths=None, dhs=None, backward=False):
         """The Sequence of a pass over time-major x (T, B, m) at n units: lengths (B,) int64 in
@@ -235,9 +237,9 @@ class CUDA:
             return device_array(tuple(int(s) for s in shape), np.dtype(dtype))
         return ws.get(name, shape, dtype)
 
-    def states(self, ws, name, x, n, h0=None):
+    def states(self, ws, name, x, n, h0=None, label="h0"):
         T, B, _ = x.shape
-        check_state("h0", h0, B, n)
+        check_state(label, h0, B, n)
         hs = self.buffer(ws, name, (T + 1, B, n), x.dtype)
         if h0 is None:
             fill(hs[0], 0)
@@ -245,13 +247,17 @@ class CUDA:
             hs[0].copy_to_device(to_device(h0, x.dtype))
         return hs
 
-    def upstream(self, dh_T, hs):
+    def upstream(self, dh_T, hs, label="dh_T", copy=False):
         if dh_T is None:
             zero = device_array(hs.shape[1:], hs.dtype)
             fill(zero, 0)
             return zero
-        check_state("dh_T", dh_T, *hs.shape[1:])
-        return to_device(dh_T, hs.dtype)
+        check_state(label, dh_T, *hs.shape[1:])
+        d = to_device(dh_T, hs.dtype)
+        if copy and d is dh_T:
+            d = device_array(d.shape, d.dtype)
+            d.copy_to_device(dh_T)
+        return d
 
     def sequence(self, ws, x, n, lengths=None, dhs=None, backward=False):
         T, B, _ = x.shape

@@ -545,11 +545,12 @@ class LSTMCell(StackedGateCell):
         return _stacked(rng, m, n, dtype, [v / m for v in c["nu2"]],
                         [v / n for v in c["sigma2"]], c["mu"])
 
-    def forward(self, p, x, h0=None, ws=None, backend=CPU, lengths=None):
+    def forward(self, p, x, h0=None, ws=None, backend=CPU, lengths=None, c0=None):
+        """As Cell.forward; c0 (B, n) is c_0 (None: 0, as in the models)."""
         T, B, _ = x.shape
         n = p["weight_hh"].shape[1]
         hs = backend.states(ws, "hs", x, n, h0)
-        cs = backend.states(ws, "cs", x, n)          # c_0 = 0: h0 sets h_0 only
+        cs = backend.states(ws, "cs", x, n, c0, label="c0")
         gates = backend.buffer(ws, "gates", (T, B, 4 * n), x.dtype)
         peepholes = (p["w_ci"], p["w_cf"], p["w_co"]) if self.peephole else ()
         backend.run_pass(self.forward_kernels, False, hs, cs, gates, x, p["weight_ih"],
@@ -557,24 +558,27 @@ class LSTMCell(StackedGateCell):
                          sequence=backend.sequence(ws, x, n, lengths))
         return hs[T], dict(x=x, hs=hs, cs=cs, gates=gates, lengths=lengths)
 
-    def backward(self, p, cache, dh_T, ws=None, out=None, backend=CPU, dhs=None):
+    def backward(self, p, cache, dh_T, ws=None, out=None, backend=CPU, dhs=None, dc_T=None):
+        """As Cell.backward; dc_T (B, n) is dL/dc_T (None: 0, c_T reaching the loss only
+        through h_T, as in the models). dL/dc_0 is left in cache["dc0"]."""
         x, hs, cs, gates = cache["x"], cache["hs"], cache["cs"], cache["gates"]
         T, B, _ = x.shape
         n = p["weight_hh"].shape[1]
         g, dh0 = gradients(backend, out, p, B, n, x.dtype)
         da = backend.buffer(ws, "da", (T, B, 4 * n), x.dtype)
         dh_T = backend.upstream(dh_T, hs)
+        dc = backend.upstream(dc_T, cs, "dc_T", copy=True)    # dL/dc_T in, dL/dc_0 out
         dW = (g["weight_ih"], g["weight_hh"], g["bias_ih"], g["bias_hh"])
         state = (hs, cs, gates, x, p["weight_hh"])
         sequence = backend.sequence(ws, x, n, cache["lengths"], dhs, True)
         if self.peephole:
             backend.run_pass(self.backward_kernels, True, *dW, g["w_ci"], g["w_cf"], g["w_co"],
-                             dh0, da, dh_T, *state, p["w_ci"], p["w_cf"], p["w_co"],
+                             dh0, dc, da, dh_T, *state, p["w_ci"], p["w_cf"], p["w_co"],
                              sequence=sequence)
         else:
-            backend.run_pass(self.backward_kernels, True, *dW, dh0, da, dh_T, *state,
+            backend.run_pass(self.backward_kernels, True, *dW, dh0, dc, da, dh_T, *state,
                              sequence=sequence)
-        cache["da"] = da
+        cache["da"], cache["dc0"] = da, dc
         return g, dh0
 
 

@@ -260,19 +260,19 @@ def rnn_backward(p, cache, dh_T):
     return grads, dh
 
 
-def _lstm_forward(p, x, h0, peephole):
+def _lstm_forward(p, x, h0, peephole, c0=None):
     """Gate order i, f, g, o (PyTorch's):
         a = W_ih x_t + b_ih + W_hh h_{t-1} + b_hh,  split into a_i, a_f, a_g, a_o   (B, n) each
         i = sigmoid(a_i [+ w_ci o c_{t-1}]),  f = sigmoid(a_f [+ w_cf o c_{t-1}]),  g = tanh(a_g)
         c_t = f o c_{t-1} + i o g
         o = sigmoid(a_o [+ w_co o c_t])        (the peephole output gate sees the NEW cell state)
         h_t = o o tanh(c_t)
-    The bracketed terms are the peepholes (peephole=True)."""
+    The bracketed terms are the peepholes (peephole=True). c0 (B, n): c_0 (None: 0)."""
     p, x = _float64(p, x)
     B, T, m = x.shape
     n = p["weight_hh"].shape[1]
     h = _h0(x, n, h0)
-    c = np.zeros((B, n))                              # c_0 = 0 always; h0 sets h_0 only
+    c = np.zeros((B, n)) if c0 is None else np.array(c0, dtype=np.float64)
     hs, cs, gates = [h], [c], []
     for t in range(T):
         a = x[:, t, :] @ p["weight_ih"].T + p["bias_ih"] + h @ p["weight_hh"].T + p["bias_hh"]
@@ -292,13 +292,14 @@ def _lstm_forward(p, x, h0, peephole):
     return h, dict(x=x, hs=hs, cs=cs, gates=gates, peephole=peephole)
 
 
-def _lstm_backward(p, cache, dh_T):
+def _lstm_backward(p, cache, dh_T, dc_T=None):
+    """(grads, dL/dh_0) from dL/dh_T and dL/dc_T (None: 0); dL/dc_0 goes to cache["dc0"]."""
     p = _float64(p)
     x, hs, cs, gates, peephole = (cache[k] for k in ("x", "hs", "cs", "gates", "peephole"))
     B, T, m = x.shape
     grads = _zero_grads(p)
     dh = np.array(dh_T, dtype=np.float64)
-    dc = np.zeros_like(dh)                            # c_T reaches the loss only through h_T
+    dc = np.zeros_like(dh) if dc_T is None else np.array(dc_T, dtype=np.float64)
     for t in reversed(range(T)):
         i, f, g, o = gates[t]
         c, c_prev = cs[t + 1], cs[t]
@@ -332,25 +333,26 @@ def _lstm_backward(p, cache, dh_T):
         grads["bias_hh"] += da.sum(axis=0)
         dh = da @ p["weight_hh"]
         dc = dc_prev
+    cache["dc0"] = dc
     return grads, dh
 
 
-def lstm_forward(p, x, h0=None):
+def lstm_forward(p, x, h0=None, c0=None):
     """Standard LSTM (no peepholes), PyTorch's nn.LSTM; see `_lstm_forward`."""
-    return _lstm_forward(p, x, h0, peephole=False)
+    return _lstm_forward(p, x, h0, peephole=False, c0=c0)
 
 
-def lstm_backward(p, cache, dh_T):
-    return _lstm_backward(p, cache, dh_T)
+def lstm_backward(p, cache, dh_T, dc_T=None):
+    return _lstm_backward(p, cache, dh_T, dc_T)
 
 
-def peephole_lstm_forward(p, x, h0=None):
+def peephole_lstm_forward(p, x, h0=None, c0=None):
     """LSTM with peepholes w_ci, w_cf (on c_{t-1}) and w_co (on c_t); see `_lstm_forward`."""
-    return _lstm_forward(p, x, h0, peephole=True)
+    return _lstm_forward(p, x, h0, peephole=True, c0=c0)
 
 
-def peephole_lstm_backward(p, cache, dh_T):
-    return _lstm_backward(p, cache, dh_T)
+def peephole_lstm_backward(p, cache, dh_T, dc_T=None):
+    return _lstm_backward(p, cache, dh_T, dc_T)
 
 
 def gru_forward(p, x, h0=None):

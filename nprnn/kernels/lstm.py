@@ -20,7 +20,8 @@ Both biases are kept, as PyTorch keeps them; they always receive the same gradie
 
 Shapes: B batch, T time, m input size, n hidden size. Time-major: x (T, B, m); hs, cs
 (T+1, B, n) with hs[0] = h_0 and cs[0] = c_0 given by the caller (the models use h_0 = 0 unless
-told otherwise, and always c_0 = 0); gates (T, B, 4n) keeps i, f, g, o of every step for BPTT.
+told otherwise, and c_0 = 0); gates (T, B, 4n) keeps i, f, g, o of every step for BPTT. BPTT
+takes dL/dc_T and returns dL/dc_0 in one array, dc (0 in for the models, whose loss reads h only).
 
 How the CPU work is split (the recipe of `antisym.py`, on threads that own batch rows):
   1. one (T*B, m) @ (m, 4n) product for the input projections W_ih x_t of all T steps;
@@ -50,7 +51,7 @@ from .common import (Twins, BLOCK_ROWS, add_upstream, dsigmoid_from_y, dtanh_fro
                      flush_denormals, flush_subnormal, hold_state, matmul_nt_rows, matmul_tn_rows,
                      njit_inline, njit_parallel, num_slices, restore_fp_mode, row_slice, sigmoid,
                      sum_rows, tanh)
-from .gpu_common import (TILE, WARP, cdiv, cuda, fill, hold_unit, rows_times_matrix_gpu, scratch,
+from .gpu_common import (TILE, WARP, cdiv, cuda, hold_unit, rows_times_matrix_gpu, scratch,
                          splits_for, stacked_param_grads_gpu, step_grid, transposed, upstream)
 
 
@@ -145,8 +146,8 @@ def _forward(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, w_ci, w_cf, w_co, peephol
 
 
 @njit_inline
-def _backward(dW_ih, dW_hh, db_ih, db_hh, dh0, da, dh_T, hs, cs, gates, x, W_hh, w_ci, w_cf,
-              w_co, peephole, dhs, lengths):
+def _backward(dW_ih, dW_hh, db_ih, db_hh, dh0, dc, da, dh_T, hs, cs, gates, x, W_hh, w_ci,
+              w_cf, w_co, peephole, dhs, lengths):
     """BPTT of both LSTMs but the peephole gradients (see the two kernels below); inlined into
     each, where `peephole` is a literal and its branches fold away."""
     T, B, m = x.shape
@@ -157,8 +158,9 @@ def _backward(dW_ih, dW_hh, db_ih, db_hh, dh0, da, dh_T, hs, cs, gates, x, W_hh,
         b0, b1 = row_slice(c, S, B)
         mode = flush_denormals(dh0)      # float32: subnormals to zero (common.py)
         dh = dh0[b0:b1]
-        # dc: the part of dL/dc_t that arrives through c_{t+1}; none does at t = T
-        dc = np.zeros((b1 - b0, n), dtype=dh0.dtype)
+        # dc_rows: the part of dL/dc_t that arrives through c_{t+1} (at t = T: from outside, the
+        # caller's dL/dc_T, 0 for the models); it ends as dL/dc_0
+        dc_rows = dc[b0:b1]
         dh_rec = np.empty((b1 - b0, n), dtype=dh0.dtype)  # the part of dh_{t-1} through W_hh
         for t in range(T - 1, -1, -1):
             for b in range(b0, b1):
@@ -169,14 +171,14 @@ def _backward(dW_ih, dW_hh, db_ih, db_hh, dh0, da, dh_T, hs, cs, gates, x, W_hh,
                     # forward was: (i, f, g, o, c_t, h_t) = lstm_unit(a_t, c_{t-1}[, w_c*])
                     # so:          da_t and dc_{t-1} by lstm_unit_backward
                     da_i, da_f, da_g, da_o, dc_prev = lstm_unit_backward(
-                        dh[r, j], dc[r, j], gates[t, b, j], gates[t, b, n + j],
+                        dh[r, j], dc_rows[r, j], gates[t, b, j], gates[t, b, n + j],
                         gates[t, b, 2 * n + j], gates[t, b, 3 * n + j], cs[t, b, j],
                         cs[t + 1, b, j], w_ci[j], w_cf[j], w_co[j], peephole)
                     da[t, b, j] = flush_subnormal(da_i)
                     da[t, b, n + j] = flush_subnormal(da_f)
                     da[t, b, 2 * n + j] = flush_subnormal(da_g)
                     da[t, b, 3 * n + j] = flush_subnormal(da_o)
-                    dc[r, j] = flush_subnormal(dc_prev)
+                    dc_rows[r, j] = flush_subnormal(dc_prev)
                     dh[r, j] = 0.0              # h_{t-1} reaches step t only through W_hh
             # forward was: a_t = W_ih x_t + b_ih + W_hh h_{t-1} + b_hh; h_{t-1} goes nowhere else
             # so:          dh_{t-1} = da_t W_hh   (row form; added to the 0 left above)
@@ -207,22 +209,24 @@ def lstm_forward_cpu(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, lengths):
 
 
 @njit_parallel
-def lstm_backward_cpu(dW_ih, dW_hh, db_ih, db_hh, dh0, da, dh_T, hs, cs, gates, x, W_hh, dhs,
-                      lengths):
+def lstm_backward_cpu(dW_ih, dW_hh, db_ih, db_hh, dh0, dc, da, dh_T, hs, cs, gates, x, W_hh,
+                      dhs, lengths):
     """BPTT of the standard LSTM over the whole sequence.
 
     Written (=):  dW_ih (4n, m); dW_hh (4n, n); db_ih, db_hh (4n,); dh0 (B, n) = dL/dh_0;
                   da (T, B, 4n) = dL/da_t, the pre-activation gradients (scratch, kept for the
-                  products at the end). dL/dc_0 is not returned: c_0 is not an input of the model.
-    Read:         dh_T (B, n) = dL/dh_T (c_T reaches the loss only through h_T);
+                  products at the end).
+    Updated:      dc (B, n): dL/dc_T from outside on entry (0 when c_T reaches the loss only
+                  through h_T, as in the models), dL/dc_0 on exit.
+    Read:         dh_T (B, n) = dL/dh_T;
                   hs, cs, gates from the forward pass; x (T, B, m); W_hh (4n, n);
                   dhs (T, B, n) (or (0, B, n)) and lengths (B,): common.py, "Sequences".
     Work split:   one thread per slice of batch rows for the reverse time loop; the weight
                   gradients as products over all T*B rows, split by rows.
     """
     # no peepholes: db_ih stands in for w_ci, w_cf, w_co, which are not read
-    _backward(dW_ih, dW_hh, db_ih, db_hh, dh0, da, dh_T, hs, cs, gates, x, W_hh, db_ih, db_ih,
-              db_ih, False, dhs, lengths)
+    _backward(dW_ih, dW_hh, db_ih, db_hh, dh0, dc, da, dh_T, hs, cs, gates, x, W_hh, db_ih,
+              db_ih, db_ih, False, dhs, lengths)
 
 
 @njit_parallel
@@ -240,19 +244,20 @@ def peephole_lstm_forward_cpu(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, w_ci, w_
 
 
 @njit_parallel
-def peephole_lstm_backward_cpu(dW_ih, dW_hh, db_ih, db_hh, dw_ci, dw_cf, dw_co, dh0, da,
+def peephole_lstm_backward_cpu(dW_ih, dW_hh, db_ih, db_hh, dw_ci, dw_cf, dw_co, dh0, dc, da,
                                dh_T, hs, cs, gates, x, W_hh, w_ci, w_cf, w_co, dhs, lengths):
     """BPTT of the peephole LSTM over the whole sequence.
 
     Written (=):  dW_ih (4n, m); dW_hh (4n, n); db_ih, db_hh (4n,); dw_ci, dw_cf, dw_co (n,);
                   dh0 (B, n) = dL/dh_0; da (T, B, 4n) = dL/da_t, the pre-activation gradients
-                  (scratch, kept for the products at the end). dL/dc_0 is not returned.
+                  (scratch, kept for the products at the end).
+    Updated:      dc (B, n): dL/dc_T in, dL/dc_0 out, as in lstm_backward_cpu.
     Read:         dh_T (B, n) = dL/dh_T; hs, cs, gates from the forward pass; x (T, B, m);
                   W_hh (4n, n); w_ci, w_cf, w_co (n,); dhs, lengths as lstm_backward_cpu.
     Work split:   as `lstm_backward_cpu`; the peephole gradients over slices of the T*B rows.
     """
-    _backward(dW_ih, dW_hh, db_ih, db_hh, dh0, da, dh_T, hs, cs, gates, x, W_hh, w_ci, w_cf,
-              w_co, True, dhs, lengths)
+    _backward(dW_ih, dW_hh, db_ih, db_hh, dh0, dc, da, dh_T, hs, cs, gates, x, W_hh, w_ci,
+              w_cf, w_co, True, dhs, lengths)
     T, B, n = da.shape[0], da.shape[1], cs.shape[2]
     # the peepholes: dw_ci = sum_{t,b} da_i c_{t-1};  dw_cf = sum da_f c_{t-1};
     # dw_co = sum da_o c_t; over slices of the T*B rows in memory order (a loop over units outside
@@ -442,12 +447,11 @@ def _forward_steps(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, w_ci, w_cf, w_co, p
                                               w_ci, w_cf, w_co, peephole, t, lengths)
 
 
-def _backward_steps(dh0, da, dh_T, cs, gates, W_hh, w_ci, w_cf, w_co, peephole, dhs, lengths,
-                    block):
+def _backward_steps(dh0, dc, da, dh_T, cs, gates, W_hh, w_ci, w_cf, w_co, peephole, dhs,
+                    lengths, block):
     T, B, n = cs.shape[0] - 1, cs.shape[1], cs.shape[2]
     grid, block = step_grid(B, n, block)
-    dc = scratch("lstm_dc", (B, n), dh0.dtype)     # dL/dc_t through c_{t+1}: 0 at t = T
-    fill(dc, 0)
+    # dc: dL/dc_t through c_{t+1}, the caller's dL/dc_T at t = T; it ends as dL/dc_0
     dh0.copy_to_device(dh_T)              # the running dL/dh_t lives in dh0; it ends as dL/dh_0
     for t in range(T - 1, -1, -1):
         lstm_backward_unit_kernel[grid, block](da, dc, dh0, cs, gates, w_ci, w_cf, w_co,
@@ -469,22 +473,22 @@ def peephole_lstm_forward_gpu(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, w_ci, w_
                    block)
 
 
-def lstm_backward_gpu(dW_ih, dW_hh, db_ih, db_hh, dh0, da, dh_T, hs, cs, gates, x, W_hh, dhs,
-                      lengths, *, block=(128, 1), tile=TILE):
+def lstm_backward_gpu(dW_ih, dW_hh, db_ih, db_hh, dh0, dc, da, dh_T, hs, cs, gates, x, W_hh,
+                      dhs, lengths, *, block=(128, 1), tile=TILE):
     """Version 1 twin of lstm_backward_cpu: per step lstm_backward_unit_kernel, then
     dh_{t-1} += da_t W_hh (rows_times_matrix_gpu); then the weight gradients.
-    Written (=): dW_ih, dW_hh, db_ih, db_hh, dh0, da."""
-    _backward_steps(dh0, da, dh_T, cs, gates, W_hh, db_ih, db_ih, db_ih, False, dhs, lengths,
-                    block)
+    Written (=): dW_ih, dW_hh, db_ih, db_hh, dh0, da. Updated: dc (dL/dc_T in, dL/dc_0 out)."""
+    _backward_steps(dh0, dc, da, dh_T, cs, gates, W_hh, db_ih, db_ih, db_ih, False, dhs,
+                    lengths, block)
     stacked_param_grads_gpu(dW_ih, dW_hh, db_ih, db_hh, da, da, hs, x, tile=tile)
 
 
-def peephole_lstm_backward_gpu(dW_ih, dW_hh, db_ih, db_hh, dw_ci, dw_cf, dw_co, dh0, da, dh_T,
-                               hs, cs, gates, x, W_hh, w_ci, w_cf, w_co, dhs, lengths, *,
+def peephole_lstm_backward_gpu(dW_ih, dW_hh, db_ih, db_hh, dw_ci, dw_cf, dw_co, dh0, dc, da,
+                               dh_T, hs, cs, gates, x, W_hh, w_ci, w_cf, w_co, dhs, lengths, *,
                                block=(128, 1), tile=TILE):
     """Version 1 twin of peephole_lstm_backward_cpu; the peephole gradients by
-    peephole_grads_gpu. Written (=): dW_ih, dW_hh, db_ih, db_hh, dw_c*, dh0, da."""
-    _backward_steps(dh0, da, dh_T, cs, gates, W_hh, w_ci, w_cf, w_co, True, dhs, lengths,
+    peephole_grads_gpu. Written (=): dW_ih, dW_hh, db_ih, db_hh, dw_c*, dh0, da. Updated: dc."""
+    _backward_steps(dh0, dc, da, dh_T, cs, gates, W_hh, w_ci, w_cf, w_co, True, dhs, lengths,
                     block)
     stacked_param_grads_gpu(dW_ih, dW_hh, db_ih, db_hh, da, da, hs, x, tile=tile)
     peephole_grads_gpu(dw_ci, dw_cf, dw_co, da, cs, threads=block[0])

@@ -60,6 +60,7 @@ def problem(cell, dtype, seed=0, ragged=False):
         fw["cs"] = np.zeros((T + 1, B, N), dtype)
         fw["cs"][0] = rand(rng, (B, N), dtype, 0.5)
         fw["gates"] = np.empty((T, B, 4 * N), dtype)
+        p["dc_T"] = rand(rng, (B, N), dtype)          # dL/dc_T, which the LSTMs' BPTT takes
     if cell == "gru":
         fw.update(gates=np.empty((T, B, 3 * N), dtype), hn=np.empty((T, B, N), dtype))
     getattr(module, f"{prefix}_forward_cpu")(*forward_args(cell, fw, p), p["lengths"])
@@ -72,6 +73,8 @@ def problem(cell, dtype, seed=0, ragged=False):
         bw["da"] = np.empty((T, B, G * N), dtype)
     if cell == "peephole-lstm":
         bw.update(dw_ci=np.empty(N, dtype), dw_cf=np.empty(N, dtype), dw_co=np.empty(N, dtype))
+    if "dc_T" in p:
+        bw["dc"] = p["dc_T"].copy()                  # dL/dc_T in, dL/dc_0 out
     getattr(module, f"{prefix}_backward_cpu")(*backward_args(cell, bw, fw, p), p["dhs"],
                                               p["lengths"])
     return p, fw, bw
@@ -98,8 +101,9 @@ def backward_args(cell, bw, fw, p):
                      fw["hn"], p["x"], p["W_hh"])
     state = (fw["hs"], fw["cs"], fw["gates"], p["x"], p["W_hh"])
     if cell == "lstm":
-        return dW + (bw["dh0"], bw["da"], p["dh_T"]) + state
-    return (dW + (bw["dw_ci"], bw["dw_cf"], bw["dw_co"], bw["dh0"], bw["da"], p["dh_T"])
+        return dW + (bw["dh0"], bw["dc"], bw["da"], p["dh_T"]) + state
+    return (dW + (bw["dw_ci"], bw["dw_cf"], bw["dw_co"], bw["dh0"], bw["dc"], bw["da"],
+                  p["dh_T"])
             + state + (p["w_ci"], p["w_cf"], p["w_co"]))
 
 
@@ -130,6 +134,8 @@ def test_baseline_forward_and_backward_match_cpu(cell, dtype, version, rows=ROWS
     # backward, from the CPU's forward results
     fw_dev = {k: dev(v) for k, v in fw.items()}
     bw_gpu = {k: empty_like(v) for k, v in bw.items()}
+    if "dc" in bw:
+        bw_gpu["dc"] = dev(p["dc_T"])
     gpu_function(module, prefix, "backward", version)(*backward_args(cell, bw_gpu, fw_dev, d),
                                                       *bw_seq,
                                                       **options(version, True, rows, lanes))

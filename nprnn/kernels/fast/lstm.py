@@ -70,12 +70,13 @@ def lstm_forward_persistent_kernel(hs, cs, gates, x, W_ih, WT, b_ih, b_hh, w_ci,
 
 
 @persistent_kernel
-def lstm_backward_persistent_kernel(dh0, da, dh_T, cs, gates, W_hh, w_ci, w_cf, w_co, peephole,
-                                    rows):
+def lstm_backward_persistent_kernel(dh0, dc0, da, dh_T, cs, gates, W_hh, w_ci, w_cf, w_co,
+                                    peephole, rows):
     """BPTT through all T steps of the (peephole) LSTM in one launch (lstm_unit_backward, then
-    dh_{t-1} = da_t W_hh in row form; the dL/dc_t arriving through c_{t+1} starts at 0).
+    dh_{t-1} = da_t W_hh in row form; the dL/dc_t arriving through c_{t+1} starts as dc0's).
 
-    Written (=): dh0 (B, n), da (T, B, 4n). Read: dh_T (B, n), cs (T+1, B, n), gates, W_hh (4n, n),
+    Written (=): dh0 (B, n), da (T, B, 4n). Updated: dc0 (B, n), dL/dc_T in, dL/dc_0 out.
+    Read: dh_T (B, n), cs (T+1, B, n), gates, W_hh (4n, n),
     w_c* (n,). Work split as in the forward kernel. Shared memory: the rows' dL/dh and dL/dc
     (each value touched only by its owner thread) and two copies of their da_t (4n values per
     row; one barrier per step).
@@ -87,12 +88,12 @@ def lstm_backward_persistent_kernel(dh0, da, dh_T, cs, gates, W_hh, w_ci, w_cf, 
     dh = smem[:rows * n]
     dc = smem[rows * n:2 * rows * n]
     dbuf = smem[2 * rows * n:10 * rows * n]              # two copies of (rows, 4n)
-    for r in range(rows):                  # dL/dh_T in; nothing arrives through c_{T+1}
+    for r in range(rows):                  # dL/dh_T and dL/dc_T in
         b = b0 + r
         if b < B:
             for j in range(tid, n, nthreads):
                 dh[r * n + j] = dh_T[b, j]
-                dc[r * n + j] = 0
+                dc[r * n + j] = dc0[b, j]
     for t in range(T - 1, -1, -1):
         cur = (t % 2) * rows * 4 * n
         for r in range(rows):
@@ -134,6 +135,7 @@ def lstm_backward_persistent_kernel(dh0, da, dh_T, cs, gates, W_hh, w_ci, w_cf, 
         if b < B:
             for j in range(tid, n, nthreads):
                 dh0[b, j] = dh[r * n + j]
+                dc0[b, j] = dc[r * n + j]
 
 
 def _forward_persistent(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, w_ci, w_cf, w_co, peephole,
@@ -146,12 +148,12 @@ def _forward_persistent(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, w_ci, w_cf, w_
         hs, cs, gates, x, W_ih, WT, b_ih, b_hh, w_ci, w_cf, w_co, peephole, rows)
 
 
-def _backward_persistent(dh0, da, dh_T, cs, gates, W_hh, w_ci, w_cf, w_co, peephole, rows,
+def _backward_persistent(dh0, dc, da, dh_T, cs, gates, W_hh, w_ci, w_cf, w_co, peephole, rows,
                          threads):
     B, n = dh0.shape
     grid, threads, shared = state_launch(B, n, dh0.dtype, BACKWARD_VALUES * n, rows, threads)
     lstm_backward_persistent_kernel[grid, threads, 0, shared](
-        dh0, da, dh_T, cs, gates, W_hh, w_ci, w_cf, w_co, peephole, rows)
+        dh0, dc, da, dh_T, cs, gates, W_hh, w_ci, w_cf, w_co, peephole, rows)
 
 
 def lstm_forward_gpu_persistent(hs, cs, gates, x, W_ih, W_hh, b_ih, b_hh, *, rows=1,
@@ -169,20 +171,21 @@ def peephole_lstm_forward_gpu_persistent(hs, cs, gates, x, W_ih, W_hh, b_ih, b_h
                         threads)
 
 
-def lstm_backward_gpu_persistent(dW_ih, dW_hh, db_ih, db_hh, dh0, da, dh_T, hs, cs, gates, x,
-                                 W_hh, *, rows=1, threads=None, tile=TILE):
+def lstm_backward_gpu_persistent(dW_ih, dW_hh, db_ih, db_hh, dh0, dc, da, dh_T, hs, cs, gates,
+                                 x, W_hh, *, rows=1, threads=None, tile=TILE):
     """Version 2 twin of lstm_backward_cpu: one launch of lstm_backward_persistent_kernel, then
-    the weight gradients. Written (=): dW_ih, dW_hh, db_ih, db_hh, dh0, da."""
-    _backward_persistent(dh0, da, dh_T, cs, gates, W_hh, db_ih, db_ih, db_ih, False, rows,
+    the weight gradients. Written (=): dW_ih, dW_hh, db_ih, db_hh, dh0, da. Updated: dc."""
+    _backward_persistent(dh0, dc, da, dh_T, cs, gates, W_hh, db_ih, db_ih, db_ih, False, rows,
                          threads)
     stacked_param_grads_gpu(dW_ih, dW_hh, db_ih, db_hh, da, da, hs, x, tile=tile)
 
 
 def peephole_lstm_backward_gpu_persistent(dW_ih, dW_hh, db_ih, db_hh, dw_ci, dw_cf, dw_co, dh0,
-                                          da, dh_T, hs, cs, gates, x, W_hh, w_ci, w_cf, w_co, *,
-                                          rows=1, threads=None, tile=TILE):
+                                          dc, da, dh_T, hs, cs, gates, x, W_hh, w_ci, w_cf, w_co,
+                                          *, rows=1, threads=None, tile=TILE):
     """Version 2 twin of peephole_lstm_backward_cpu."""
-    _backward_persistent(dh0, da, dh_T, cs, gates, W_hh, w_ci, w_cf, w_co, True, rows, threads)
+    _backward_persistent(dh0, dc, da, dh_T, cs, gates, W_hh, w_ci, w_cf, w_co, True, rows,
+                         threads)
     stacked_param_grads_gpu(dW_ih, dW_hh, db_ih, db_hh, da, da, hs, x, tile=tile)
     peephole_grads_gpu(dw_ci, dw_cf, dw_co, da, cs)
 
