@@ -481,7 +481,8 @@ def is_png(path):
 
 def test_learning_curves_tell_the_splits_and_many_runs_apart(tmp_path, monkeypatch):
     """A run with --valid-size logs valid evaluations and a final test one: the two get their
-    own markers. Twelve runs get twelve colours (matplotlib's cycle has ten)."""
+    own markers. Twelve runs get twelve colours (matplotlib's cycle has ten), named once each in
+    one legend beside the panels."""
     pytest.importorskip("matplotlib")
     from nprnn.study import plotting
     made = []
@@ -497,6 +498,11 @@ def test_learning_curves_tell_the_splits_and_many_runs_apart(tmp_path, monkeypat
     plotting.plot_learning_curves(runs, tmp_path / "c12.png")
     colors = {ln.get_label().split(", ")[0]: ln.get_color() for ln in made[1].axes[1].get_lines()}
     assert len(colors) == 12 and len({tuple(np.atleast_1d(c)) for c in colors.values()}) == 12
+    # one legend beside the panels, naming each run once and each mark once
+    assert all(ax.get_legend() is None for ax in made[1].axes)
+    (legend,) = made[1].legends
+    texts = [t.get_text() for t in legend.get_texts()]
+    assert texts == [run["label"] for run in runs] + ["train", "test"]
 
 
 def test_figures_label_their_axes_explain_their_marks_and_are_print_sized(tmp_path,

@@ -221,16 +221,18 @@ def plot_learning_curves(runs, path, title=""):
     """Loss (log axis, so a diverging run does not flatten the others) and accuracy against
     iterations: training as a line, evaluations as markers joined by a dashed line, told apart
     by colour too (one run: blue for training, orange and green for the evaluation splits;
-    several: one colour per run, labelled by model and task). The accuracy axis spans the data,
-    so that 0.90 and 0.97 are told apart; runs scored by their MSE (adding) have no accuracy
-    panel, and a dotted line marks the loss of a model without memory where the task has one."""
+    several: one colour per run, labelled by model and task, in one legend beside the panels
+    that names each run once and each mark once). The accuracy axis spans the data, so that 0.90
+    and 0.97 are told apart; runs scored by their MSE (adding) have no accuracy panel, and a
+    dotted line marks the loss of a model without memory where the task has one."""
 
     has_accuracy = any(len(curve(run, split, "accuracy")[0])
                        for run in runs for split in ("train",) + EVAL_SPLITS)
-    fig = _figure(figsize=(12 if has_accuracy else 6.5, 4.8), layout="constrained")
+    one = len(runs) == 1
+    width = (12 if has_accuracy else 6.5) + (0 if one else 3.5)     # several: the legend beside
+    fig = _figure(figsize=(width, 4.8), layout="constrained")
     axes = fig.subplots(1, 2 if has_accuracy else 1, sharex=True)
     ax_loss, ax_acc = axes if has_accuracy else (axes, None)
-    one = len(runs) == 1
     split_colors = {"train": "C0", "test": "C1", "valid": "C2"}
     lows, highs = [], []
     for run, color in zip(runs, run_colors(len(runs))):
@@ -264,10 +266,27 @@ def plot_learning_curves(runs, path, title=""):
         ax.set_xlabel("iteration", fontsize=11)
         ax.tick_params(labelsize=9)
         ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
+        if one and ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
+    if not one:
+        _runs_legend(fig, runs, ax_loss)
     fig.suptitle(title or (runs[0]["label"] if one else "learning curves"), fontsize=12)
     _save(fig, path, dpi=150)
+
+
+def _runs_legend(fig, runs, ax_loss):
+    """One legend beside the panels of several runs: each run's colour once, then each mark
+    once (the training line, the evaluation splits' markers, the line without memory)."""
+    from matplotlib.lines import Line2D
+    handles = [Line2D([], [], color=c, linewidth=2.5, label=run["label"])
+               for run, c in zip(runs, run_colors(len(runs)))]
+    drawn = {line.get_label().rsplit(", ", 1)[-1] for line in ax_loss.get_lines()}
+    marks = [("train", dict(linewidth=1.2))] + [
+        (split, dict(linestyle="--", marker=SPLIT_MARKERS[split], markersize=5))
+        for split in EVAL_SPLITS] + [("without memory", dict(linestyle=":", linewidth=1.2))]
+    handles += [Line2D([], [], color="0.35", label=mark, **style) for mark, style in marks
+                if mark in drawn]
+    fig.legend(handles=handles, loc="outside right upper", fontsize=8)
 
 
 def plot_gates(runs, path):
