@@ -7,6 +7,7 @@
     out, h_n = rnn(x, lengths=lengths)             # or rnn(packed): a PackedSequence in, one out
     out, (h_n, c_n) = lstm(x, (h0, c0))            # the LSTMs, as nn.LSTM
     out, (y_n, z_n) = cornn(x, y0)                 # coRNN and LEM: both states (z_0 = 0)
+    rnn = Recurrent(..., device="cuda")            # the GPU twins, on CUDA tensors
 
 Each layer is one torch.autograd.Function: its forward runs the cell's forward kernels over the
 whole sequence and keeps their cache; its backward runs the cell's BPTT with the gradient of
@@ -18,19 +19,88 @@ NumPy without copying (the kernels write into arrays that the returned tensors v
 time-major once, as the kernels read it. Past a row's length the outputs are 0 and h_n holds
 each row's last state, as pad_packed_sequence and nn.LSTM give them.
 
-What is not here yet, each refused with an error that says so: CUDA tensors (issue 54), and for
-coRNN and LEM a given z_0 and a gradient of z_n (their kernels start at z_0 = 0 and take
+On CUDA (`_Device`) the tensors are numba device arrays' memory through
+__cuda_array_interface__, with no copies either way, and the cell runs its GPU twins (version 1,
+which takes lengths and a gradient at every step). What is not here yet, each refused with an
+error that says so: for coRNN and LEM a given z_0 and a gradient of z_n (their kernels start at z_0 = 0 and take
 gradients of y only). This is the only module that imports torch, and nothing in nprnn imports
 it.
 """
 import numpy as np
 import torch
 
-from .core.backends import CPU
+from .core.backends import CPU, CUDA
 from .core.cells import LSTMCell
+from .core.device import cuda_available
+from .core.memory import to_device
 from .core.model import READOUT_NAMES, layer_names, make_model
+from .kernels.gpu_common import cuda, simulator_enabled
 
 DTYPES = {torch.float32: "float32", torch.float64: "float64"}
+
+
+class _Host:
+    """CPU tensors and the @njit twins: tensors are NumPy arrays' memory."""
+    backend, tensor_device = CPU, "cpu"
+
+    def array(self, t):
+        """t's own memory as the kernels' array (t contiguous)."""
+        return t.detach().numpy()
+
+    def tensor(self, a):
+        """A tensor over the kernels' array `a`, without copying."""
+        return torch.from_numpy(np.asarray(a))
+
+    def upload(self, a):
+        return a
+
+    def enter(self):
+        pass
+
+    def leave(self):
+        pass
+
+
+class _Device(_Host):
+    """CUDA tensors and the GPU twins (version 1, which takes lengths and a gradient at every
+    step): tensors and numba device arrays share memory through __cuda_array_interface__, both
+    ways. The kernels run on the CUDA default stream; called under another PyTorch stream, the
+    layer waits for it first and makes it wait for the kernels after. Under numba's CUDA
+    simulator, which runs the GPU twins on the CPU, CPU tensors stand in for CUDA ones."""
+    def __init__(self):
+        self.simulated = simulator_enabled()
+        self.tensor_device = "cpu" if self.simulated else "cuda"
+
+    @property
+    def backend(self):
+        return CUDA()                        # with the launch settings of the moment
+
+    def array(self, t):
+        t = t.detach()
+        if self.simulated:                   # the simulator's device arrays wrap NumPy arrays
+            from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+            return FakeCUDAArray(t.numpy())
+        return cuda.as_cuda_array(t, sync=False)
+
+    def tensor(self, a):
+        if self.simulated:
+            return torch.from_numpy(a._ary)
+        return torch.as_tensor(a, device="cuda")
+
+    def upload(self, a):
+        return to_device(a)
+
+    def _side_stream(self):
+        return (not self.simulated
+                and torch.cuda.current_stream() != torch.cuda.default_stream())
+
+    def enter(self):
+        if self._side_stream():
+            torch.cuda.current_stream().synchronize()
+
+    def leave(self):
+        if self._side_stream():
+            cuda.default_stream().synchronize()
 
 
 class _Layer(torch.autograd.Function):
@@ -38,36 +108,43 @@ class _Layer(torch.autograd.Function):
     [, c_T or z_T]). c0 (B, n): the LSTMs' c_0 (None for the other cells, and for c_0 = 0)."""
 
     @staticmethod
-    def forward(ctx, cell, hyper, names, lengths, x, h0, c0, *params):
-        p = {names[k]: v.detach().numpy() for k, v in enumerate(params)}
+    def forward(ctx, memory, cell, hyper, names, lengths, x, h0, c0, *params):
+        m, be = memory, memory.backend
+        m.enter()
+        p = {names[k]: m.array(v) for k, v in enumerate(params)}
         T = x.shape[0]
-        cell_state = {} if c0 is None else dict(c0=c0.detach().numpy())
-        _, cache = cell.forward(p, x.detach().numpy(), h0.detach().numpy(), None, CPU,
-                                lengths=lengths, **hyper, **cell_state)
-        ctx.cell, ctx.hyper, ctx.names, ctx.p, ctx.cache = cell, hyper, names, p, cache
+        cell_state = {} if c0 is None else dict(c0=m.array(c0))
+        _, cache = cell.forward(p, m.array(x), m.array(h0), None, be, lengths=lengths, **hyper,
+                                **cell_state)
+        m.leave()
+        ctx.memory, ctx.cell, ctx.hyper, ctx.names, ctx.p, ctx.cache = (m, cell, hyper, names, p,
+                                                                       cache)
         hs = cache["hs"]
-        outs = (torch.from_numpy(hs[1:]), torch.from_numpy(hs[T]))
+        outs = (m.tensor(hs[1:]), m.tensor(hs[T]))
         if "cs" in cache:                           # the LSTMs' c_T, differentiated
-            outs += (torch.from_numpy(cache["cs"][T]),)
+            outs += (m.tensor(cache["cs"][T]),)
         elif "zs" in cache:         # coRNN's and LEM's z_T: a gradient of it is refused (below)
-            outs += (torch.from_numpy(cache["zs"][T]),)
+            outs += (m.tensor(cache["zs"][T]),)
         return outs
 
     @staticmethod
     def backward(ctx, d_out, d_h_T, *d_second):
-        cell, cache, p = ctx.cell, ctx.cache, ctx.p
+        m, cell, cache, p = ctx.memory, ctx.cell, ctx.cache, ctx.p
         dc = {}
         if "cs" in cache:
-            dc = dict(dc_T=None if d_second[0] is None else d_second[0].contiguous().numpy())
+            dc = dict(dc_T=None if d_second[0] is None else m.array(d_second[0].contiguous()))
         elif d_second and d_second[0] is not None and torch.any(d_second[0] != 0):
             raise RuntimeError(f"nprnn's {cell.name} BPTT takes no gradient of z_n yet: use y_n "
                                f"and the outputs in the loss")
-        grads, dh0 = cell.backward(p, cache, d_h_T.contiguous().numpy(), dhs=np.ascontiguousarray(
-            d_out.numpy()), **ctx.hyper, **dc)
-        dx = cell.input_grads(p, cache)
-        dc0 = torch.from_numpy(cache["dc0"]) if ctx.needs_input_grad[6] else None   # c0's
-        return (None, None, None, None, torch.from_numpy(dx), torch.from_numpy(dh0), dc0,
-                *(torch.from_numpy(grads[name]) for name in ctx.names))
+        m.enter()
+        grads, dh0 = cell.backward(p, cache, m.array(d_h_T.contiguous()),
+                                   dhs=m.array(d_out.contiguous()), backend=m.backend,
+                                   **ctx.hyper, **dc)
+        dx = cell.input_grads(p, cache, backend=m.backend)
+        m.leave()
+        dc0 = m.tensor(cache["dc0"]) if ctx.needs_input_grad[7] else None   # c0's
+        return (None, None, None, None, None, m.tensor(dx), m.tensor(dh0), dc0,
+                *(m.tensor(grads[name]) for name in ctx.names))
 
 
 class Recurrent(torch.nn.Module):
@@ -80,16 +157,26 @@ class Recurrent(torch.nn.Module):
         dtype = torch.get_default_dtype() if dtype is None else dtype
         if dtype not in DTYPES:
             raise TypeError(f"dtype must be one of {', '.join(map(str, DTYPES))}, got {dtype}")
-        _check_device(device)
+        self._on = _check_device(device)          # "cpu" or "cuda": where its kernels run
         model = make_model(cell, input_size, hidden_size, num_classes=2, layers=num_layers,
                            dtype=DTYPES[dtype], **settings)
         self.cell, self.hyper = model.cell, dict(model.hyper)
         self.input_size, self.hidden_size = input_size, hidden_size
         self.num_layers, self.batch_first = num_layers, batch_first
         self._names = layer_names(model.cell, num_layers)     # {our name: the cell's}, per layer
+        where = self._memory().tensor_device
         for name, value in model.params.items():
             if name not in READOUT_NAMES:
-                self.register_parameter(name, torch.nn.Parameter(torch.from_numpy(value)))
+                self.register_parameter(name, torch.nn.Parameter(torch.from_numpy(value).to(where)))
+
+    def _memory(self):
+        """How tensors reach the kernels: the GPU twins for a layer on CUDA (its parameters
+        moved there, or made with device="cuda"), else the CPU twins."""
+        first = next(self.parameters(), None)
+        if (first is not None and first.device.type == "cuda") or self._on == "cuda":
+            _check_device("cuda")
+            return _DEVICE
+        return _HOST
 
     def forward(self, x, hx=None, lengths=None):
         """(out, h_n) for x (B, T, m) (batch_first; else (T, B, m)) or a PackedSequence;
@@ -100,7 +187,9 @@ class Recurrent(torch.nn.Module):
             if lengths is not None:
                 raise ValueError("give lengths or a PackedSequence, not both")
             x, lengths = torch.nn.utils.rnn.pad_packed_sequence(x, batch_first=self.batch_first)
-        _check_device(x.device)
+        memory, where = self._memory(), self.W_device()
+        if x.device != where:
+            raise ValueError(f"x is on {x.device}; this layer's parameters are on {where}")
         if x.dtype != self.W_dtype():
             raise TypeError(f"x is {x.dtype}; this layer's parameters are {self.W_dtype()}")
         xt = (x.transpose(0, 1) if self.batch_first else x).contiguous()       # (T, B, m)
@@ -111,19 +200,21 @@ class Recurrent(torch.nn.Module):
                 raise ValueError(f"lengths must be (B,) = ({B},) ints in [1, {T}], got "
                                  f"{lengths.tolist()}")
             lengths = None if (lengths == T).all() else lengths
-        h0, c0 = self._initial(hx, B, x.dtype)
+        kernel_lengths = None if lengths is None else memory.upload(lengths)
+        h0, c0 = self._initial(hx, B, x.dtype, where)
         h_n, c_n = [], []
         for k in range(self.num_layers):
             names = self._names[k]
             params = [getattr(self, name) for name in names]
-            outs = _Layer.apply(self.cell, self.hyper, list(names.values()), lengths, xt, h0[k],
-                                None if c0 is None else c0[k], *params)
+            outs = _Layer.apply(memory, self.cell, self.hyper, list(names.values()),
+                                kernel_lengths, xt, h0[k], None if c0 is None else c0[k], *params)
             xt = outs[0]
             h_n.append(outs[1])
             c_n += outs[2:]
         out = xt.transpose(0, 1) if self.batch_first else xt
         if lengths is not None:                     # 0 past a row's length, as pad_packed gives
-            steps = torch.arange(T)[:, None] < torch.from_numpy(lengths)[None, :]   # (T, B)
+            steps = (torch.arange(T, device=where)[:, None]
+                     < torch.from_numpy(lengths).to(where)[None, :])                  # (T, B)
             out = out * (steps.T if self.batch_first else steps)[..., None].to(out.dtype)
         if packed:
             out = torch.nn.utils.rnn.pack_padded_sequence(
@@ -135,7 +226,10 @@ class Recurrent(torch.nn.Module):
     def W_dtype(self):
         return next(self.parameters()).dtype
 
-    def _initial(self, hx, B, dtype):
+    def W_device(self):
+        return next(self.parameters()).device
+
+    def _initial(self, hx, B, dtype, where):
         """(h_0, c_0) of each layer, (layers, B, n) each: from hx, h_0 zeros where not given,
         c_0 None (the kernels' 0) unless an LSTM's is given."""
         shape = (self.num_layers, B, self.hidden_size)
@@ -146,22 +240,34 @@ class Recurrent(torch.nn.Module):
                 raise ValueError(f"hx for {self.cell.name} is h_0 alone (layers, B, n), not a "
                                  f"tuple: only the LSTMs take (h_0, c_0)")
             hx, c0 = hx
-            c0 = None if c0 is None else self._state("c_0", c0, shape, dtype)
-        h0 = torch.zeros(shape, dtype=dtype) if hx is None else self._state("hx", hx, shape, dtype)
+            c0 = None if c0 is None else self._state("c_0", c0, shape, dtype, where)
+        h0 = (torch.zeros(shape, dtype=dtype, device=where) if hx is None
+              else self._state("hx", hx, shape, dtype, where))
         return h0, c0
 
     @staticmethod
-    def _state(label, v, shape, dtype):
+    def _state(label, v, shape, dtype, where):
         if tuple(v.shape) != shape or v.dtype != dtype:
             raise ValueError(f"{label} must be {dtype} of shape (layers, B, n) = {shape}, got "
                              f"{v.dtype} {tuple(v.shape)}")
-        _check_device(v.device)
+        if v.device != where:
+            raise ValueError(f"{label} is on {v.device}; this layer's parameters are on {where}")
         return v.contiguous()
 
 
+_HOST, _DEVICE = _Host(), None
+
+
 def _check_device(device):
-    """Only CPU tensors for now: say so, naming what is supported."""
-    if device is not None and torch.device(device).type != "cpu":
-        raise NotImplementedError(f"nprnn.torch runs on CPU tensors only so far, got device "
-                                  f"{device}: the CUDA path (numba-cuda through "
-                                  f"__cuda_array_interface__) is not built yet")
+    """"cpu" or "cuda" for a layer's `device` (None: the CPU); an error naming what runs
+    where another device, or CUDA without a GPU (or numba's simulator), is asked for."""
+    global _DEVICE
+    kind = torch.device("cpu" if device is None else device).type
+    if kind not in ("cpu", "cuda"):
+        raise NotImplementedError(f"nprnn.torch runs on devices cpu and cuda, got {device}")
+    if kind == "cuda":
+        ok, why = cuda_available()
+        if not ok:
+            raise RuntimeError(f"device {device}: numba cannot run CUDA kernels here ({why})")
+        _DEVICE = _DEVICE or _Device()
+    return kind

@@ -158,7 +158,7 @@ def test_parameters_and_outputs_share_memory_with_the_kernels(monkeypatch):
 @pytest.mark.parametrize("make, call, error, match", [
     (dict(dtype=torch.float16), None, TypeError, r"dtype must be one of torch.float32, "
                                                  r"torch.float64, got torch.float16"),
-    (dict(device="meta"), None, NotImplementedError, "CPU tensors only so far, got device meta"),
+    (dict(device="meta"), None, NotImplementedError, "runs on devices cpu and cuda, got meta"),
     ({}, lambda r: r(torch.zeros(B, T, M)), TypeError, "x is torch.float32; this layer's "
                                                        "parameters are torch.float64"),
     ({}, lambda r: r(torch.zeros(B, T, M, dtype=torch.float64), lengths=[T, 0, 1]), ValueError,
@@ -171,6 +171,14 @@ def test_what_it_cannot_run_is_refused_saying_so(make, call, error, match):
     with pytest.raises(error, match=match):
         rnn = Recurrent("gru", M, N, num_layers=2, **dict(dict(dtype=torch.float64), **make))
         call(rnn)
+
+
+def test_cuda_without_a_gpu_is_refused_saying_why():
+    from nprnn.core.device import cuda_available
+    if cuda_available()[0]:
+        pytest.skip("numba can run CUDA kernels here: tests/gpu/test_gpu_torch_layer.py runs it")
+    with pytest.raises(RuntimeError, match="device cuda: numba cannot run CUDA kernels here"):
+        Recurrent("antisym", M, N, device="cuda")
 
 
 def test_the_second_states_as_documented():
