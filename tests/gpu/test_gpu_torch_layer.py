@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 from gpu_testing import B, M, N, T, requires_cuda, small_launch
 
+import nprnn
+
 torch = pytest.importorskip("torch", reason="PyTorch is the optional torch extra")
 from nprnn.torch import Recurrent  # noqa: E402
 
@@ -20,7 +22,7 @@ HYPER = {"antisym-gated": dict(eps=0.5, gamma=0.1), "lstm": {}, "cornn": {}}
 def run(layer, x, h0, c0, lengths):
     """(out, h_n[, c_n]) and the gradients of x, h_0, c_0 and every parameter, on the CPU."""
     x, h0, c0 = (v.clone().to(layer.W_device()).requires_grad_() for v in (x, h0, c0))
-    lstm = layer.cell.name == "lstm"
+    lstm = layer.cell.name in ("lstm", "peephole-lstm")
     out, state = layer(x, (h0, c0) if lstm else h0, lengths=lengths)
     h_n, c_n = state if isinstance(state, tuple) else (state, None)
     loss = (out ** 2).sum() + out.sum() + (h_n ** 3).sum()
@@ -32,16 +34,20 @@ def run(layer, x, h0, c0, lengths):
     return {k: None if v is None else v.detach().cpu().numpy() for k, v in got.items()}
 
 
-@pytest.mark.parametrize("name", list(HYPER))
-def test_the_layer_on_cuda_is_the_layer_on_the_cpu(name, monkeypatch):
-    """Two layers, h_0 (and c_0), rows of lengths T, 1 and between, float64: the outputs, the
-    last states and every gradient equal the CPU layer's."""
+@pytest.mark.parametrize("name, layers", [(name, 2) for name in HYPER]
+                         + [(name, 1) for name in nprnn.CELLS if name not in HYPER])
+def test_the_layer_on_cuda_is_the_layer_on_the_cpu(name, layers, monkeypatch):
+    """Every cell (two layers for one of each family), h_0 (and c_0), rows of lengths T, 1 and
+    between, float64: the outputs, the last states and every gradient equal the CPU layer's."""
     small_launch(monkeypatch)
-    layers = [Recurrent(name, M, N, num_layers=2, dtype=torch.float64, sigma_w=2.0, seed=1,
-                        device=device, **HYPER[name]) for device in ("cpu", "cuda")]
+    hyper = HYPER.get(name, {k: v for k, v in dict(eps=0.5, gamma=0.1).items()
+                             if k in nprnn.CELLS[name].hyper})
+    layers = [Recurrent(name, M, N, num_layers=layers, dtype=torch.float64, sigma_w=2.0, seed=1,
+                        device=device, **hyper) for device in ("cpu", "cuda")]
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(B, T, M, dtype=torch.float64, generator=gen)
-    h0, c0 = (torch.randn(2, B, N, dtype=torch.float64, generator=gen) for _ in range(2))
+    h0, c0 = (torch.randn(layers[0].num_layers, B, N, dtype=torch.float64, generator=gen)
+              for _ in range(2))
     want, got = (run(layer, x, h0, c0, [T, 1, 3]) for layer in layers)
     for k, v in want.items():
         if v is not None:
