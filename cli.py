@@ -430,8 +430,8 @@ def eval_run(run, split, task, data_dir, T, batch_size, device):
               help="Time PyTorch beside nprnn when it is installed.")
 @click.option("--torch-layer", is_flag=True,
               help="Time PyTorch training steps (forward, backward, SGD) with the cell as "
-                   "nprnn.torch.Recurrent, beside the same steps with the plain PyTorch cell "
-                   "(CPU).")
+                   "nprnn.torch.Recurrent, beside the same steps with the plain PyTorch cell, "
+                   "on --device.")
 @click.option("--device", default="cpu", show_default=True,
               type=click.Choice(["cpu", "cuda", "auto"]),
               help="cpu: the @njit kernels; cuda: every GPU kernel version, beside PyTorch on the "
@@ -447,9 +447,10 @@ def bench(models, B, T, m, n, layers, readout, dtype, repeat, with_torch, torch_
         device = resolve_device(device)
     except DeviceUnavailable as e:
         raise click.ClickException(str(e)) from None
-    if torch_layer and (device == "cuda" or not B_.torch_available()):
-        raise click.UsageError("--torch-layer times nprnn.torch on the CPU and needs PyTorch "
-                               "(pip install -e '.[torch]')", ctx=None)
+    if torch_layer and not B_.torch_available(device):
+        raise click.UsageError("--torch-layer times nprnn.torch and needs PyTorch (pip install "
+                               "-e '.[torch]')" + (", a build that can use the GPU" if
+                                                   device == "cuda" else ""), ctx=None)
     if with_torch and not B_.torch_available(device):
         click.echo("PyTorch is not installed: timing nprnn alone (pip install -e '.[bench]' to "
                    "compare)."
@@ -458,7 +459,11 @@ def bench(models, B, T, m, n, layers, readout, dtype, repeat, with_torch, torch_
         with_torch = False
     shape = f"B={B} T={T} m={m} n={n} layers={layers} readout={readout} {dtype}"
     with output.enough_memory("--batch, --T, --input-size, --hidden or --layers"):
-        if device == "cuda":
+        if device == "cuda" and torch_layer:
+            click.echo(f"{shape}, median of {repeat}; {autotune.device_name()}")
+            rows = B_.run(names, B, T, m, n, dtype=dtype, repeat=repeat, layers=layers,
+                          readout=readout, torch_layer=True, device="cuda")
+        elif device == "cuda":
             click.echo(f"{shape}, median of {repeat}; {autotune.device_name()}")
             rows = B_.run_gpu(names, B, T, m, n, dtype=dtype, repeat=repeat,
                               with_torch=with_torch, layers=layers, readout=readout)

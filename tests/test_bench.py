@@ -328,7 +328,8 @@ def test_torch_layer_rows_time_training_steps_beside_plain_pytorch():
     assert rows[-1].endswith("(PyTorch has no such cell)")
 
 
-def test_torch_layer_rows_need_pytorch_on_the_cpu(monkeypatch):
+def test_torch_layer_rows_need_pytorch(monkeypatch):
     monkeypatch.setattr(bench, "torch_available", lambda device="cpu": False)
     result = CliRunner().invoke(cli.cli, ["bench", "--torch-layer", "--repeat", "1"])
-    assert result.exit_code == 2 and "--torch-layer times nprnn.torch on the CPU" in result.output
+    assert result.exit_code == 2 and "--torch-layer times nprnn.torch and needs PyTorch" in (
+        result.output)

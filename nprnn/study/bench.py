@@ -168,7 +168,7 @@ def _bench_torch(torch, name, x, y, n, dtype, repeat, seed, device, layers=1, la
     params = []                               # what the optimiser steps (with `step`)
     if layer:                                 # nprnn's kernels as a PyTorch layer
         from ..torch import Recurrent
-        rnn = Recurrent(name, m, n, num_layers=layers, dtype=tdtype, seed=seed)
+        rnn = Recurrent(name, m, n, num_layers=layers, dtype=tdtype, seed=seed, device=device)
         sequence = lambda x: rnn(x)[0]                                           # noqa: E731
         params = list(rnn.parameters())
     elif cell.torch_module:                   # nn.RNN, nn.LSTM, nn.GRU: the same weights
@@ -215,13 +215,13 @@ def _bench_torch(torch, name, x, y, n, dtype, repeat, seed, device, layers=1, la
 
 
 def run(names, B, T, m, n, dtype="float32", repeat=5, with_torch=True, seed=0, layers=1,
-        readout="last", torch_layer=False):
+        readout="last", torch_layer=False, device="cpu"):
     """Measure each model (of `layers` layers, read at the last step or every step), and PyTorch
     beside it where installed. Returns a list of rows. With `torch_layer`, training steps in
     PyTorch instead: nprnn.torch.Recurrent against the plain PyTorch cell, both with an SGD
-    step."""
+    step, on `device` ("cpu" or "cuda")."""
     if torch_layer:
-        return run_torch_layer(names, B, T, m, n, dtype, repeat, seed, layers, readout)
+        return run_torch_layer(names, B, T, m, n, dtype, repeat, seed, layers, readout, device)
     rows = []
     x, y = bench_inputs(B, T, m, dtype, seed, readout=readout)
     for name in names:
@@ -245,27 +245,29 @@ def run(names, B, T, m, n, dtype="float32", repeat=5, with_torch=True, seed=0, l
     return rows
 
 
-def run_torch_layer(names, B, T, m, n, dtype, repeat, seed, layers, readout):
+def run_torch_layer(names, B, T, m, n, dtype, repeat, seed, layers, readout, device="cpu"):
     """A PyTorch training step (forward, loss, backward, torch.optim.SGD) with the cell as
     nprnn.torch.Recurrent, beside the same step with the plain PyTorch cell (nn.RNN/LSTM/GRU, or
-    the Euler cells' loop): rows as `run`'s, the ratio the layer's over the plain one's."""
+    the Euler cells' loop), both on `device`: rows as `run`'s, the ratio the layer's over the
+    plain one's."""
     rows = []
     x, y = bench_inputs(B, T, m, dtype, seed, readout=readout)
     for name in names:
         f_all = flops(name, B, T, m, n, layers)[1]
-        ours = bench_torch(name, x, y, n, repeat, seed, layers=layers, layer=True, step=True)
-        theirs = bench_torch(name, x, y, n, repeat, seed, layers=layers, step=True)
+        ours = bench_torch(name, x, y, n, repeat, seed, device, layers, layer=True, step=True)
+        theirs = bench_torch(name, x, y, n, repeat, seed, device, layers, step=True)
+        where = "cuda" if device == "cuda" else threads(numba.get_num_threads())
         rows.append(dict(model=name, impl=f"nprnn.torch in PyTorch {ours['version']} "
-                         f"({threads(numba.get_num_threads())})", forward=ours["forward"],
+                         f"({where})", forward=ours["forward"],
                          fwd_bwd=ours["fwd_bwd"], gflops=f_all / ours["fwd_bwd"] / 1e9))
         if theirs is None:
             rows[-1]["note"] = "(PyTorch has no such cell)"
             continue
         rows[-1]["ratio"] = ours["fwd_bwd"] / theirs["fwd_bwd"]
-        rows.append(dict(model=name, impl=f"PyTorch {theirs['version']} "
-                         f"({threads(theirs['threads'])})", forward=theirs["forward"],
-                         fwd_bwd=theirs["fwd_bwd"], gflops=f_all / theirs["fwd_bwd"] / 1e9,
-                         ratio=1.0))
+        where = "cuda" if device == "cuda" else threads(theirs["threads"])
+        rows.append(dict(model=name, impl=f"PyTorch {theirs['version']} ({where})",
+                         forward=theirs["forward"], fwd_bwd=theirs["fwd_bwd"],
+                         gflops=f_all / theirs["fwd_bwd"] / 1e9, ratio=1.0))
     return rows
 
 
