@@ -211,6 +211,30 @@ def test_torch_yardstick_runs_the_same_cell():
 
 
 @pytest.mark.skipif(not bench.torch_available(), reason="PyTorch is not installed (optional)")
+@pytest.mark.parametrize("name", ["cornn", "cornn-imex", "lem"])
+def test_the_successors_torch_loops_are_nprnns_cells(name):
+    """The PyTorch rows of coRNN and LEM time the same recurrence as nprnn's cell at its
+    default settings: given the model's parameters, the loop's last state is the model's."""
+    import torch
+    model = nprnn.make_model(name, 2, 5, 3, dtype="float64", seed=2)
+    gen = torch.Generator().manual_seed(0)
+    if name == "lem":
+        loop = bench._torch_lem(torch, 5, 2, torch.float64, gen)
+        keys = ["weight_ih", "bias_ih", "weight_hh", "bias_hh", "weight_z", "bias_z"]
+    else:
+        loop = bench._torch_cornn(model.cell, torch, 5, 2, torch.float64, gen)
+        keys = ["W", "W_z", "V", "b"]
+    with torch.no_grad():
+        for param, key in zip(loop.params, keys):
+            param.copy_(torch.from_numpy(model.params[key]))
+    x = np.random.default_rng(3).standard_normal((4, 6, 2))
+    h_T = loop(torch.from_numpy(x))[:, -1].detach().numpy()
+    np.testing.assert_allclose(h_T, model.hidden(x), rtol=1e-12, atol=1e-14)
+    r = bench.bench_torch(name, *bench.bench_inputs(2, 3, 1, "float32"), 4, repeat=1)
+    assert r["forward"] > 0 and np.isfinite(r["fwd_bwd"])
+
+
+@pytest.mark.skipif(not bench.torch_available(), reason="PyTorch is not installed (optional)")
 def test_the_torch_yardstick_gives_back_the_floating_point_mode():
     """PyTorch is timed with subnormals flushed (float32); nprnn's rows timed after it must not
     run in that mode, nor compute float64 results in it."""

@@ -137,6 +137,66 @@ def _torch_euler(cell, torch, n, m, eps, gamma, dtype, gen, device="cpu"):
     return hidden
 
 
+def _torch_cornn(cell, torch, n, m, dtype, gen, device="cpu"):
+    """coRNN (kernels/cornn.py) in plain PyTorch at the paper's sMNIST settings: the input
+    projection V u_t + b for all steps as one product, then the official recurrence, two
+    torch.addmm a step; z's step dt_z is dt, or dt / (1 + dt epsilon) in the IMEX form."""
+    from ..core.successors import CORNN_DT as dt, CORNN_EPSILON as epsilon, CORNN_GAMMA as gamma
+    dt_z = dt / (1.0 + dt * epsilon) if cell.imex else dt
+    bound = (m + 2 * n) ** -0.5                    # the official nn.Linear(m + 2n, n)'s init
+
+    def param(*shape):
+        w = (torch.rand(*shape, generator=gen, dtype=dtype) * 2 - 1) * bound
+        return w.to(device).requires_grad_()
+    W, W_z, V, b = param(n, n), param(n, n), param(n, m), param(n)
+
+    def hidden(x):
+        B, T, _ = x.shape
+        U = torch.addmm(b, x.reshape(B * T, m), V.T).reshape(B, T, n)
+        y = torch.zeros(B, n, dtype=dtype, device=device)
+        z = torch.zeros_like(y)
+        ys = []
+        for u in U.unbind(1):
+            s = torch.tanh(torch.addmm(torch.addmm(u, y, W.T), z, W_z.T))
+            z = z + dt_z * (s - gamma * y - epsilon * z)
+            y = y + dt * z
+            ys.append(y)
+        return torch.stack(ys, dim=1)
+    hidden.params = [W, W_z, V, b]
+    return hidden
+
+
+def _torch_lem(torch, n, m, dtype, gen, device="cpu"):
+    """LEM (kernels/lem.py) in plain PyTorch at the paper's sMNIST dt: the input products of
+    all steps as one, then the official recurrence: y_{t-1}'s three blocks in one torch.addmm,
+    z's update, z_t's product, y's update."""
+    from ..core.successors import LEM_DT as dt
+
+    def param(*shape, fan_in):
+        w = (torch.rand(*shape, generator=gen, dtype=dtype) * 2 - 1) * fan_in ** -0.5
+        return w.to(device).requires_grad_()
+    W_ih, b_ih = param(4 * n, m, fan_in=m), param(4 * n, fan_in=m)
+    W_hh, b_hh = param(3 * n, n, fan_in=n), param(3 * n, fan_in=n)
+    W_z, b_z = param(n, n, fan_in=n), param(n, fan_in=n)
+
+    def hidden(x):
+        B, T, _ = x.shape
+        A = torch.addmm(b_ih, x.reshape(B * T, m), W_ih.T).reshape(B, T, 4 * n)
+        y = torch.zeros(B, n, dtype=dtype, device=device)
+        z = torch.zeros_like(y)
+        ys = []
+        for a in A.unbind(1):
+            A1, A2, A3, A4 = a.chunk(4, 1)
+            H1, H2, H3 = torch.addmm(b_hh, y, W_hh.T).chunk(3, 1)
+            g_bar, g = dt * torch.sigmoid(A1 + H1), dt * torch.sigmoid(A2 + H2)
+            z = (1 - g) * z + g * torch.tanh(A4 + H3)
+            y = (1 - g_bar) * y + g_bar * torch.tanh(torch.addmm(b_z, z, W_z.T) + A3)
+            ys.append(y)
+        return torch.stack(ys, dim=1)
+    hidden.params = [W_ih, b_ih, W_hh, b_hh, W_z, b_z]
+    return hidden
+
+
 def bench_torch(name, x, y, n, repeat, seed=0, device="cpu", layers=1, layer=False,
                 step=False):
     """PyTorch doing the same work on `device` ("cpu" or "cuda") from the same batch x (B, T, m),
@@ -176,11 +236,18 @@ def _bench_torch(torch, name, x, y, n, dtype, repeat, seed, device, layers=1, la
                                                        dtype=tdtype).to(device)
         sequence = lambda x: module(x)[0]                                        # noqa: E731
         params = list(module.parameters())
-    elif isinstance(cell, EulerCell):
-        # the cell nprnn's side builds: make_model's default eps and gamma; layer k + 1 reads
-        # layer k's hidden sequence
-        stack = [_torch_euler(cell, torch, n, m if k == 0 else n, DEFAULT_EPS, DEFAULT_GAMMA,
-                              tdtype, gen, device) for k in range(layers)]
+    elif isinstance(cell, EulerCell) or name in ("cornn", "cornn-imex", "lem"):
+        # the cell nprnn's side builds (make_model's default eps and gamma, the successors'
+        # sMNIST settings); layer k + 1 reads layer k's hidden sequence
+        def one(k):
+            inputs = m if k == 0 else n
+            if name == "lem":
+                return _torch_lem(torch, n, inputs, tdtype, gen, device)
+            if name.startswith("cornn"):
+                return _torch_cornn(cell, torch, n, inputs, tdtype, gen, device)
+            return _torch_euler(cell, torch, n, inputs, DEFAULT_EPS, DEFAULT_GAMMA, tdtype, gen,
+                                device)
+        stack = [one(k) for k in range(layers)]
 
         def sequence(x):
             for one in stack:
