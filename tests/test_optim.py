@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import nprnn
-from nprnn.core.optim import SGD, Adagrad, StepRecorder, clip_scale, global_norm, make_optimizer
+from nprnn.core.optim import SGD, Adagrad, Adam, StepRecorder, clip_scale, global_norm, make_optimizer
 from nprnn.core.model import Step
 
 
@@ -75,6 +75,41 @@ def test_adagrad_accumulates_the_clipped_gradient():
     assert p["w"][0] == pytest.approx(-1.0 / (1.0 + 1e-7), abs=1e-15)
 
 
+def test_adam_matches_its_formula_and_torch():
+    """Three steps with clipping factors, against Adam written out in NumPy (bias corrections
+    1 - b^t) and, where PyTorch is installed, torch.optim.Adam on the same clipped gradients."""
+    rng = np.random.default_rng(8)
+    p0 = rng.standard_normal(5)
+    grads = [rng.standard_normal(5) for _ in range(3)]
+    scales = [1.0, 0.5, 0.25]
+    p = {"w": p0.copy()}
+    opt = Adam(p, lr=0.01, beta1=0.8, beta2=0.99, eps=1e-6)
+    w, m, v = p0.copy(), np.zeros(5), np.zeros(5)
+    for t, (g, s) in enumerate(zip(grads, scales), start=1):
+        opt.step(p, {"w": g}, scale=s)
+        m = 0.8 * m + 0.2 * s * g
+        v = 0.99 * v + 0.01 * (s * g) ** 2
+        w = w - 0.01 * (m / (1 - 0.8 ** t)) / (np.sqrt(v / (1 - 0.99 ** t)) + 1e-6)
+        np.testing.assert_allclose(p["w"], w, rtol=1e-13)
+        np.testing.assert_allclose(opt.slots["m"]["w"], m, rtol=1e-13)
+        np.testing.assert_allclose(opt.slots["v"]["w"], v, rtol=1e-13)
+    torch = pytest.importorskip("torch", reason="PyTorch is the optional torch extra")
+    theirs = torch.tensor(p0, requires_grad=True)
+    torch_opt = torch.optim.Adam([theirs], lr=0.01, betas=(0.8, 0.99), eps=1e-6)
+    for g, s in zip(grads, scales):
+        theirs.grad = torch.from_numpy(s * g)
+        torch_opt.step()
+    np.testing.assert_allclose(p["w"], theirs.detach().numpy(), rtol=1e-13)
+
+
+def test_adam_settings_are_checked():
+    p = {"w": np.zeros(2)}
+    with pytest.raises(ValueError, match=r"beta2 must be in \[0, 1\), got 1.0"):
+        Adam(p, lr=0.1, beta2=1.0)
+    with pytest.raises(ValueError, match="eps"):
+        Adam(p, lr=0.1, eps=0.0)
+
+
 def test_float32_update_agrees_with_float64():
     rng = np.random.default_rng(0)
     p64 = {"w": rng.standard_normal(50)}
@@ -107,7 +142,7 @@ def test_global_norm_and_clip_scale():
     assert all(math.isnan(clip_scale(norm, c)) for norm in (math.inf, math.nan) for c in (0, 1))
 
 
-@pytest.mark.parametrize("name", ["sgd", "adagrad"])
+@pytest.mark.parametrize("name", ["sgd", "adagrad", "adam"])
 def test_an_infinite_gradient_with_clipping_leaves_the_parameters_alone(name):
     """s = clip / inf would be 0, and the update 0 * inf = nan."""
     p = {"w": np.ones(3)}
@@ -127,7 +162,7 @@ def test_clipped_step_has_the_clipped_length():
 
 
 @pytest.mark.parametrize("name", ["antisym", "antisym-gated"])
-@pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adam"])
 def test_antisymmetric_W_stays_strictly_upper_triangular(name, optimizer):
     model = nprnn.make_model(name, 2, 6, 3, eps=0.5, gamma=0.1, dtype="float64", seed=1)
     opt = make_optimizer(optimizer, model.params, lr=0.3)
@@ -142,12 +177,12 @@ def test_antisymmetric_W_stays_strictly_upper_triangular(name, optimizer):
     W = model.params["W"]
     assert np.all(W[lower] == 0.0)
     assert not np.array_equal(W[~lower], W0[~lower])    # the upper triangle did move
-    slot = opt.slot_names[0]
-    untouched = 0.0 if optimizer == "sgd" else opt.hyper["initial_accumulator"]
-    assert np.all(opt.slots[slot]["W"][lower] == untouched)
+    untouched = opt.hyper.get("initial_accumulator", 0.0)
+    for slot in opt.slot_names:
+        assert np.all(opt.slots[slot]["W"][lower] == untouched)
 
 
-@pytest.mark.parametrize("optimizer,lr", [("sgd", 0.5), ("adagrad", 0.1)])
+@pytest.mark.parametrize("optimizer,lr", [("sgd", 0.5), ("adagrad", 0.1), ("adam", 0.02)])
 def test_one_tiny_batch_is_learned_by_heart(optimizer, lr):
     model = nprnn.make_model("antisym", 2, 16, 4, eps=0.5, gamma=0.01, dtype="float64", seed=0)
     rng = np.random.default_rng(3)
@@ -161,7 +196,7 @@ def test_one_tiny_batch_is_learned_by_heart(optimizer, lr):
     assert np.array_equal(model.forward(x).argmax(axis=1), y)
 
 
-@pytest.mark.parametrize("name", ["sgd", "adagrad"])
+@pytest.mark.parametrize("name", ["sgd", "adagrad", "adam"])
 def test_state_dict_round_trip_continues_identically(name):
     rng = np.random.default_rng(4)
     p = {"W": rng.standard_normal((3, 3)).astype(np.float32), "b": np.zeros(3, np.float32)}
@@ -256,8 +291,9 @@ def test_bad_arguments_are_named():
         SGD(p, lr=0.0)
     with pytest.raises(ValueError, match=r"momentum must be in \[0, 1\), got 1.0"):
         SGD(p, lr=0.1, momentum=1.0)
-    with pytest.raises(ValueError, match="unknown optimizer 'adam'; choose one of: sgd, adagrad"):
-        make_optimizer("adam", p, lr=0.1)
+    with pytest.raises(ValueError, match="unknown optimizer 'adamw'; choose one of: sgd, "
+                                         "adagrad, adam"):
+        make_optimizer("adamw", p, lr=0.1)
     with pytest.raises(ValueError, match="initial_accumulator"):
         Adagrad(p, lr=0.1, initial_accumulator=-1)
     with pytest.raises(ValueError, match=r"adagrad has no momentum \(got momentum=0.5\)"):

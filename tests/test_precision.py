@@ -39,6 +39,7 @@ FLOAT64_ON_PURPOSE = {
     "sgd_momentum_cpu": "lr, momentum and the clipping scale are float64 scalars; the update of "
                         "each parameter is rounded once into its dtype",
     "adagrad_cpu": "as sgd_momentum_cpu",
+    "adam_cpu": "as sgd_momentum_cpu (and the bias corrections c1, c2)",
     "sum_squares_cpu": "the squared gradient norm is summed in float64: a float32 square can "
                        "overflow",
     "mse_cpu": "each row's gradient scale 2 w[r] / K, from its float64 weight, once per row",
@@ -66,7 +67,8 @@ def _run_everything_in_float32():
         model = make_model(name, 2, 4, 3, dtype="float32", seed=1)
         _, grads = model.loss_and_grad(x, y)
         for opt in (make_optimizer("sgd", model.params, 0.1),
-                    make_optimizer("adagrad", model.params, 0.1)):
+                    make_optimizer("adagrad", model.params, 0.1),
+                    make_optimizer("adam", model.params, 0.1)):
             opt.step(model.params, grads, scale=0.5)
         StepRecorder("cpu", clip=1.0).record(model.step_arrays(x, y))
         # the sequence paths: lengths, a readout at every step, two layers (kernels/stack.py)
@@ -112,7 +114,7 @@ def test_the_scan_finds_the_kernels(float32_kernels):
     for expected in ("euler_backward_cpu", "euler_gated_forward_cpu", "rnn_backward_cpu",
                      "lstm_backward_cpu", "peephole_lstm_backward_cpu", "gru_forward_cpu",
                      "gru_backward_cpu", "matmul_tn_rows", "sum_rows", "time_major_cpu",
-                     "gaussian_fill_cpu", "adagrad_cpu", "softmax_xent_cpu", "record_step_cpu",
+                     "gaussian_fill_cpu", "adagrad_cpu", "adam_cpu", "softmax_xent_cpu", "record_step_cpu",
                      "mse_cpu", "cornn_forward_cpu", "cornn_backward_cpu", "lem_forward_cpu",
                      "lem_backward_cpu"):
         assert expected in names, f"no float32 call of {expected}: found {sorted(names)}"

@@ -89,7 +89,10 @@ OVERRIDES = {("matmul_tn_partial_kernel", "A"): "2", ("matmul_tn_partial_kernel"
              ("transpose_kernel", "out"): "2", ("transpose_kernel", "a"): "2",
              ("time_major_kernel", "out"): "3",
              # the readout's outputs and the regression targets y (B, K) of the mean squared error
-             ("mse_kernel", "out"): "2", ("mse_kernel", "y"): "2"}
+             ("mse_kernel", "out"): "2", ("mse_kernel", "y"): "2",
+             # Adam's moments and its float64 scalars (its eps is not the Euler cells' step)
+             **{("adam_kernel", a): "f64" for a in ("beta1", "beta2", "eps", "c1", "c2")},
+             ("adam_kernel", "m"): "1"}
 
 
 def kernels(modules=MODULES):
@@ -169,6 +172,8 @@ FLOAT64_ON_PURPOSE = {
     "sum_block_sums_kernel": "the squared gradient norm is summed in float64",
     "sgd_momentum_kernel": "lr, momentum and scale are float64 scalars, as on the CPU",
     "adagrad_kernel": "lr, delta and scale are float64 scalars, as on the CPU",
+    "adam_kernel": "lr, the betas, eps, the bias corrections and scale are float64 scalars, as "
+                   "on the CPU",
     "record_step_kernel": "a step's totals are float64, as on the CPU",
     "antisym_matrix_kernel": "gamma is a float64 scalar; n values per call",
     "shifted_matrix_kernel": "gamma is a float64 scalar; n values per call",

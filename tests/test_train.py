@@ -85,7 +85,7 @@ def assert_same_state(a, b):
 def reference_run(tmp_path_factory):
     """CONFIG trained for 26 iterations without interruption, per optimizer."""
     runs = {}
-    for opt in ("sgd", "adagrad"):
+    for opt in ("sgd", "adagrad", "adam"):
         out = tmp_path_factory.mktemp(f"ref-{opt}")
         train(dict(CONFIG, optimizer=opt), out, task=toy_task(), **quiet())
         runs[opt] = str(out)
@@ -364,7 +364,7 @@ def test_a_damaged_structure_is_a_checkpoint_error_naming_the_file(tmp_path):
 # Nothing lost: bit-identical resume
 # ----------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adam"])
 def test_sigint_then_resume_is_bit_identical(tmp_path, reference_run, optimizer):
     """SIGINT after 13 of 26 iterations: the step finishes, a checkpoint is written, the run
     returns; --resume then ends with exactly the uninterrupted run's parameters and metrics."""

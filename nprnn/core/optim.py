@@ -272,13 +272,51 @@ class Adagrad(Optimizer):
         K_optim.adagrad_gpu(p, G, g, self.lr, self.hyper["delta"], scale)
 
 
+class Adam(Optimizer):
+    """Adam (Kingma & Ba, 2015) as torch.optim.Adam (no weight decay, no amsgrad):
+    m <- b1 m + (1 - b1) s g ; v <- b2 v + (1 - b2) (s g)^2 ;
+    p <- p - (lr / (1 - b1^t)) m / (sqrt(v / (1 - b2^t)) + eps), t counting the steps from 1.
+
+    The optimizer of coRNN's and LEM's papers, at PyTorch's defaults b1 = 0.9, b2 = 0.999,
+    eps = 1e-8. A step skipped for a non-finite loss (s NaN) leaves p, m and v as they were but
+    still counts in t (PyTorch's GradScaler does not count it): the bias corrections differ from
+    PyTorch's only after such a step."""
+
+    name = "adam"
+    slot_names = ("m", "v")
+    options = ()
+    settings = ("beta1", "beta2", "eps")
+
+    def __init__(self, params, lr, beta1=0.9, beta2=0.999, eps=1e-8):
+        for label, b in (("beta1", beta1), ("beta2", beta2)):
+            if not 0.0 <= float(b) < 1.0:
+                raise ValueError(f"{label} must be in [0, 1), got {b!r}")
+        super().__init__(params, lr, beta1=float(beta1), beta2=float(beta2),
+                         eps=_positive("eps", eps))
+
+    def _corrections(self):
+        t = self.steps + 1                  # this step's t (`step` counts it after the update)
+        h = self.hyper
+        return 1.0 - h["beta1"] ** t, math.sqrt(1.0 - h["beta2"] ** t)
+
+    def _update(self, p, m, v, g, scale):
+        h = self.hyper
+        K_optim.adam_cpu(p, m, v, g, self.lr, h["beta1"], h["beta2"], h["eps"],
+                         *self._corrections(), scale)
+
+    def _update_gpu(self, p, m, v, g, scale):
+        h = self.hyper
+        K_optim.adam_gpu(p, m, v, g, self.lr, h["beta1"], h["beta2"], h["eps"],
+                         *self._corrections(), scale)
+
+
 # name -> class; each class's `options` are the run options (train's config, the CLI) it reads
-OPTIMIZERS = {cls.name: cls for cls in (SGD, Adagrad)}
+OPTIMIZERS = {cls.name: cls for cls in (SGD, Adagrad, Adam)}
 
 
 def make_optimizer(name, params, lr, **options):
     """The optimizer `name` (a key of OPTIMIZERS: "sgd", SGD with momentum 0.9 unless given;
-    "adagrad") with state shaped like `params`; `options` are its own (`cls.options`)."""
+    "adagrad"; "adam") with state shaped like `params`; `options` are its own (`cls.options`)."""
     if name not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {name!r}; choose one of: {', '.join(OPTIMIZERS)}")
     cls = OPTIMIZERS[name]

@@ -1,4 +1,5 @@
-"""Optimizer update kernels: SGD with momentum, Adagrad, and the squared gradient norm for clipping.
+"""Optimizer update kernels: SGD with momentum, Adagrad, Adam, and the squared gradient norm for
+clipping.
 
 Every kernel works on one parameter tensor seen as a flat, contiguous 1-d array of N values, so a
 kernel does not care whether the tensor was W (n, n) or b_h (n,). The updates, for each element:
@@ -13,7 +14,14 @@ kernel does not care whether the tensor was W (n, n) or b_h (n,). The updates, f
                               G <- G + (s * g)**2
                               p <- p - lr * s * g / (sqrt(G) + delta)
 
-State (v, G) has the parameter's dtype. The scalars (lr, momentum, delta) arrive as Python floats
+    Adam (Kingma & Ba, 2015), as torch.optim.Adam computes it (no weight decay), at step t:
+                              m <- b1 * m + (1 - b1) * s * g
+                              v <- b2 * v + (1 - b2) * (s * g)**2
+                              p <- p - (lr / c1) * m / (sqrt(v) / c2 + eps)
+                              c1 = 1 - b1**t, c2 = sqrt(1 - b2**t): the bias corrections, made
+                              once per step on the host
+
+State (v, G, m) has the parameter's dtype. The scalars (lr, momentum, delta) arrive as Python floats
 and s as a float64 array of one element, so each element's update is computed in float64: the new
 v or G is rounded into the state's dtype, and p's update, read from that stored value, into the
 parameter's; the cost is negligible beside a training step. Both
@@ -75,6 +83,15 @@ def adagrad_element(p, G, g, i, lr, delta, s):
     p[i] -= lr * gi / (math.sqrt(G[i]) + delta)
 
 
+def adam_element(p, m, v, g, i, lr, beta1, beta2, eps, c1, c2, s):
+    """m_i = b1 m_i + (1 - b1) s g_i ; v_i = b2 v_i + (1 - b2) (s g_i)**2 ;
+    p_i = p_i - (lr / c1) m_i / (sqrt(v_i) / c2 + eps) (in place)."""
+    gi = s * g[i]
+    m[i] = beta1 * m[i] + (1.0 - beta1) * gi
+    v[i] = beta2 * v[i] + (1.0 - beta2) * gi * gi
+    p[i] -= (lr / c1) * m[i] / (math.sqrt(v[i]) / c2 + eps)
+
+
 def record_step(stats, scale, losses, logits, y, w, total, clip):
     """After one step's forward and backward pass: add it to the running totals and write the
     clipping factor.
@@ -124,9 +141,11 @@ def record_step(stats, scale, losses, logits, y, w, total, clip):
 
 sgd_momentum_element_cpu = njit_inline(sgd_momentum_element)
 adagrad_element_cpu = njit_inline(adagrad_element)
+adam_element_cpu = njit_inline(adam_element)
 record_step_cpu_inline = njit_inline(record_step)
 sgd_momentum_element_gpu = cuda.jit(device=True)(sgd_momentum_element)
 adagrad_element_gpu = cuda.jit(device=True)(adagrad_element)
+adam_element_gpu = cuda.jit(device=True)(adam_element)
 record_step_gpu_device = cuda.jit(device=True)(record_step)
 
 
@@ -174,6 +193,22 @@ def adagrad_cpu(p, G, g, lr, delta, scale):
         return
     for i in range(p.shape[0]):
         adagrad_element_cpu(p, G, g, i, lr, delta, s)
+
+
+@njit
+def adam_cpu(p, m, v, g, lr, beta1, beta2, eps, c1, c2, scale):
+    """One step of Adam, in place (nothing when scale[0] is NaN).
+
+    Updated (in place): p (N,) parameters, m (N,) and v (N,) the moving averages of the (clipped)
+    gradient and of its square.
+    Read: g (N,) gradient; scale (1,) float64, the clipping factor s; c1, c2 this step's bias
+    corrections (module docstring).
+    """
+    s = scale[0]
+    if math.isnan(s):
+        return
+    for i in range(p.shape[0]):
+        adam_element_cpu(p, m, v, g, i, lr, beta1, beta2, eps, c1, c2, s)
 
 
 @njit
@@ -258,6 +293,16 @@ def adagrad_kernel(p, G, g, lr, delta, scale):
 
 
 @cuda.jit
+def adam_kernel(p, m, v, g, lr, beta1, beta2, eps, c1, c2, scale):
+    """adam_element for every element i (nothing when scale[0] is NaN), in a grid-stride loop
+    over a 1-d grid."""
+    s = scale[0]
+    if not math.isnan(s):
+        for i in range(cuda.grid(1), p.shape[0], cuda.gridsize(1)):
+            adam_element_gpu(p, m, v, g, i, lr, beta1, beta2, eps, c1, c2, s)
+
+
+@cuda.jit
 def record_step_kernel(stats, scale, losses, logits, y, w, total, clip):
     """record_step by one thread (R K comparisons: microseconds, and a fixed order)."""
     if cuda.grid(1) == 0:
@@ -272,6 +317,12 @@ def sgd_momentum_gpu(p, v, g, lr, momentum, scale, *, threads=256):
 def adagrad_gpu(p, G, g, lr, delta, scale, *, threads=256):
     """Twin of adagrad_cpu (device arrays): p, G (N,) updated in place."""
     adagrad_kernel[line_launch(p.shape[0], threads)](p, G, g, lr, delta, scale)
+
+
+def adam_gpu(p, m, v, g, lr, beta1, beta2, eps, c1, c2, scale, *, threads=256):
+    """Twin of adam_cpu (device arrays): p, m, v (N,) updated in place."""
+    adam_kernel[line_launch(p.shape[0], threads)](p, m, v, g, lr, beta1, beta2, eps, c1, c2,
+                                                  scale)
 
 
 def record_step_gpu(stats, scale, losses, logits, y, w, total, clip):

@@ -1,6 +1,6 @@
 """GPU twins of nprnn/kernels/optim.py against their CPU twins: the squared gradient norm (a
 two-pass reduction over several blocks, N = 37 elements over blocks of 4 threads), the SGD with
-momentum and Adagrad updates (N = 37 over 2 blocks of 8: three rounds of their grid-stride loops,
+momentum, Adagrad and Adam updates (N = 37 over 2 blocks of 8: three rounds of their grid-stride loops,
 the last ragged), and the per-step bookkeeping (record_step)."""
 import numpy as np
 import pytest
@@ -26,22 +26,30 @@ def test_sum_squares_matches_cpu(dtype, size):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("rule", ["sgd", "adagrad"])
+@pytest.mark.parametrize("rule", ["sgd", "adagrad", "adam"])
 def test_update_matches_cpu(rule, dtype):
     rng = np.random.default_rng(5)
     p, g = rand(rng, (SIZE,), dtype), rand(rng, (SIZE,), dtype)
     state = np.abs(rand(rng, (SIZE,), dtype)) if rule == "adagrad" else rand(rng, (SIZE,), dtype)
-    p_gpu, state_gpu = dev(p), dev(state)
-    for s in (0.5, 1.0, np.nan):                # the state carries over; NaN: no update
+    m = rand(rng, (SIZE,), dtype)                     # Adam's first moment (v is `state`)
+    state = np.abs(state) if rule == "adam" else state
+    p_gpu, state_gpu, m_gpu = dev(p), dev(state), dev(m)
+    for t, s in enumerate((0.5, 1.0, np.nan), start=1):   # the state carries over; NaN: none
         scale = np.array([s])
         if rule == "sgd":
             K.sgd_momentum_cpu(p, state, g, 0.1, 0.9, scale)
             K.sgd_momentum_gpu(p_gpu, state_gpu, dev(g), 0.1, 0.9, dev(scale), threads=8)
-        else:
+        elif rule == "adagrad":
             K.adagrad_cpu(p, state, g, 0.1, 1e-7, scale)
             K.adagrad_gpu(p_gpu, state_gpu, dev(g), 0.1, 1e-7, dev(scale), threads=8)
+        else:
+            c = (1 - 0.9 ** t, (1 - 0.999 ** t) ** 0.5)
+            K.adam_cpu(p, m, state, g, 0.1, 0.9, 0.999, 1e-8, *c, scale)
+            K.adam_gpu(p_gpu, m_gpu, state_gpu, dev(g), 0.1, 0.9, 0.999, 1e-8, *c, dev(scale),
+                       threads=8)
     assert_close(p_gpu, p, dtype, "parameters")
     assert_close(state_gpu, state, dtype, "optimizer state")
+    assert_close(m_gpu, m, dtype, "Adam's first moment")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
