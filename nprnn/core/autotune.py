@@ -5,11 +5,14 @@ Where several kernels can run a pass (the step and the persistent versions; for 
 persistent kernels the matrix read from global memory or kept in shared memory; for them and rnn
 the split kernels with 2 to 16 lanes per unit: `backends.options`), which is fastest depends on
 the GPU, n, the batch size and the dtype. So, as cuDNN's find and Triton's autotune do, a
-`Tuner` times every option of each pass once per (cell, n, B, dtype, GPU), on T = min(T, 64)
-steps of random data, keeps the fastest, and writes the choice to a small JSON file
-(`cache_path`: beside numba's cache when NUMBA_CACHE_DIR is set, else ~/.cache/nprnn), so that
-later runs on the same GPU start with it. The file also holds a digest of the kernel sources:
-when they change, every choice is timed again.
+`Tuner` times every option of each pass once per (cell, n, B, T, dtype, GPU), on the run's own
+T steps of random data (at most TUNE_STEPS: at T = 64 a pass took about 0.1 ms, near a launch's
+cost, and close options were picked by noise), keeps the fastest, and writes the choice to a
+small JSON file (`cache_path`: beside numba's cache when NUMBA_CACHE_DIR is set, else
+~/.cache/nprnn), so that later runs on the same GPU start with it. The file also holds a digest
+of the kernel sources: when they change, every choice is timed again. Processes that share the
+file (a sweep's workers) time one at a time, under a lock on it (POSIX), and one that waited
+takes what the other timed: two timings never share the GPU.
 
     tuner = Tuner.for_this_gpu()
     choice = tuner.choose(model, B, T)     # Choice(forward=Kernels, backward=Kernels, how=...)
@@ -18,6 +21,7 @@ Untimed (the CUDA simulator, whose timings mean nothing, or a Tuner without `mea
 runs its first option: the persistent kernels with the matrix in global memory where they fit,
 as an NVIDIA H100 showed fastest (docs/gpu.md). Tests pass a fake `measure`.
 """
+import contextlib
 import hashlib
 import json
 import os
@@ -32,8 +36,8 @@ from ..kernels.gpu_common import cuda, simulator_enabled
 from .memory import DeviceWorkspace, device_copy
 
 CACHE_NAME = "kernel-choices.json"
-FORMAT = 1
-TUNE_STEPS = 64          # time steps of a timing run: enough to amortise a launch's start
+FORMAT = 2              # 2: T joined the key
+TUNE_STEPS = 1024        # at most this many time steps in a timing run (the run's T below it)
 
 
 def cache_path():
@@ -132,7 +136,7 @@ class Tuner:
         """The Choice for `model` (on cuda) on batches of B rows and T steps: for `version`
         "auto" the fastest options (timed now, or earlier), else the options `version` names
         ("step", "persistent" or a gpu.Kernels)."""
-        asked = (model.name, model.hidden_size, B, model.dtype.name, version)
+        asked = (model.name, model.hidden_size, B, min(T, self.steps), model.dtype.name, version)
         if asked not in self._chosen:
             self._chosen[asked] = self._choose(model, B, T, version)
         return self._chosen[asked]
@@ -145,25 +149,48 @@ class Tuner:
         fits = [options(cell, n, dtype, backward, launch) for backward in (False, True)]
         if self.measure is None:
             return Choice(fits[0][0], fits[1][0], "untimed")
-        key = self._key(model, B)
-        choices = self._load()
-        if key in choices:
-            picked = _picked(fits, choices[key])
-            if None not in picked:
-                return Choice(*picked, "cached")
-        choices[key] = self._time(model, fits, B, T)
-        self._save()
+        T = max(1, min(T, self.steps))             # the steps a timing runs, and the key's T
+        key = self._key(model, B, T)
+        for fresh in (False, True):                # the second look: after the lock, reread
+            with self._locked() if fresh else contextlib.nullcontext():
+                choices = self._load(fresh)
+                if key in choices:
+                    picked = _picked(fits, choices[key])
+                    if None not in picked:
+                        return Choice(*picked, "cached")
+                if fresh:
+                    choices[key] = self._time(model, fits, B, T)
+                    self._save()
         return Choice(*_picked(fits, choices[key]), "timed")
 
-    def _key(self, model, B):
+    def _key(self, model, B, T):
         if self.gpu is None:
             self.gpu = device_name()
-        return f"{self.gpu} | {model.name} | n={model.hidden_size} | B={B} | {model.dtype.name}"
+        return (f"{self.gpu} | {model.name} | n={model.hidden_size} | B={B} | T={T} | "
+                f"{model.dtype.name}")
+
+    @contextlib.contextmanager
+    def _locked(self):
+        """Hold an exclusive lock on the choices' file (on `path` + ".lock"), so that no other
+        process times while this one does; where it cannot be taken (no file, no POSIX locks,
+        a folder that cannot be written), go on without it."""
+        try:
+            import fcntl
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            lock = open(self.path.with_name(self.path.name + ".lock"), "a")
+        except (ImportError, AttributeError, OSError):
+            yield
+            return
+        with lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
 
     def _time(self, model, fits, B, T):
         """Each option of the forward pass, then each of BPTT after the fastest forward: an entry
         {"forward": token, "backward": token, "forward_ms": {...}, "backward_ms": {...}}."""
-        T = max(1, min(T, self.steps))
         m, n, dtype, cell = model.input_size, model.hidden_size, model.dtype, model.cell
         rng = np.random.default_rng(0)
         x = device_copy(rng.standard_normal((T, B, m)).astype(dtype))
@@ -186,14 +213,16 @@ class Tuner:
                      forward_ms=forward_ms, backward_ms=backward_ms)
         return entry
 
-    def _load(self):
-        if self._choices is None:
-            self._choices = {}
+    def _load(self, fresh=False):
+        """The choices: the file's, read on first use and again when `fresh` (what another
+        process wrote since; those kept in memory only stay)."""
+        if self._choices is None or fresh:
+            self._choices = dict(self._choices or {})
             if self.path is not None:
                 try:
                     saved = json.loads(self.path.read_text())
                     if saved.get("format") == FORMAT and saved.get("kernels") == kernels_digest():
-                        self._choices = dict(saved["choices"])
+                        self._choices.update(saved["choices"])
                 except (OSError, ValueError, KeyError, TypeError, AttributeError):
                     pass        # missing, unreadable or of other kernels: timed afresh
         return self._choices

@@ -69,7 +69,8 @@ def test_the_fastest_option_of_each_pass_is_chosen_and_kept(tmp_path):
                                          "split/4", "step")]
     saved = json.loads(path.read_text())
     assert saved["kernels"] == autotune.kernels_digest()
-    entry = saved["choices"]["Fake GPU (sm_90) | antisym | n=6 | B=3 | float64"]
+    entry = saved["choices"]["Fake GPU (sm_90) | antisym | n=6 | B=3 | T=4 | float64"]
+    assert entry["T"] == gt.T                        # timed at the run's own length
     assert (entry["forward"], entry["backward"]) == ("persistent/skew", "split/4")
     assert entry["backward_ms"] == {"persistent/global": 4.0, "persistent/skew": 6.0,
                                     "split/2": 3.5, "split/4": 2.5, "step": 3.0}
@@ -104,9 +105,51 @@ def test_choices_of_other_kernels_or_a_damaged_file_are_timed_again(tmp_path, mo
         assert how_a_new_tuner_chooses() == "timed"
     # a cached option that no longer fits (here: a token no kernel has) is timed again
     saved = json.loads(path.read_text())
-    saved["choices"]["G | antisym | n=6 | B=3 | float64"]["forward"] = "persistent/tiled"
+    saved["choices"]["G | antisym | n=6 | B=3 | T=4 | float64"]["forward"] = "persistent/tiled"
     path.write_text(json.dumps(saved))
     assert how_a_new_tuner_chooses() == "timed"
+
+
+def test_timing_runs_the_real_length_up_to_a_cap_which_the_key_names(tmp_path):
+    """A run of T steps is timed on T steps, and a longer one on TUNE_STEPS (here 2): T is part
+    of the key, so a run at another length is timed again."""
+    path = tmp_path / "choices.json"
+    tuner = autotune.Tuner(path, FakeTimer(TIMES, run=False), steps=2, gpu="G")
+    tuner.choose(model(), gt.B, gt.T)
+    tuner.choose(model(), gt.B, 1)
+    choices = json.loads(path.read_text())["choices"]
+    assert {k: v["T"] for k, v in choices.items()} == {"G | antisym | n=6 | B=3 | T=2 | float64": 2,
+                                                       "G | antisym | n=6 | B=3 | T=1 | float64": 1}
+
+
+def test_processes_sharing_the_file_time_one_at_a_time(tmp_path):
+    """While another process holds the choices' lock (here a thread, with a lock of its own on
+    the same file) a tuner waits; when that one has written its choice, the tuner takes it and
+    times nothing."""
+    import fcntl
+    import threading
+    import time
+    path, elsewhere = tmp_path / "choices.json", tmp_path / "theirs.json"
+    # what the other process will write: its timing, made beforehand in a file of its own
+    autotune.Tuner(elsewhere, FakeTimer(TIMES, run=False), gpu="G").choose(model(), gt.B, gt.T)
+    held, done = threading.Event(), []
+
+    def other_process():
+        with open(tmp_path / "choices.json.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            held.set()
+            time.sleep(0.5)                          # the waiting tuner is blocked meanwhile
+            path.write_text(elsewhere.read_text())   # the other process's choice, written
+            done.append(time.monotonic())
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    thread = threading.Thread(target=other_process)
+    thread.start()
+    held.wait()
+    timer = FakeTimer(TIMES, run=False)
+    choice = autotune.Tuner(path, timer, gpu="G").choose(model(), gt.B, gt.T)
+    after = time.monotonic()
+    thread.join()
+    assert choice.how == "cached" and timer.timed == [] and done and after >= done[0]
 
 
 def test_a_folder_that_cannot_be_written_keeps_the_choice_in_memory(tmp_path):
