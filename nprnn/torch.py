@@ -22,9 +22,9 @@ each row's last state, as pad_packed_sequence and nn.LSTM give them.
 On CUDA (`_Device`) the tensors are numba device arrays' memory through
 __cuda_array_interface__, with no copies either way, and the cell runs its GPU twins (version 1,
 which takes lengths and a gradient at every step). What is not here yet, each refused with an
-error that says so: for coRNN and LEM a given z_0 and a gradient of z_n (their kernels start at z_0 = 0 and take
-gradients of y only). This is the only module that imports torch, and nothing in nprnn imports
-it.
+error that says so: for coRNN and LEM a given z_0 and a gradient of z_n (their kernels start at
+z_0 = 0 and take gradients of y only). This is the only module that imports torch, and nothing
+in nprnn imports it.
 """
 import numpy as np
 import torch

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 import nprnn
-from nprnn.core.optim import SGD, Adagrad, Adam, StepRecorder, clip_scale, global_norm, make_optimizer
+from nprnn.core.optim import (SGD, Adagrad, Adam, StepRecorder, clip_scale, global_norm,
+                              make_optimizer)
 from nprnn.core.model import Step
 
 

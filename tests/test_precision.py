@@ -114,7 +114,8 @@ def test_the_scan_finds_the_kernels(float32_kernels):
     for expected in ("euler_backward_cpu", "euler_gated_forward_cpu", "rnn_backward_cpu",
                      "lstm_backward_cpu", "peephole_lstm_backward_cpu", "gru_forward_cpu",
                      "gru_backward_cpu", "matmul_tn_rows", "sum_rows", "time_major_cpu",
-                     "gaussian_fill_cpu", "adagrad_cpu", "adam_cpu", "softmax_xent_cpu", "record_step_cpu",
+                     "gaussian_fill_cpu", "adagrad_cpu", "adam_cpu", "softmax_xent_cpu",
+                     "record_step_cpu",
                      "mse_cpu", "cornn_forward_cpu", "cornn_backward_cpu", "lem_forward_cpu",
                      "lem_backward_cpu"):
         assert expected in names, f"no float32 call of {expected}: found {sorted(names)}"

@@ -1,7 +1,7 @@
 """GPU twins of nprnn/kernels/optim.py against their CPU twins: the squared gradient norm (a
 two-pass reduction over several blocks, N = 37 elements over blocks of 4 threads), the SGD with
-momentum, Adagrad and Adam updates (N = 37 over 2 blocks of 8: three rounds of their grid-stride loops,
-the last ragged), and the per-step bookkeeping (record_step)."""
+momentum, Adagrad and Adam updates (N = 37 over 2 blocks of 8: three rounds of their grid-stride
+loops, the last ragged), and the per-step bookkeeping (record_step)."""
 import numpy as np
 import pytest
 
