@@ -507,7 +507,9 @@ if CUDA_IMPORT_ERROR is None and simulator_enabled():
         """The simulator's stand-in for cuda.shfl_down_sync(FULL_MASK, value, delta), which it
         lacks: lane l gets lane l + delta's value, or keeps its own where l + delta is past the
         warp. Exchanged through a block-wide array between two barriers, so every thread of
-        the block must call it together (the split kernels do: all call lane_sum alike)."""
+        the block must call it together (the split kernels do: all call lane_sum alike). Those
+        barriers order the whole block, where a real shuffle orders its warp alone: the race
+        checker of tests/gpu counts them as the warp's only, so a kernel cannot lean on them."""
         box = cuda.shared.array(MAX_THREADS_PER_BLOCK, np.float64)
         tid = cuda.threadIdx.x
         box[tid] = value

@@ -11,7 +11,15 @@ every thread touches rather than what it computes, so those fail under the simul
 
 Inside `with RaceCheck() as check:` every element access to a kernel's array arguments (global
 memory) and to its shared arrays is logged as (block, thread, epoch, read or write, address),
-where a thread's epoch is the number of barriers it has passed. When a launch ends its log is
+where a thread's epoch is the number of barriers it has passed.
+
+Warp shuffles. The simulator has no `shfl_down_sync`, and nprnn's stand-in
+(`gpu_common.shfl_down`) exchanges through shared memory between two block-wide barriers. On a
+GPU a shuffle orders only the 32 threads of its warp. So the barriers that the stand-in passes
+count as warp barriers here: they order two accesses of threads of one warp, never of two warps
+(each thread keeps a warp epoch beside its block epoch). Otherwise a kernel that relies on a
+shuffle to order two warps, as a split kernel with one shared buffer where it needs two would,
+passes here and races on a GPU. When a launch ends its log is
 judged, launch by launch (launches on one stream are ordered, so only accesses within one
 launch can race):
 
@@ -44,6 +52,8 @@ from collections import defaultdict, namedtuple
 import numpy as np
 
 Launch = namedtuple("Launch", "kernel problems shared global_")
+WARP = 32
+SHUFFLE_STAND_IN = "shfl_down"           # gpu_common's stand-in for cuda.shfl_down_sync
 
 
 def _simulator():
@@ -98,7 +108,10 @@ class RaceCheck:
             check._barriers[(tuple(thread.blockIdx), tuple(thread.threadIdx))].append(
                 f"{os.path.basename(caller.f_code.co_filename)}:{caller.f_lineno}")
             sync(thread)
-            thread._racecheck_epoch = getattr(thread, "_racecheck_epoch", 0) + 1
+            # the shuffle stand-in's barriers order the thread's warp only (module docstring)
+            epoch = ("_racecheck_warp_epoch" if caller.f_code.co_name == SHUFFLE_STAND_IN
+                     else "_racecheck_epoch")
+            setattr(thread, epoch, getattr(thread, epoch, 0) + 1)
 
         def started_run(thread):
             # a thread that passes no barrier and touches nothing is still one of its block's
@@ -144,7 +157,8 @@ class RaceCheck:
         else:
             return                               # a slice read: its elements are logged when read
         entry = (getattr(array, "_racecheck_shared", False), tuple(thread.blockIdx),
-                 tuple(thread.threadIdx), getattr(thread, "_racecheck_epoch", 0), write)
+                 tuple(thread.threadIdx), getattr(thread, "_racecheck_epoch", 0),
+                 thread.thread_id // WARP, getattr(thread, "_racecheck_warp_epoch", 0), write)
         self._log.extend(entry + (a,) for a in addresses)
 
     # -- judging one launch --------------------------------------------------------------------
@@ -160,10 +174,10 @@ class RaceCheck:
                 counts = sorted({len(s) for s in sites.values()})
                 problems.append(f"block {block}: its threads pass different barriers "
                                 f"({counts} barriers per thread)")
-        touches = defaultdict(list)              # address -> [(block, thread, epoch, write)]
-        for shared, block, thread, epoch, write, address in self._log:
+        touches = defaultdict(list)     # address -> [(block, thread, epoch, warp, warp epoch,
+        for shared, block, thread, *rest, address in self._log:             # write)]
             key = ("shared", block, address) if shared else ("global", address)
-            touches[key].append((block, thread, epoch, write))
+            touches[key].append((block, thread, *rest))
         for key, accesses in touches.items():
             if not any(write for *_, write in accesses):
                 continue                         # only reads: never a race
@@ -174,13 +188,16 @@ class RaceCheck:
                     problems.append(f"global {address:#x}: written and touched by blocks "
                                     f"{blocks}")
                     continue
-            by_epoch = defaultdict(list)
-            for block, thread, epoch, write in accesses:
-                by_epoch[(block, epoch)].append((thread, write))
+            by_epoch = defaultdict(set)
+            for block, thread, epoch, warp, warp_epoch, write in accesses:
+                by_epoch[(block, epoch)].add((thread, warp, warp_epoch, write))
             for (block, epoch), group in by_epoch.items():
-                threads = sorted({thread for thread, _ in group})
-                writers = sorted({thread for thread, write in group if write})
-                if len(threads) > 1 and writers:
+                # unordered: two threads of two warps, or of one warp between the same shuffles
+                clash = sorted({(a[0], b[0]) for a in group if a[3] for b in group
+                                if b[0] != a[0] and (b[1] != a[1] or b[2] == a[2])})
+                if clash:
+                    writers = sorted({w for w, _ in clash})
+                    threads = sorted({t for pair in clash for t in pair})
                     problems.append(f"{space} {address:#x} in block {block}, between barriers "
                                     f"{epoch} and {epoch + 1}: written by threads {writers}, "
                                     f"touched by {threads}")

@@ -175,3 +175,40 @@ def test_gradient_norm_block_sums_are_race_free():
     with RaceCheck() as check:
         test_gpu_optim.test_sum_squares_matches_cpu("float64", 301)
     assert_race_free(check, ["sum_squares_block_kernel"])
+
+
+# -- warp shuffles order one warp only -------------------------------------------------------
+
+def single_buffer_split_kernels():
+    """A mutant of the split kernels' factory whose BPTT keeps one da_t buffer where it needs
+    two: step t - 1's leaders overwrite the buffer while other warps may still read step t's
+    values, ordered by nothing but the warp shuffles of lane_sum."""
+    import inspect
+    from nprnn.kernels.fast import antisym as fast
+    source = inspect.getsource(fast.euler_split_kernels.__wrapped__)
+    start = source.index("def euler_backward_split_kernel")
+    end = source.index("@split_kernel", start)
+    double = "cur = (t % 2) * rows * stride"
+    assert source[start:end].count(double) == 1, "the kernel changed: update this mutant"
+    source = source[:start] + source[start:end].replace(double, "cur = 0") + source[end:]
+    scope = dict(vars(fast))
+    exec(compile(source, fast.__file__, "exec"), scope)
+    return scope["euler_split_kernels"]
+
+
+@pytest.mark.parametrize("mutant", [False, True])
+def test_split_bptt_with_one_buffer_races_across_warps(mutant, monkeypatch):
+    """With 8 lanes the 6 units fill two warps (test_gpu_euler.py): the split kernels are race
+    free, while their single-buffer mutant races, though the simulator runs it to the right
+    numbers (its shuffle stand-in's barriers are block-wide; the checker counts them as the
+    warp's alone)."""
+    from nprnn.kernels.fast import antisym as fast
+    if mutant:
+        monkeypatch.setattr(fast, "euler_split_kernels", single_buffer_split_kernels())
+    with RaceCheck() as check:
+        test_gpu_euler.check("float64", False, "dense", "split", T, rows=3, lanes=8)
+    races = [launch for launch in check.launches if launch.problems]
+    if mutant:
+        assert [launch.kernel for launch in races] == ["euler_backward_split_kernel"], races
+    else:
+        assert_race_free(check, ["euler_forward_split_kernel", "euler_backward_split_kernel"])
