@@ -570,11 +570,12 @@ def lane_dot(D, v, start, cap, lanes):
     so that consecutive multiply-adds do not wait for each other."""
     acc0 = v.dtype.type(0)
     acc1 = v.dtype.type(0)
+    base = np.uint32(start)
     for k in range(0, cap - 1, 2):
-        acc0 += D[k] * v[start + k * lanes]
-        acc1 += D[k + 1] * v[start + (k + 1) * lanes]
+        acc0 += D[k] * v[base + np.uint32(k * lanes)]
+        acc1 += D[k + 1] * v[base + np.uint32((k + 1) * lanes)]
     if cap % 2 == 1:
-        acc0 += D[cap - 1] * v[start + (cap - 1) * lanes]
+        acc0 += D[cap - 1] * v[base + np.uint32((cap - 1) * lanes)]
     return acc0 + acc1
 
 

@@ -188,9 +188,9 @@ def single_buffer_split_kernels():
     source = inspect.getsource(fast.euler_split_kernels.__wrapped__)
     start = source.index("def euler_backward_split_kernel")
     end = source.index("@split_kernel", start)
-    double = "cur = (t % 2) * rows * stride"
+    double = "cur = (ut & U(1)) * U(rows * stride)"
     assert source[start:end].count(double) == 1, "the kernel changed: update this mutant"
-    source = source[:start] + source[start:end].replace(double, "cur = 0") + source[end:]
+    source = source[:start] + source[start:end].replace(double, "cur = U(0)") + source[end:]
     scope = dict(vars(fast))
     exec(compile(source, fast.__file__, "exec"), scope)
     return scope["euler_split_kernels"]

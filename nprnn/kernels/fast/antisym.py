@@ -11,6 +11,7 @@ import functools
 from typing import NamedTuple
 
 import numpy as np
+from numpy import uint32 as U
 
 from ..gpu_common import (SHARED_BYTES_MAX, TILE, cuda, input_projection_gpu, lane_dot,
                           lane_sum, load_block_rows, load_lane_values, load_padded_rows,
@@ -449,7 +450,10 @@ def euler_gated_backward_gpu_persistent(dA, dV_h, db_h, dV_z, db_z, dh0, da, dzp
 # step ahead: the input projections V x_t + b, formed for all steps before the pass
 # (`input_projection_gpu`, as the CPU twin's first product), or the forward's th_t and z_t.
 # cap, S and the rows per block are compile-time constants of each compiled kernel
-# (`euler_split_kernels`), so that loops over them unroll and their arrays live in registers;
+# (`euler_split_kernels`), so that loops over them unroll and their arrays live in registers.
+# Indices inside the time loop are unsigned (U, numpy's uint32): for a signed index numba adds a
+# test and a select for Python's negative indices to every access, which made 57-70% of a step's
+# instructions integer work (tests/test_sass.py counts them; docs/gpu.md has the table);
 # `gpu_common.split_lanes` says which S fit a block's registers at n. Not timed on a GPU yet.
 
 
@@ -478,6 +482,7 @@ def euler_split_kernels(cap, lanes, rows):
         i, lane = tid // lanes, tid % lanes
         leader = i < n and lane == 0
         b0 = cuda.blockIdx.x * rows
+        ui = U(i)                                   # unsigned indices: module comment
         zero = hs.dtype.type(0)
         D = cuda.local.array(cap, hs.dtype)         # D[k] = A[i, lane + k lanes]
         load_lane_values(D, AT, i, lane, cap, lanes)
@@ -490,16 +495,19 @@ def euler_split_kernels(cap, lanes, rows):
                 h[r] = hs[0, b0 + r, i]
                 u[r] = th[0, b0 + r, i]
         for t in range(T):
-            cur, nxt = (t % 2) * rows * stride, ((t + 1) % 2) * rows * stride
+            ut = U(t)
+            cur = (ut & U(1)) * U(rows * stride)
+            nxt = ((ut + U(1)) & U(1)) * U(rows * stride)
             for r in range(rows):
                 b = b0 + r
-                u_next = th[t + 1, b, i] if leader and b < B and t + 1 < T else zero
-                s = lane_sum(lane_dot(D, hbuf, cur + r * stride + lane, cap, lanes), lanes)
+                ub = U(b)
+                u_next = th[ut + U(1), ub, ui] if leader and b < B and t + 1 < T else zero
+                s = lane_sum(lane_dot(D, hbuf, cur + U(r * stride + lane), cap, lanes), lanes)
                 if leader and b < B:
                     y, h_new = euler_unit(s + u[r], h[r], eps)      # s = (A h_{t-1})_i
-                    th[t, b, i] = y
-                    hs[t + 1, b, i] = h_new
-                    hbuf[nxt + r * stride + i] = h_new
+                    th[ut, ub, ui] = y
+                    hs[ut + U(1), ub, ui] = h_new
+                    hbuf[nxt + U(r * stride) + ui] = h_new
                     h[r], u[r] = h_new, u_next
             cuda.syncthreads()
 
@@ -513,6 +521,7 @@ def euler_split_kernels(cap, lanes, rows):
         i, lane = tid // lanes, tid % lanes
         leader = i < n and lane == 0
         b0 = cuda.blockIdx.x * rows
+        ui = U(i)
         zero = hs.dtype.type(0)
         D = cuda.local.array(cap, hs.dtype)
         load_lane_values(D, AT, i, lane, cap, lanes)
@@ -527,19 +536,22 @@ def euler_split_kernels(cap, lanes, rows):
                 u[r] = th[0, b0 + r, i]
                 w[r] = z[0, b0 + r, i]
         for t in range(T):
-            cur, nxt = (t % 2) * rows * stride, ((t + 1) % 2) * rows * stride
+            ut = U(t)
+            cur = (ut & U(1)) * U(rows * stride)
+            nxt = ((ut + U(1)) & U(1)) * U(rows * stride)
             for r in range(rows):
                 b = b0 + r
+                ub = U(b)
                 ahead = leader and b < B and t + 1 < T
-                u_next = th[t + 1, b, i] if ahead else zero
-                w_next = z[t + 1, b, i] if ahead else zero
-                s = lane_sum(lane_dot(D, hbuf, cur + r * stride + lane, cap, lanes), lanes)
+                u_next = th[ut + U(1), ub, ui] if ahead else zero
+                w_next = z[ut + U(1), ub, ui] if ahead else zero
+                s = lane_sum(lane_dot(D, hbuf, cur + U(r * stride + lane), cap, lanes), lanes)
                 if leader and b < B:
                     y, zt, h_new = euler_gated_unit(s + u[r], kz * s + w[r], h[r], eps)
-                    z[t, b, i] = zt
-                    th[t, b, i] = y
-                    hs[t + 1, b, i] = h_new
-                    hbuf[nxt + r * stride + i] = h_new
+                    z[ut, ub, ui] = zt
+                    th[ut, ub, ui] = y
+                    hs[ut + U(1), ub, ui] = h_new
+                    hbuf[nxt + U(r * stride) + ui] = h_new
                     h[r], u[r], w[r] = h_new, u_next, w_next
             cuda.syncthreads()
 
@@ -558,6 +570,7 @@ def euler_split_kernels(cap, lanes, rows):
         i, lane = tid // lanes, tid % lanes
         leader = i < n and lane == 0
         b0 = cuda.blockIdx.x * rows
+        ui = U(i)                                   # unsigned indices: module comment
         D = cuda.local.array(cap, dh0.dtype)        # D[k] = A[lane + k lanes, i]
         load_lane_values(D, A, i, lane, cap, lanes)
         dh = cuda.local.array(rows, dh0.dtype)      # the leader's dL/dh_t[b, i] of each row
@@ -570,18 +583,20 @@ def euler_split_kernels(cap, lanes, rows):
             if leader and b0 + r < B:
                 dh[r] = dh_T[b0 + r, i]
         for t in range(T - 1, -1, -1):
-            cur = (t % 2) * rows * stride
+            ut = U(t)
+            cur = (ut & U(1)) * U(rows * stride)
             for r in range(rows):
                 b = b0 + r
                 if leader and b < B:
+                    ub = U(b)
                     g = euler_unit_backward(dh[r], y[r], eps)
-                    da[t, b, i] = g
-                    dbuf[cur + r * stride + i] = g
+                    da[ut, ub, ui] = g
+                    dbuf[cur + U(r * stride) + ui] = g
                     if t > 0:
-                        y[r] = th[t - 1, b, i]
+                        y[r] = th[ut - U(1), ub, ui]
             cuda.syncthreads()                  # da_t of the block's rows complete
             for r in range(rows):
-                s = lane_sum(lane_dot(D, dbuf, cur + r * stride + lane, cap, lanes), lanes)
+                s = lane_sum(lane_dot(D, dbuf, cur + U(r * stride + lane), cap, lanes), lanes)
                 if leader and b0 + r < B:
                     dh[r] += s                                       # (A^T da_t)_i
         for r in range(rows):
@@ -605,6 +620,7 @@ def euler_split_kernels(cap, lanes, rows):
         i, lane = tid // lanes, tid % lanes
         leader = i < n and lane == 0
         b0 = cuda.blockIdx.x * rows
+        ui = U(i)
         D = cuda.local.array(cap, dh0.dtype)
         load_lane_values(D, A, i, lane, cap, lanes)
         dh = cuda.local.array(rows, dh0.dtype)
@@ -619,21 +635,23 @@ def euler_split_kernels(cap, lanes, rows):
             if leader and b0 + r < B:
                 dh[r] = dh_T[b0 + r, i]
         for t in range(T - 1, -1, -1):
-            cur = (t % 2) * rows * stride
+            ut = U(t)
+            cur = (ut & U(1)) * U(rows * stride)
             for r in range(rows):
                 b = b0 + r
                 if leader and b < B:
+                    ub = U(b)
                     da_i, dzp_i = euler_gated_unit_backward(dh[r], y[r], zt[r], eps)
-                    da[t, b, i] = da_i
-                    dzp[t, b, i] = dzp_i
-                    ds[t, b, i] = da_i + kz * dzp_i
-                    dbuf[cur + r * stride + i] = da_i + kz * dzp_i
+                    da[ut, ub, ui] = da_i
+                    dzp[ut, ub, ui] = dzp_i
+                    ds[ut, ub, ui] = da_i + kz * dzp_i
+                    dbuf[cur + U(r * stride) + ui] = da_i + kz * dzp_i
                     if t > 0:
-                        y[r] = th[t - 1, b, i]
-                        zt[r] = z[t - 1, b, i]
+                        y[r] = th[ut - U(1), ub, ui]
+                        zt[r] = z[ut - U(1), ub, ui]
             cuda.syncthreads()
             for r in range(rows):
-                s = lane_sum(lane_dot(D, dbuf, cur + r * stride + lane, cap, lanes), lanes)
+                s = lane_sum(lane_dot(D, dbuf, cur + U(r * stride + lane), cap, lanes), lanes)
                 if leader and b0 + r < B:
                     dh[r] += s                                       # (A^T ds_t)_i
         for r in range(rows):

@@ -5,6 +5,8 @@ tests/gpu/test_gpu_baselines.py; the twins at the bottom are the teaching file's
 """
 import functools
 
+from numpy import uint32 as U
+
 from .. import rnn as teaching
 from ..common import dtanh_from_y, tanh
 from ..gpu_common import (TILE, cuda, input_projection_gpu, lane_dot, lane_sum, load_block_rows,
@@ -131,6 +133,7 @@ def rnn_split_kernels(cap, lanes, rows):
         j, lane = tid // lanes, tid % lanes
         leader = j < n and lane == 0
         b0 = cuda.blockIdx.x * rows
+        uj = U(j)                                   # unsigned indices: fast/antisym.py says why
         zero = hs.dtype.type(0)
         D = cuda.local.array(cap, hs.dtype)         # D[k] = W_hh[j, lane + k lanes]
         load_lane_values(D, WT, j, lane, cap, lanes)
@@ -142,15 +145,18 @@ def rnn_split_kernels(cap, lanes, rows):
             if leader and b0 + r < B and T > 0:
                 a_in[r] = u[0, b0 + r, j]
         for t in range(T):
-            cur, nxt = (t % 2) * rows * stride, ((t + 1) % 2) * rows * stride
+            ut = U(t)
+            cur = (ut & U(1)) * U(rows * stride)
+            nxt = ((ut + U(1)) & U(1)) * U(rows * stride)
             for r in range(rows):
                 b = b0 + r
-                u_next = u[t + 1, b, j] if leader and b < B and t + 1 < T else zero
-                s = lane_sum(lane_dot(D, hbuf, cur + r * stride + lane, cap, lanes), lanes)
+                ub = U(b)
+                u_next = u[ut + U(1), ub, uj] if leader and b < B and t + 1 < T else zero
+                s = lane_sum(lane_dot(D, hbuf, cur + U(r * stride + lane), cap, lanes), lanes)
                 if leader and b < B:
                     h = tanh(a_in[r] + s + c)                  # s = (W_hh h_{t-1})_j
-                    hs[t + 1, b, j] = h
-                    hbuf[nxt + r * stride + j] = h
+                    hs[ut + U(1), ub, uj] = h
+                    hbuf[nxt + U(r * stride) + uj] = h
                     a_in[r] = u_next
             cuda.syncthreads()
 
@@ -169,6 +175,7 @@ def rnn_split_kernels(cap, lanes, rows):
         j, lane = tid // lanes, tid % lanes
         leader = j < n and lane == 0
         b0 = cuda.blockIdx.x * rows
+        uj = U(j)
         D = cuda.local.array(cap, dh0.dtype)        # D[k] = W_hh[lane + k lanes, j]
         load_lane_values(D, W_hh, j, lane, cap, lanes)
         dh = cuda.local.array(rows, dh0.dtype)      # the leader's dL/dh_t[b, j] of each row
@@ -180,17 +187,19 @@ def rnn_split_kernels(cap, lanes, rows):
                 dh[r] = dh_T[b0 + r, j]
                 y[r] = hs[T, b0 + r, j]
         for t in range(T - 1, -1, -1):
-            cur = (t % 2) * rows * stride
+            ut = U(t)
+            cur = (ut & U(1)) * U(rows * stride)
             for r in range(rows):
                 b = b0 + r
                 if leader and b < B:
+                    ub = U(b)
                     g = dh[r] * dtanh_from_y(y[r])
-                    da[t, b, j] = g
-                    dbuf[cur + r * stride + j] = g
-                    y[r] = hs[t, b, j]                  # h_{t-1}, for the step before
+                    da[ut, ub, uj] = g
+                    dbuf[cur + U(r * stride) + uj] = g
+                    y[r] = hs[ut, ub, uj]                # h_{t-1}, for the step before
             cuda.syncthreads()
             for r in range(rows):
-                s = lane_sum(lane_dot(D, dbuf, cur + r * stride + lane, cap, lanes), lanes)
+                s = lane_sum(lane_dot(D, dbuf, cur + U(r * stride + lane), cap, lanes), lanes)
                 if leader and b0 + r < B:
                     dh[r] = s                                        # (W_hh^T da_t)_j
         for r in range(rows):
