@@ -114,6 +114,21 @@ def time_loop(sass):
     return instrs[best[0]:best[1] + 1]
 
 
+def product_loops(sass):
+    """The loops with multiply-adds whose body holds no other loop (the innermost products),
+    each as its instructions."""
+    instrs, labels = instructions(sass)
+    spans = []
+    for end, ins in enumerate(instrs):
+        target = re.search(r"BRA\s+`?\(?(\.L_\w+)", ins)
+        if target and labels.get(target[1], end + 1) <= end:
+            spans.append((labels[target[1]], end))
+    inner = [(a, b) for a, b in spans
+             if not any(a <= c and d <= b and (c, d) != (a, b) for c, d in spans)]
+    return [instrs[a:b + 1] for a, b in inner
+            if any(opcode(i) == "FFMA" for i in instrs[a:b + 1])]
+
+
 def counts(instrs):
     """{"total", "integer", "FFMA"} of a list of instructions."""
     ops = collections.Counter(opcode(i) for i in instrs)
@@ -156,6 +171,9 @@ def table_rows(n=128, lanes=8, dtype="float32"):
                              "nvidia-cuda-nvdisasm")
         body = time_loop(sass) if version != "step" else instructions(sass)[0]
         rows.append((what, version, counts(body)))
+    from nprnn.kernels.gpu_common import matmul_tn_partial_kernel
+    (inner,) = product_loops(compile_sass(matmul_tn_partial_kernel, dtype))
+    rows.append(("weight gradients (dA = DA^T H, ...)", "tiled product, inner loop", counts(inner)))
     return rows
 
 

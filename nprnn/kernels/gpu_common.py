@@ -32,6 +32,7 @@ the target's compute capability (see `ptx_target` there); on a GPU nothing speci
 from contextlib import contextmanager
 
 import numpy as np
+from numpy import uint32 as U
 
 
 def simulator_enabled():
@@ -289,8 +290,11 @@ def matmul_tn_partial_kernel(partial, A, B):
         At[ty * tile + tx] = A[k, p0 + tx] if inside and p0 + tx < P else zero
         Bt[ty * tile + tx] = B[k, q0 + tx] if inside and q0 + tx < Q else zero
         cuda.syncthreads()
+        a_e, b_e, step = U(ty), U(tx), U(tile)  # unsigned: no wraparound test (fast/antisym.py)
         for kk in range(tile):
-            acc += At[kk * tile + ty] * Bt[kk * tile + tx]      # C[p0+ty, q0+tx]
+            acc += At[a_e] * Bt[b_e]                            # C[p0+ty, q0+tx]
+            a_e += step                         # At[kk*tile + ty], Bt[kk*tile + tx]
+            b_e += step
         cuda.syncthreads()
     if p0 + ty < P and q0 + tx < Q:
         partial[s, p0 + ty, q0 + tx] = acc

@@ -86,17 +86,19 @@ def skew_dot(P, v, i, n):
     than recomputed: recomputing them (two 64-bit multiplies and a halving per step) was half
     the PTX instructions of the loop body."""
     acc = v.dtype.type(0)
-    up = 0                          # diag_start(k, n) at k = 1
-    down = n * (n - 1) // 2 - 1     # diag_start(n - k, n) at k = 1: the last diagonal, one value
+    ui, un = U(i), U(n)             # unsigned: no test for negative indices (see below)
+    up = U(0)                       # diag_start(k, n) at k = 1
+    down = U(n * (n - 1) // 2 - 1)  # diag_start(n - k, n) at k = 1: the last diagonal, one value
     for k in range(1, n):
-        j = i + k
-        if j < n:                                   # above the diagonal: S[i, j]
-            acc += P[up + i] * v[j]
+        uk = U(k)
+        j = ui + uk
+        if j < un:                                  # above the diagonal: S[i, j]
+            acc += P[up + ui] * v[j]
         else:                                       # below: S[i, j] = -S[j, i], j = i + k - n
-            j -= n
+            j -= un
             acc -= P[down + j] * v[j]
-        up += n - k                 # diagonal k holds n - k values
-        down -= k + 1               # diagonal n - k - 1 holds k + 1 values
+        up += un - uk               # diagonal k holds n - k values
+        down -= uk + U(1)           # diagonal n - k - 1 holds k + 1 values (wraps after the last)
     return acc
 
 
@@ -104,8 +106,10 @@ def skew_dot(P, v, i, n):
 def dense_dot(M, v, i, n):
     """sum_j D[j, i] v[j] for the n x n matrix D held row by row in the flat array M."""
     acc = v.dtype.type(0)
+    e, un = U(i), U(n)              # e = j n + i
     for j in range(n):
-        acc += M[j * n + i] * v[j]
+        acc += M[e] * v[U(j)]
+        e += un
     return acc
 
 
@@ -113,8 +117,10 @@ def dense_dot(M, v, i, n):
 def column_dot(D, v, i, n):
     """sum_j D[j, i] v[j] for D (n, n) in global memory."""
     acc = v.dtype.type(0)
+    ui = U(i)
     for j in range(n):
-        acc += D[j, i] * v[j]
+        uj = U(j)
+        acc += D[uj, ui] * v[uj]
     return acc
 
 
