@@ -11,6 +11,8 @@ consecutive threads read consecutive addresses, and BPTT reads W_hh itself. The 
 bottom are the teaching file's with version 2 added; nprnn/core/cells.py runs them.
 Timings: docs/gpu.md.
 """
+from numpy import uint32 as U
+
 from .. import lstm as teaching
 from ..gpu_common import (TILE, cuda, load_block_rows, persistent_kernel, stacked_param_grads_gpu,
                           state_launch, transposed)
@@ -51,12 +53,16 @@ def lstm_forward_persistent_kernel(hs, cs, gates, x, W_ih, WT, b_ih, b_hh, w_ci,
                         a_f += W_ih[n + j, k] * xk
                         a_g += W_ih[2 * n + j, k] * xk
                         a_o += W_ih[3 * n + j, k] * xk
+                    # unsigned indices: no test for negative ones (fast/antisym.py)
+                    h0, j0 = U(cur + r * n), U(j)
+                    j1, j2, j3 = j0 + U(n), j0 + U(2 * n), j0 + U(3 * n)
                     for k in range(n):
-                        hk = hbuf[cur + r * n + k]
-                        a_i += WT[k, j] * hk
-                        a_f += WT[k, n + j] * hk
-                        a_g += WT[k, 2 * n + j] * hk
-                        a_o += WT[k, 3 * n + j] * hk
+                        uk = U(k)
+                        hk = hbuf[h0 + uk]
+                        a_i += WT[uk, j0] * hk
+                        a_f += WT[uk, j1] * hk
+                        a_g += WT[uk, j2] * hk
+                        a_o += WT[uk, j3] * hk
                     i, f, g, o, c, h = lstm_unit(a_i, a_f, a_g, a_o, cs[t, b, j], w_ci[j],
                                                  w_cf[j], w_co[j], peephole)
                     gates[t, b, j] = i
@@ -124,11 +130,14 @@ def lstm_backward_persistent_kernel(dh0, dc0, da, dh_T, cs, gates, W_hh, w_ci, w
                     # four chains of n dependent multiply-adds, as in the forward pass, rather
                     # than one of 4n (docs/gpu.md)
                     acc_i = acc_f = acc_g = acc_o = dh.dtype.type(0)
+                    r0, uj, un = U(row), U(j), U(n)    # unsigned indices (fast/antisym.py)
                     for k in range(n):
-                        acc_i += dbuf[row + k] * W_hh[k, j]
-                        acc_f += dbuf[row + n + k] * W_hh[n + k, j]
-                        acc_g += dbuf[row + 2 * n + k] * W_hh[2 * n + k, j]
-                        acc_o += dbuf[row + 3 * n + k] * W_hh[3 * n + k, j]
+                        k0 = U(k)
+                        k1, k2, k3 = k0 + un, k0 + U(2) * un, k0 + U(3) * un
+                        acc_i += dbuf[r0 + k0] * W_hh[k0, uj]
+                        acc_f += dbuf[r0 + k1] * W_hh[k1, uj]
+                        acc_g += dbuf[r0 + k2] * W_hh[k2, uj]
+                        acc_o += dbuf[r0 + k3] * W_hh[k3, uj]
                     dh[r * n + j] = (acc_i + acc_f) + (acc_g + acc_o)
     for r in range(rows):
         b = b0 + r
