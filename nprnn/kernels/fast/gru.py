@@ -11,6 +11,8 @@ consecutive threads read consecutive addresses, and BPTT reads W_hh itself. The 
 bottom are the teaching file's with version 2 added; nprnn/core/cells.py runs them.
 Timings: docs/gpu.md.
 """
+from numpy import uint32 as U
+
 from .. import gru as teaching
 from ..gpu_common import (TILE, cuda, load_block_rows, persistent_kernel, stacked_param_grads_gpu,
                           state_launch, transposed)
@@ -46,11 +48,15 @@ def gru_forward_persistent_kernel(hs, gates, hn, x, W_ih, WT, b_ih, b_hh, rows):
                         gi_r += W_ih[j, k] * xk
                         gi_z += W_ih[n + j, k] * xk
                         gi_n += W_ih[2 * n + j, k] * xk
+                    # unsigned indices: no test for negative ones (fast/antisym.py)
+                    h0, j0 = U(cur + row * n), U(j)
+                    j1, j2 = j0 + U(n), j0 + U(2 * n)
                     for k in range(n):
-                        hk = hbuf[cur + row * n + k]
-                        gh_r += WT[k, j] * hk
-                        gh_z += WT[k, n + j] * hk
-                        gh_n += WT[k, 2 * n + j] * hk
+                        uk = U(k)
+                        hk = hbuf[h0 + uk]
+                        gh_r += WT[uk, j0] * hk
+                        gh_z += WT[uk, j1] * hk
+                        gh_n += WT[uk, j2] * hk
                     r, z, n_t, h = gru_unit(gi_r, gi_z, gi_n, gh_r, gh_z, gh_n,
                                             hbuf[cur + row * n + j])
                     gates[t, b, j] = r
@@ -108,10 +114,13 @@ def gru_backward_persistent_kernel(dh0, dgi, dgh, dh_T, hs, gates, hn, W_hh, row
                     # dh_{t-1}[j] += sum_k dgh_t[k] W_hh[k, j], one accumulator per gate block
                     # (three chains of n dependent multiply-adds, not one of 3n)
                     acc_r = acc_z = acc_n = dh.dtype.type(0)
+                    d0, uj, un = U(base), U(j), U(n)   # unsigned indices (fast/antisym.py)
                     for k in range(n):
-                        acc_r += dbuf[base + k] * W_hh[k, j]
-                        acc_z += dbuf[base + n + k] * W_hh[n + k, j]
-                        acc_n += dbuf[base + 2 * n + k] * W_hh[2 * n + k, j]
+                        k0 = U(k)
+                        k1, k2 = k0 + un, k0 + U(2) * un
+                        acc_r += dbuf[d0 + k0] * W_hh[k0, uj]
+                        acc_z += dbuf[d0 + k1] * W_hh[k1, uj]
+                        acc_n += dbuf[d0 + k2] * W_hh[k2, uj]
                     dh[row * n + j] += (acc_r + acc_z) + acc_n
     for row in range(rows):
         b = b0 + row
