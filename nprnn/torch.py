@@ -6,13 +6,14 @@
     out, h_n = rnn(x, hx=None)                     # out (B, T, n) (batch_first), h_n (layers, B, n)
     out, h_n = rnn(x, lengths=lengths)             # or rnn(packed): a PackedSequence in, one out
     out, (h_n, c_n) = lstm(x, (h0, c0))            # the LSTMs, as nn.LSTM
-    out, (y_n, z_n) = cornn(x, y0)                 # coRNN and LEM: both states (z_0 = 0)
+    out, (y_n, z_n) = cornn(x, (y0, z0))           # coRNN and LEM: both states, as the LSTMs
     rnn = Recurrent(..., device="cuda")            # the GPU twins, on CUDA tensors
 
 Each layer is one torch.autograd.Function: its forward runs the cell's forward kernels over the
 whole sequence and keeps their cache; its backward runs the cell's BPTT with the gradient of
-every output step (and of h_n, and of the LSTMs' c_n), and hands back the gradients of x, of h_0
-(and c_0) and of every parameter (nprnn/core/cells.py: `forward`, `backward`, `input_grads`).
+every output step (and of h_n, and of the second state's s_n: the LSTMs' c_n, coRNN's and LEM's
+z_n), and hands back the gradients of x, of h_0 (and s_0) and of every parameter
+(nprnn/core/cells.py: `forward`, `backward`, `input_grads`, `second_state`).
 The parameters are nn.Parameters under nprnn's names (`W`, `V_h`, ..., `weight_ih_l0` for
 several layers), drawn as make_model draws them from the same seed. CPU tensors are shared with
 NumPy without copying (the kernels write into arrays that the returned tensors view); x is made
@@ -21,16 +22,13 @@ each row's last state, as pad_packed_sequence and nn.LSTM give them.
 
 On CUDA (`_Device`) the tensors are numba device arrays' memory through
 __cuda_array_interface__, with no copies either way, and the cell runs its GPU twins (version 1,
-which takes lengths and a gradient at every step). What is not here yet, each refused with an
-error that says so: for coRNN and LEM a given z_0 and a gradient of z_n (their kernels start at
-z_0 = 0 and take gradients of y only). This is the only module that imports torch, and nothing
-in nprnn imports it.
+which takes lengths and a gradient at every step). This is the only module that imports torch,
+and nothing in nprnn imports it.
 """
 import numpy as np
 import torch
 
 from .core.backends import CPU, CUDA
-from .core.cells import LSTMCell
 from .core.device import cuda_available
 from .core.memory import to_device
 from .core.model import READOUT_NAMES, layer_names, make_model
@@ -55,18 +53,21 @@ class _Host:
         return a
 
     def enter(self):
-        pass
+        """Before the kernels run: what leave() takes."""
+        return None
 
-    def leave(self):
+    def leave(self, entered):
         pass
 
 
 class _Device(_Host):
     """CUDA tensors and the GPU twins (version 1, which takes lengths and a gradient at every
     step): tensors and numba device arrays share memory through __cuda_array_interface__, both
-    ways. The kernels run on the CUDA default stream; called under another PyTorch stream, the
-    layer waits for it first and makes it wait for the kernels after. Under numba's CUDA
-    simulator, which runs the GPU twins on the CPU, CPU tensors stand in for CUDA ones."""
+    ways. The kernels run on the CUDA default stream, PyTorch's own unless told otherwise; under
+    another PyTorch stream the default stream waits for it (an event, on the GPU: the host does
+    not wait) and it waits in turn for the kernels, so that they run where PyTorch's work on that
+    stream orders them. Under numba's CUDA simulator, which runs the GPU twins on the CPU, CPU
+    tensors stand in for CUDA ones."""
     def __init__(self):
         self.simulated = simulator_enabled()
         self.tensor_device = "cpu" if self.simulated else "cuda"
@@ -90,60 +91,66 @@ class _Device(_Host):
     def upload(self, a):
         return to_device(a)
 
-    def _side_stream(self):
-        return (not self.simulated
-                and torch.cuda.current_stream() != torch.cuda.default_stream())
-
     def enter(self):
-        if self._side_stream():
-            torch.cuda.current_stream().synchronize()
+        """PyTorch's current stream as numba's, if it is not the default stream (None), after
+        making the default stream wait for the work queued on it."""
+        if self.simulated or torch.cuda.current_stream() == torch.cuda.default_stream():
+            return None
+        side = cuda.external_stream(torch.cuda.current_stream().cuda_stream)
+        _wait(cuda.default_stream(), side)
+        return side
 
-    def leave(self):
-        if self._side_stream():
-            cuda.default_stream().synchronize()
+    def leave(self, side):
+        if side is not None:
+            _wait(side, cuda.default_stream())        # its next work after the kernels
+
+
+def _wait(stream, other):
+    """Make `stream` wait, on the GPU, for the work queued on `other` so far."""
+    done = cuda.event(timing=False)
+    done.record(other)
+    done.wait(stream)
 
 
 class _Layer(torch.autograd.Function):
     """One layer over a time-major x (T, B, m): (outputs h_1 .. h_T (T, B, n), h_T (B, n)
-    [, c_T or z_T]). c0 (B, n): the LSTMs' c_0 (None for the other cells, and for c_0 = 0)."""
+    [, s_T]). s0 (B, n): the second state's s_0 (cells.Cell.second_state; None for 0, and for the
+    cells without one)."""
 
     @staticmethod
-    def forward(ctx, memory, cell, hyper, names, lengths, x, h0, c0, *params):
+    def forward(ctx, memory, cell, hyper, names, lengths, x, h0, s0, *params):
         m, be = memory, memory.backend
-        m.enter()
+        entered = m.enter()
         p = {names[k]: m.array(v) for k, v in enumerate(params)}
         T = x.shape[0]
-        cell_state = {} if c0 is None else dict(c0=m.array(c0))
+        s = cell.second_state
+        given = {} if s0 is None else {f"{s}0": m.array(s0)}
         _, cache = cell.forward(p, m.array(x), m.array(h0), None, be, lengths=lengths, **hyper,
-                                **cell_state)
-        m.leave()
+                                **given)
+        m.leave(entered)
         ctx.memory, ctx.cell, ctx.hyper, ctx.names, ctx.p, ctx.cache = (m, cell, hyper, names, p,
                                                                        cache)
         hs = cache["hs"]
         outs = (m.tensor(hs[1:]), m.tensor(hs[T]))
-        if "cs" in cache:                           # the LSTMs' c_T, differentiated
-            outs += (m.tensor(cache["cs"][T]),)
-        elif "zs" in cache:         # coRNN's and LEM's z_T: a gradient of it is refused (below)
-            outs += (m.tensor(cache["zs"][T]),)
+        if s is not None:                           # s_T, differentiated as h_T
+            outs += (m.tensor(cache[f"{s}s"][T]),)
         return outs
 
     @staticmethod
     def backward(ctx, d_out, d_h_T, *d_second):
         m, cell, cache, p = ctx.memory, ctx.cell, ctx.cache, ctx.p
-        dc = {}
-        if "cs" in cache:
-            dc = dict(dc_T=None if d_second[0] is None else m.array(d_second[0].contiguous()))
-        elif d_second and d_second[0] is not None and torch.any(d_second[0] != 0):
-            raise RuntimeError(f"nprnn's {cell.name} BPTT takes no gradient of z_n yet: use y_n "
-                               f"and the outputs in the loss")
-        m.enter()
+        s = cell.second_state
+        ds = {}
+        if s is not None and d_second[0] is not None:          # dL/ds_T
+            ds = {f"d{s}_T": m.array(d_second[0].contiguous())}
+        entered = m.enter()
         grads, dh0 = cell.backward(p, cache, m.array(d_h_T.contiguous()),
                                    dhs=m.array(d_out.contiguous()), backend=m.backend,
-                                   **ctx.hyper, **dc)
+                                   **ctx.hyper, **ds)
         dx = cell.input_grads(p, cache, backend=m.backend)
-        m.leave()
-        dc0 = m.tensor(cache["dc0"]) if ctx.needs_input_grad[7] else None   # c0's
-        return (None, None, None, None, None, m.tensor(dx), m.tensor(dh0), dc0,
+        m.leave(entered)
+        ds0 = m.tensor(cache[f"d{s}0"]) if ctx.needs_input_grad[7] else None    # s0's
+        return (None, None, None, None, None, m.tensor(dx), m.tensor(dh0), ds0,
                 *(m.tensor(grads[name]) for name in ctx.names))
 
 
@@ -181,7 +188,8 @@ class Recurrent(torch.nn.Module):
     def forward(self, x, hx=None, lengths=None):
         """(out, h_n) for x (B, T, m) (batch_first; else (T, B, m)) or a PackedSequence;
         h_n (layers, B, n); for the LSTMs (h_n, c_n), for coRNN and LEM (y_n, z_n). hx
-        (layers, B, n): h_0 (None: 0); for the LSTMs (h_0, c_0), either None for 0."""
+        (layers, B, n): h_0 (None: 0); for those cells also (h_0, c_0) or (y_0, z_0), either
+        None for 0."""
         packed = isinstance(x, torch.nn.utils.rnn.PackedSequence)
         if packed:
             if lengths is not None:
@@ -201,16 +209,16 @@ class Recurrent(torch.nn.Module):
                                  f"{lengths.tolist()}")
             lengths = None if (lengths == T).all() else lengths
         kernel_lengths = None if lengths is None else memory.upload(lengths)
-        h0, c0 = self._initial(hx, B, x.dtype, where)
-        h_n, c_n = [], []
+        h0, s0 = self._initial(hx, B, x.dtype, where)
+        h_n, s_n = [], []
         for k in range(self.num_layers):
             names = self._names[k]
             params = [getattr(self, name) for name in names]
             outs = _Layer.apply(memory, self.cell, self.hyper, list(names.values()),
-                                kernel_lengths, xt, h0[k], None if c0 is None else c0[k], *params)
+                                kernel_lengths, xt, h0[k], None if s0 is None else s0[k], *params)
             xt = outs[0]
             h_n.append(outs[1])
-            c_n += outs[2:]
+            s_n += outs[2:]
         out = xt.transpose(0, 1) if self.batch_first else xt
         if lengths is not None:                     # 0 past a row's length, as pad_packed gives
             steps = (torch.arange(T, device=where)[:, None]
@@ -221,7 +229,7 @@ class Recurrent(torch.nn.Module):
                 out, torch.from_numpy(lengths if lengths is not None else np.full(B, T)),
                 batch_first=self.batch_first, enforce_sorted=False)
         h_n = torch.stack(h_n)
-        return (out, (h_n, torch.stack(c_n))) if c_n else (out, h_n)
+        return (out, (h_n, torch.stack(s_n))) if s_n else (out, h_n)
 
     def W_dtype(self):
         return next(self.parameters()).dtype
@@ -230,20 +238,24 @@ class Recurrent(torch.nn.Module):
         return next(self.parameters()).device
 
     def _initial(self, hx, B, dtype, where):
-        """(h_0, c_0) of each layer, (layers, B, n) each: from hx, h_0 zeros where not given,
-        c_0 None (the kernels' 0) unless an LSTM's is given."""
+        """(h_0, s_0) of each layer, (layers, B, n) each: from hx, h_0 zeros where not given,
+        s_0 (the second state's: the LSTMs' c_0, coRNN's and LEM's z_0) None (the kernels' 0)
+        unless given."""
         shape = (self.num_layers, B, self.hidden_size)
-        lstm = isinstance(self.cell, LSTMCell)
-        c0 = None
+        s, s0 = self.cell.second_state, None
         if isinstance(hx, tuple):                   # (h_0, c_0), as nn.LSTM takes it
-            if not lstm:
+            if s is None:
                 raise ValueError(f"hx for {self.cell.name} is h_0 alone (layers, B, n), not a "
-                                 f"tuple: only the LSTMs take (h_0, c_0)")
-            hx, c0 = hx
-            c0 = None if c0 is None else self._state("c_0", c0, shape, dtype, where)
+                                 f"tuple: only the cells with a second state (the LSTMs, coRNN, "
+                                 f"LEM) take (h_0, s_0)")
+            if len(hx) != 2:
+                raise ValueError(f"hx for {self.cell.name} is (h_0, {s}_0), got a tuple of "
+                                 f"{len(hx)}")
+            hx, s0 = hx
+            s0 = None if s0 is None else self._state(f"{s}_0", s0, shape, dtype, where)
         h0 = (torch.zeros(shape, dtype=dtype, device=where) if hx is None
               else self._state("hx", hx, shape, dtype, where))
-        return h0, c0
+        return h0, s0
 
     @staticmethod
     def _state(label, v, shape, dtype, where):

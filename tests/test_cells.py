@@ -173,41 +173,48 @@ def test_initial_state_gradient_matches_finite_differences(name):
     assert relative_error(dh0, numeric) < 1e-6
 
 
-@pytest.mark.parametrize("name", ["lstm", "peephole-lstm"])
-def test_lstm_cell_state_c0_and_its_gradient_match_finite_differences(name):
-    """The LSTMs take c_0 and dL/dc_T (nn.LSTM's (h_0, c_0) and c_n, as nprnn.torch passes them)
-    and leave dL/dc_0 in cache["dc0"]: for L = sum(a o h_T) + sum(c o c_T), the kernels and the
-    reference against central differences, and the gradients of the parameters against the
-    reference. The models themselves start at c_0 = 0 and read h only."""
+SECOND_STATES = {"lstm": "c", "peephole-lstm": "c", "cornn": "z", "cornn-imex": "z", "lem": "z"}
+
+
+@pytest.mark.parametrize("name", list(SECOND_STATES))
+def test_a_second_state_s0_and_its_gradient_match_finite_differences(name):
+    """The cells with a second state s (the LSTMs' c, coRNN's and LEM's z) take s_0 and dL/ds_T
+    (nn.LSTM's (h_0, c_0) and c_n, as nprnn.torch passes them) and leave dL/ds_0 in
+    cache["ds0"]: for L = sum(a o h_T) + sum(c o s_T), the kernels and the reference against
+    central differences, and the gradients of the parameters against the reference. The models
+    themselves start at s_0 = 0 and read h only."""
+    s = SECOND_STATES[name]
     model = random_model(name)
     x, _ = batch()
     rng = np.random.default_rng(7)
-    h0, c0, a, c = (rng.standard_normal((B, N)) for _ in range(4))
+    h0, s0, a, c = (rng.standard_normal((B, N)) for _ in range(4))
     p = model.cell_params()
     xt = np.ascontiguousarray(x.transpose(1, 0, 2))
+    given = {f"{s}0": s0}
 
     def loss():
-        h_T, cache = model.cell.reference_forward(p, x, h0=h0, c0=c0)
-        return float((a * h_T).sum() + (c * cache["cs"][-1]).sum())
+        h_T, cache = model.cell.reference_forward(p, x, h0=h0, **given, **model.hyper)
+        return float((a * h_T).sum() + (c * cache[f"{s}s"][-1]).sum())
 
-    numeric_c0, numeric_h0 = numerical_gradient(loss, c0), numerical_gradient(loss, h0)
-    _, ref_cache = model.cell.reference_forward(p, x, h0=h0, c0=c0)
-    ref_grads, ref_dh0 = model.cell.reference_backward(p, ref_cache, a, dc_T=c)
-    _, cache = model.cell.forward(p, xt, h0, c0=c0)
-    np.testing.assert_allclose(cache["cs"][T], ref_cache["cs"][-1], rtol=1e-12)
-    dc_T = c.copy()
-    grads, dh0 = model.cell.backward(p, cache, a, dc_T=dc_T)
-    np.testing.assert_array_equal(dc_T, c)                 # the caller's array is not written
-    for got in (ref_cache["dc0"], cache["dc0"]):
-        assert relative_error(got, numeric_c0) < 1e-6
+    numeric_s0, numeric_h0 = numerical_gradient(loss, s0), numerical_gradient(loss, h0)
+    _, ref_cache = model.cell.reference_forward(p, x, h0=h0, **given, **model.hyper)
+    ref_grads, ref_dh0 = model.cell.reference_backward(p, ref_cache, a, **{f"d{s}_T": c},
+                                                       **model.hyper)
+    _, cache = model.cell.forward(p, xt, h0, **given, **model.hyper)
+    np.testing.assert_allclose(cache[f"{s}s"][T], ref_cache[f"{s}s"][-1], rtol=1e-12)
+    ds_T = c.copy()
+    grads, dh0 = model.cell.backward(p, cache, a, **{f"d{s}_T": ds_T}, **model.hyper)
+    np.testing.assert_array_equal(ds_T, c)                 # the caller's array is not written
+    for got in (ref_cache[f"d{s}0"], cache[f"d{s}0"]):
+        assert relative_error(got, numeric_s0) < 1e-6
     for got in (ref_dh0, dh0):
         assert relative_error(got, numeric_h0) < 1e-6
     for key, want in ref_grads.items():
         assert relative_error(grads[key], want) < 1e-10, key
-    with pytest.raises(ValueError, match=r"c0 must have shape \(B, n\) = \(3, 5\), got \(5,\)"):
-        model.cell.forward(p, xt, h0, c0=np.ones(N))
-    with pytest.raises(ValueError, match=r"dc_T must have shape \(B, n\) = \(3, 5\)"):
-        model.cell.backward(p, cache, a, dc_T=np.ones((2, N)))
+    with pytest.raises(ValueError, match=rf"{s}0 must have shape \(B, n\) = \(3, 5\), got \(5,\)"):
+        model.cell.forward(p, xt, h0, **{f"{s}0": np.ones(N)}, **model.hyper)
+    with pytest.raises(ValueError, match=rf"d{s}_T must have shape \(B, n\) = \(3, 5\)"):
+        model.cell.backward(p, cache, a, **{f"d{s}_T": np.ones((2, N))}, **model.hyper)
 
 
 @pytest.mark.parametrize("name", CELL_NAMES)

@@ -29,26 +29,27 @@ def layer_for(name, options, layers=2, dtype=torch.float64):
 
 @pytest.mark.parametrize("label, name, options", VARIANTS, ids=[v[0] for v in VARIANTS])
 def test_gradcheck_on_x_h0_and_every_parameter(label, name, options):
-    """Two layers, a given h_0 (and the LSTMs' c_0, with c_n in the loss), rows of lengths T, 1
-    and between; W of the antisymmetric cells enters through its strict upper triangle (the lower
-    one is not a parameter: its gradient is held at 0, as make_model's)."""
+    """Two layers, a given h_0 (and the second state's s_0 of the LSTMs, coRNN and LEM, with
+    s_n in the loss), rows of lengths T, 1 and between; W of the antisymmetric cells enters
+    through its strict upper triangle (the lower one is not a parameter: its gradient is held at
+    0, as make_model's)."""
     rnn = layer_for(name, options)
     names = [k for k, _ in rnn.named_parameters()]
-    lstm = name in ("lstm", "peephole-lstm")
+    two = rnn.cell.second_state is not None
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(B, T, M, dtype=torch.float64, generator=gen, requires_grad=True)
     h0, c0 = (torch.randn(2, B, N, dtype=torch.float64, generator=gen, requires_grad=True)
               for _ in range(2))
     params = [p.detach().clone().requires_grad_() for p in rnn.parameters()]
 
-    def loss(x, h0, c0, *values):
+    def loss(x, h0, s0, *values):
         mask = {k: rnn.cell.grad_mask(k.rsplit("_l", 1)[0], N) for k in names}
         held = {k: v if mask[k] is None else v * torch.from_numpy(mask[k])
                 for k, v in zip(names, values)}
-        out, h_n = torch.func.functional_call(rnn, held, (x, (h0, c0) if lstm else h0),
+        out, h_n = torch.func.functional_call(rnn, held, (x, (h0, s0) if two else h0),
                                               dict(lengths=[T, 1, 3]))
-        h_n, c_n = h_n if lstm else (h_n[0] if isinstance(h_n, tuple) else h_n, x.new_zeros(()))
-        return (out ** 2).sum() + out.sum() + (h_n ** 3).sum() + (c_n ** 2).sum()
+        h_n, s_n = h_n if two else (h_n, x.new_zeros(()))
+        return (out ** 2).sum() + out.sum() + (h_n ** 3).sum() + (s_n ** 2).sum()
     assert torch.autograd.gradcheck(loss, (x, h0, c0, *params), eps=1e-6, atol=1e-7, rtol=1e-6,
                                     fast_mode=True)
 
@@ -182,9 +183,9 @@ def test_cuda_without_a_gpu_is_refused_saying_why():
 
 
 def test_the_second_states_as_documented():
-    """The LSTMs take (h_0, c_0), either None, and return a differentiable c_n; coRNN and LEM
-    return (y_n, z_n) and refuse a gradient of z_n (their BPTT does not take one); a tuple hx for
-    a one-state cell, or a c_0 of the wrong shape, is refused, naming it."""
+    """The LSTMs take (h_0, c_0) and coRNN and LEM (y_0, z_0), either None, and return a
+    differentiable c_n or z_n (gradcheck above proves their gradients); a tuple hx for a
+    one-state cell, one of another length, or a c_0 of the wrong shape, is refused, naming it."""
     f64 = dict(dtype=torch.float64)
     x = torch.randn(B, T, M, **f64)
     lstm = Recurrent("lstm", M, N, **f64)
@@ -194,12 +195,15 @@ def test_the_second_states_as_documented():
     with pytest.raises(ValueError, match=r"c_0 must be torch.float64 of shape \(layers, B, n\) = "
                                          r"\(1, 3, 3\), got torch.float64 \(3, 3\)"):
         lstm(x, (None, torch.ones(B, N, **f64)))
-    cornn = Recurrent("cornn", M, N, **f64)
-    out, (y_n, z_n) = cornn(x)
-    assert y_n.shape == z_n.shape == (1, B, N)
-    torch.testing.assert_close(y_n[0], out[:, -1])
-    with pytest.raises(RuntimeError, match="takes no gradient of z_n yet"):
-        (out.sum() + (z_n * 1.0).sum() + y_n.sum()).backward()
+    for name in ("cornn", "lem"):
+        cell = Recurrent(name, M, N, **f64)
+        out, (y_n, z_n) = cell(x)
+        assert y_n.shape == z_n.shape == (1, B, N) and z_n.requires_grad
+        torch.testing.assert_close(y_n[0], out[:, -1])
+        torch.testing.assert_close(cell(x, (None, torch.zeros(1, B, N, **f64)))[0], out)
+        assert not torch.allclose(cell(x, (None, torch.ones(1, B, N, **f64)))[0], out)
+        with pytest.raises(ValueError, match=rf"hx for {name} is \(h_0, z_0\), got a tuple of 3"):
+            cell(x, (None,) * 3)
     with pytest.raises(ValueError, match="hx for gru is h_0 alone"):
         Recurrent("gru", M, N, **f64)(x, (torch.zeros(1, B, N, **f64),) * 2)
 

@@ -10,7 +10,8 @@ cell's forward pass and BPTT, and the model's readout and loss, are written once
     h_T, cache = cell.forward(p, x, h0, ws, backend=CUDA(Launch(), Kernels("step"), ...))
 
 What a backend provides: `buffer` (a workspace's array, or a fresh one), `states` (hs with h_0 in
-place), `upstream` (dL/dh_T checked and where the kernels read it), `sequence` (a pass's lengths
+place), `upstream` (dL/dh_T checked and where the kernels read it), `carried` (a second state's
+gradient, which BPTT updates in place), `sequence` (a pass's lengths
 and gradients at every step, as its kernels take them), `scalar` (a hyperparameter as the kernels
 take it), `run` (a kernel's twin) and `run_pass` (a cell's pass, on cuda the version chosen for
 it).
@@ -169,14 +170,25 @@ class CPUBackend:
         hs[0] = 0.0 if h0 is None else h0
         return hs
 
-    def upstream(self, dh_T, hs, label="dh_T", copy=False):
+    def upstream(self, dh_T, hs, label="dh_T"):
         """dL/dh_T checked against the states hs (T+1, B, n), contiguous in their dtype (None:
-        zero, where the gradients enter at every step); with `copy`, always an array of its own
-        (for a kernel that updates it)."""
+        zero, where the gradients enter at every step)."""
         if dh_T is None:
             return np.zeros(hs.shape[1:], dtype=hs.dtype)
         check_state(label, dh_T, *hs.shape[1:])
-        return (np.array if copy else np.ascontiguousarray)(dh_T, dtype=hs.dtype)
+        return np.ascontiguousarray(dh_T, dtype=hs.dtype)
+
+    def carried(self, ws, name, d_T, states, label):
+        """The workspace's (B, n) array `name` for a second state's gradient that a BPTT kernel
+        carries back in place (the LSTMs' c, coRNN's and LEM's z): d_T = dL/d(state T), checked
+        against states (T+1, B, n) (None: 0), in; dL/d(state 0) out."""
+        d = self.buffer(ws, name, states.shape[1:], states.dtype)
+        if d_T is None:
+            d[...] = 0
+        else:
+            check_state(label, d_T, *states.shape[1:])
+            d[...] = d_T
+        return d
 
     def sequence(self, ws, x, n, lengths=None, dhs=None, backward=False):
         """The Sequence of a pass over time-major x (T, B, m) at n units: lengths (B,) int64 in
@@ -247,16 +259,21 @@ class CUDA:
             hs[0].copy_to_device(to_device(h0, x.dtype))
         return hs
 
-    def upstream(self, dh_T, hs, label="dh_T", copy=False):
+    def upstream(self, dh_T, hs, label="dh_T"):
         if dh_T is None:
             zero = device_array(hs.shape[1:], hs.dtype)
             fill(zero, 0)
             return zero
         check_state(label, dh_T, *hs.shape[1:])
-        d = to_device(dh_T, hs.dtype)
-        if copy and d is dh_T:
-            d = device_array(d.shape, d.dtype)
-            d.copy_to_device(dh_T)
+        return to_device(dh_T, hs.dtype)
+
+    def carried(self, ws, name, d_T, states, label):
+        d = self.buffer(ws, name, states.shape[1:], states.dtype)
+        if d_T is None:
+            fill(d, 0)
+        else:
+            check_state(label, d_T, *states.shape[1:])
+            d.copy_to_device(to_device(d_T, states.dtype))
         return d
 
     def sequence(self, ws, x, n, lengths=None, dhs=None, backward=False):

@@ -119,6 +119,10 @@ class Cell:
     w_forms = ()                 # the forms of W it may take (W_FORMS; the first the default)
     w_form = None                # the form this spec holds W in
     input_weights = (("da", "weight_ih"),)   # (scratch, matrix) of each product x_t enters
+    # a second state s beside h (the LSTMs' c, coRNN's and LEM's z): its letter, if any. Such a
+    # cell's forward takes s_0 as f"{s}0", keeps s_0 .. s_T in cache[f"{s}s"]; its backward takes
+    # dL/ds_T as f"d{s}_T" and leaves dL/ds_0 in cache[f"d{s}0"]
+    second_state = None
 
     def with_w_form(self, w_form):
         """This spec with W in the form `w_form` (one of `w_forms`; None: the default). The
@@ -503,6 +507,7 @@ class LSTMCell(StackedGateCell):
     """
 
     gates = ("i", "f", "g", "o")
+    second_state = "c"
     sigmoid_gates = ("i", "f", "o")          # g is the candidate, tanh
     forget_gate = "f"
     init_schemes = ("paper", "critical")
@@ -567,7 +572,7 @@ class LSTMCell(StackedGateCell):
         g, dh0 = gradients(backend, out, p, B, n, x.dtype)
         da = backend.buffer(ws, "da", (T, B, 4 * n), x.dtype)
         dh_T = backend.upstream(dh_T, hs)
-        dc = backend.upstream(dc_T, cs, "dc_T", copy=True)    # dL/dc_T in, dL/dc_0 out
+        dc = backend.carried(ws, "dc", dc_T, cs, "dc_T")    # dL/dc_T in, dL/dc_0 out
         dW = (g["weight_ih"], g["weight_hh"], g["bias_ih"], g["bias_hh"])
         state = (hs, cs, gates, x, p["weight_hh"])
         sequence = backend.sequence(ws, x, n, cache["lengths"], dhs, True)

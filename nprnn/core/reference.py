@@ -418,16 +418,17 @@ def gru_backward(p, cache, dh_T):
 # LSTM's c is: z_0 = 0 always, `h0` sets y_0 only, and the dh_0 returned is dL/dy_0.
 # ---------------------------------------------------------------------------------------------
 
-def cornn_forward(p, x, dt, gamma, epsilon, h0=None, imex=False):
+def cornn_forward(p, x, dt, gamma, epsilon, h0=None, imex=False, z0=None):
     """coRNN (parameters W, W_z (n, n), V (n, m), b (n,)):
         s_t = tanh(W y_{t-1} + W_z z_{t-1} + V x_t + b)
         z_t = z_{t-1} + dt (s_t - gamma y_{t-1} - epsilon z_{t-1})      (the official code)
         z_t = (z_{t-1} + dt (s_t - gamma y_{t-1})) / (1 + dt epsilon)  (imex: the paper's eq. 3)
-        y_t = y_{t-1} + dt z_t"""
+        y_t = y_{t-1} + dt z_t
+    from y_0 = h0 and z_0 = z0 (None: 0)."""
     p, x = _float64(p, x)
     B, T, m = x.shape
     n = p["W"].shape[0]
-    y, z = _h0(x, n, h0), np.zeros((B, n))
+    y, z = _h0(x, n, h0), _h0(x, n, z0)
     hs, zs, ss = [y], [z], []
     for t in range(T):
         s = np.tanh(y @ p["W"].T + z @ p["W_z"].T + x[:, t, :] @ p["V"].T + p["b"])   # (B, n)
@@ -442,18 +443,19 @@ def cornn_forward(p, x, dt, gamma, epsilon, h0=None, imex=False):
     return y, dict(x=x, hs=hs, zs=zs, ss=ss, imex=imex)
 
 
-def cornn_imex_forward(p, x, dt, gamma, epsilon, h0=None):
+def cornn_imex_forward(p, x, dt, gamma, epsilon, h0=None, z0=None):
     """coRNN in the paper's IMEX form (see cornn_forward)."""
-    return cornn_forward(p, x, dt, gamma, epsilon, h0=h0, imex=True)
+    return cornn_forward(p, x, dt, gamma, epsilon, h0=h0, imex=True, z0=z0)
 
 
-def cornn_backward(p, cache, dh_T, dt, gamma, epsilon):
-    """BPTT through cornn_forward (either form: the cache says which)."""
+def cornn_backward(p, cache, dh_T, dt, gamma, epsilon, dz_T=None):
+    """BPTT through cornn_forward (either form: the cache says which) from dL/dy_T and dL/dz_T
+    (None: 0); dL/dz_0 goes to cache["dz0"]."""
     p = _float64(p)
     x, hs, zs, ss, imex = (cache[k] for k in ("x", "hs", "zs", "ss", "imex"))
     grads = _zero_grads(p)
     dy = np.array(dh_T, dtype=np.float64)
-    dz = np.zeros_like(dy)                            # z_T reaches the loss only through y
+    dz = np.zeros_like(dy) if dz_T is None else np.array(dz_T, dtype=np.float64)
     for t in reversed(range(x.shape[1])):
         # forward was: y_t = y_{t-1} + dt z_t
         # so:          dL/dz_t = dz + dt dy ;  dy_{t-1} = dy + ...
@@ -473,10 +475,11 @@ def cornn_backward(p, cache, dh_T, dt, gamma, epsilon):
         grads["b"] += da.sum(axis=0)
         dy = dy_prev + da @ p["W"]
         dz = dz_prev + da @ p["W_z"]
+    cache["dz0"] = dz
     return grads, dy
 
 
-def lem_forward(p, x, dt, h0=None):
+def lem_forward(p, x, dt, h0=None, z0=None):
     """LEM, in the official layout (weight_ih (4n, m), bias_ih (4n,): y's gate, z's gate, the
     input terms of y's and of z's candidate; weight_hh (3n, n), bias_hh (3n,) on y_{t-1}: y's
     gate, z's gate, z's candidate; weight_z (n, n), bias_z (n,) on the NEW z_t):
@@ -489,7 +492,7 @@ def lem_forward(p, x, dt, h0=None):
     p, x = _float64(p, x)
     B, T, m = x.shape
     n = p["weight_z"].shape[0]
-    y, z = _h0(x, n, h0), np.zeros((B, n))
+    y, z = _h0(x, n, h0), _h0(x, n, z0)             # y_0, z_0 (None: 0)
     hs, zs, steps = [y], [z], []
     for t in range(T):
         A1, A2, A3, A4 = np.split(x[:, t, :] @ p["weight_ih"].T + p["bias_ih"], 4, axis=1)
@@ -506,12 +509,14 @@ def lem_forward(p, x, dt, h0=None):
     return y, dict(x=x, hs=hs, zs=zs, steps=steps)
 
 
-def lem_backward(p, cache, dh_T, dt):
+def lem_backward(p, cache, dh_T, dt, dz_T=None):
+    """BPTT through lem_forward from dL/dy_T and dL/dz_T (None: 0); dL/dz_0 goes to
+    cache["dz0"]."""
     p = _float64(p)
     x, hs, zs, steps = cache["x"], cache["hs"], cache["zs"], cache["steps"]
     grads = _zero_grads(p)
     dy = np.array(dh_T, dtype=np.float64)
-    dz = np.zeros_like(dy)                            # z_T reaches the loss only through y
+    dz = np.zeros_like(dy) if dz_T is None else np.array(dz_T, dtype=np.float64)
     for t in reversed(range(x.shape[1])):
         sy, sz, cy, cz = steps[t]
         y_prev, z_prev, z = hs[t], zs[t], zs[t + 1]
@@ -540,6 +545,7 @@ def lem_backward(p, cache, dh_T, dt):
         grads["bias_hh"] += dH.sum(axis=0)
         dy = dy * (1.0 - dt * sy) + dH @ p["weight_hh"]
         dz = dz * (1.0 - dt * sz)
+    cache["dz0"] = dz
     return grads, dy
 
 

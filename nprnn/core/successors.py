@@ -52,6 +52,7 @@ class CoRNNCell(Cell):
              "gamma": Hyper(CORNN_GAMMA, help="Restoring force gamma of coRNN"),
              "epsilon": Hyper(CORNN_EPSILON, help="Damping epsilon of coRNN")}
     input_weights = (("da", "V"),)           # u_t enters through V u_t alone
+    second_state = "z"                       # the velocity z beside the position y (= h)
     product_blocks = (2, 1)                  # W y_{t-1} and W_z z_{t-1}; V u_t
     forward_kernels, backward_kernels = K_cornn.cornn_forward, K_cornn.cornn_backward
 
@@ -101,11 +102,12 @@ class CoRNNCell(Cell):
         return tuple(backend.scalar(v, dtype) for v in (dt, dt_z, gamma, epsilon))
 
     def forward(self, p, x, h0=None, ws=None, backend=CPU, lengths=None, dt=CORNN_DT,
-                gamma=CORNN_GAMMA, epsilon=CORNN_EPSILON):
+                gamma=CORNN_GAMMA, epsilon=CORNN_EPSILON, z0=None):
+        """As Cell.forward; z0 (B, n) is z_0 (None: 0, as in the models)."""
         T, B, _ = x.shape
         n = p["b"].shape[0]
         hs = backend.states(ws, "hs", x, n, h0)            # y_0 .. y_T
-        zs = backend.states(ws, "zs", x, n)                # z_0 = 0: h0 sets y_0 only
+        zs = backend.states(ws, "zs", x, n, z0, label="z0")   # z_0 (0 unless given)
         th = backend.buffer(ws, "th", (T, B, n), x.dtype)
         backend.run_pass(self.forward_kernels, False, hs, zs, th, x, p["W"], p["W_z"], p["V"],
                          p["b"], *self.scalars(backend, x.dtype, dt, gamma, epsilon),
@@ -113,17 +115,20 @@ class CoRNNCell(Cell):
         return hs[T], dict(x=x, hs=hs, zs=zs, th=th, lengths=lengths)
 
     def backward(self, p, cache, dh_T, ws=None, out=None, backend=CPU, dhs=None, dt=CORNN_DT,
-                 gamma=CORNN_GAMMA, epsilon=CORNN_EPSILON):
+                 gamma=CORNN_GAMMA, epsilon=CORNN_EPSILON, dz_T=None):
+        """As Cell.backward; dz_T (B, n) is dL/dz_T (None: 0, z_T reaching the loss only
+        through y, as in the models). dL/dz_0 is left in cache["dz0"]."""
         x, hs, zs, th = cache["x"], cache["hs"], cache["zs"], cache["th"]
         T, B, _ = x.shape
         n = p["b"].shape[0]
         g, dh0 = gradients(backend, out, p, B, n, x.dtype)
+        dz = backend.carried(ws, "dz", dz_T, zs, "dz_T")    # dL/dz_T in, dL/dz_0 out
         da = backend.buffer(ws, "da", (T, B, n), x.dtype)
-        backend.run_pass(self.backward_kernels, True, g["W"], g["W_z"], g["V"], g["b"], dh0, da,
-                         backend.upstream(dh_T, hs), hs, zs, th, x, p["W"], p["W_z"],
+        backend.run_pass(self.backward_kernels, True, g["W"], g["W_z"], g["V"], g["b"], dh0, dz,
+                         da, backend.upstream(dh_T, hs), hs, zs, th, x, p["W"], p["W_z"],
                          *self.scalars(backend, x.dtype, dt, gamma, epsilon),
                          sequence=backend.sequence(ws, x, n, cache["lengths"], dhs, True))
-        cache["da"] = da                    # dL/du_t of u_t = V x_t: input_grads reads it
+        cache["da"], cache["dz0"] = da, dz  # da: dL/du_t of u_t = V x_t, which input_grads reads
         return g, dh0
 
 
@@ -142,6 +147,7 @@ class LEMCell(Cell):
     hyper = {"dt": Hyper(LEM_DT, above=True, help="Time step dt of LEM")}
     sigmoid_gates = ("y_gate", "z_gate")     # sigmoid(A1 + H1) = gbar_t / dt, sigmoid(A2 + H2)
     input_weights = (("da", "weight_ih"),)   # u_t enters through weight_ih u_t alone
+    second_state = "z"                       # the slow state z beside y (= h)
     product_blocks = (4, 4)                  # weight_hh y_{t-1} (3n), weight_z z_t; weight_ih u_t
     forward_kernels, backward_kernels = K_lem.lem_forward, K_lem.lem_backward
     # the official module's parameters, in its order, and our names for them
@@ -187,31 +193,36 @@ class LEMCell(Cell):
         n = cache["hs"].shape[2]
         return {"y_gate": cache["gates"][:, :, :n], "z_gate": cache["gates"][:, :, n:2 * n]}
 
-    def forward(self, p, x, h0=None, ws=None, backend=CPU, lengths=None, dt=LEM_DT):
+    def forward(self, p, x, h0=None, ws=None, backend=CPU, lengths=None, dt=LEM_DT, z0=None):
+        """As Cell.forward; z0 (B, n) is z_0 (None: 0, as in the models)."""
         T, B, _ = x.shape
         n = p["weight_z"].shape[0]
         hs = backend.states(ws, "hs", x, n, h0)            # y_0 .. y_T
-        zs = backend.states(ws, "zs", x, n)                # z_0 = 0: h0 sets y_0 only
+        zs = backend.states(ws, "zs", x, n, z0, label="z0")   # z_0 (0 unless given)
         gates = backend.buffer(ws, "gates", (T, B, 4 * n), x.dtype)
         backend.run_pass(self.forward_kernels, False, hs, zs, gates, x, p["weight_ih"],
                          p["weight_hh"], p["weight_z"], p["bias_ih"], p["bias_hh"], p["bias_z"],
                          backend.scalar(dt, x.dtype), sequence=backend.sequence(ws, x, n, lengths))
         return hs[T], dict(x=x, hs=hs, zs=zs, gates=gates, lengths=lengths)
 
-    def backward(self, p, cache, dh_T, ws=None, out=None, backend=CPU, dhs=None, dt=LEM_DT):
+    def backward(self, p, cache, dh_T, ws=None, out=None, backend=CPU, dhs=None, dt=LEM_DT,
+                 dz_T=None):
+        """As Cell.backward; dz_T (B, n) is dL/dz_T (None: 0, as in the models). dL/dz_0 is
+        left in cache["dz0"]."""
         x, hs, zs, gates = cache["x"], cache["hs"], cache["zs"], cache["gates"]
         T, B, _ = x.shape
         n = p["weight_z"].shape[0]
         g, dh0 = gradients(backend, out, p, B, n, x.dtype)
+        dz = backend.carried(ws, "dz", dz_T, zs, "dz_T")    # dL/dz_T in, dL/dz_0 out
         da = backend.buffer(ws, "da", (T, B, 4 * n), x.dtype)
         backend.run_pass(self.backward_kernels, True, g["weight_ih"], g["weight_hh"],
-                         g["weight_z"], g["bias_ih"], g["bias_hh"], g["bias_z"], dh0, da,
+                         g["weight_z"], g["bias_ih"], g["bias_hh"], g["bias_z"], dh0, dz, da,
                          backend.buffer(ws, "dgh", (T, B, 3 * n), x.dtype),
                          backend.buffer(ws, "dq", (T, B, n), x.dtype),
                          backend.upstream(dh_T, hs), hs, zs, gates, x, p["weight_hh"],
                          p["weight_z"], backend.scalar(dt, x.dtype),
                          sequence=backend.sequence(ws, x, n, cache["lengths"], dhs, True))
-        cache["da"] = da                    # dL/du_t of u_t = weight_ih x_t: input_grads reads it
+        cache["da"], cache["dz0"] = da, dz  # da: dL/du_t of u_t = weight_ih x_t (input_grads)
         return g, dh0
 
 

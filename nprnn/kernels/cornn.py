@@ -11,8 +11,9 @@ official code computes, for every step t = 1 .. T:
     y_t = y_{t-1} + dt z_t
 
 with u_t the input x_t. The readout reads y (y plays the role of h: the models' hs holds y_0 ..
-y_T); z is internal, as an LSTM's c is, and starts at z_0 = 0. The paper's eq. (3) is the IMEX
-form: the damping acts on the NEW velocity,
+y_T); z is internal, as an LSTM's c is: the models start it at z_0 = 0 and their loss reads y
+alone, but the kernels take any z_0 and dL/dz_T (nprnn.torch passes them). The paper's eq. (3)
+is the IMEX form: the damping acts on the NEW velocity,
 
     z_t = z_{t-1} + dt (s_t - gamma y_{t-1}) - dt epsilon z_t
         = (z_{t-1} + dt (s_t - gamma y_{t-1})) / (1 + dt epsilon)                     (IMEX)
@@ -31,7 +32,7 @@ script W), V (n, m), b (n,). The official code holds [V | W_z | W] as one Linear
 `successors.CoRNNCell.from_official` splits it.
 
 Shapes: B batch, T time, m input size, n hidden size. Time-major: x (T, B, m); hs, zs
-(T+1, B, n) with hs[0] = y_0 given by the caller and zs[0] = z_0 (0 in the models); th (T, B, n)
+(T+1, B, n) with hs[0] = y_0 and zs[0] = z_0 given by the caller; th (T, B, n)
 keeps s_t for BPTT. dt, dt_z, gamma, epsilon are scalars of the arrays' dtype, so that float32
 kernels compute in float32 (no literal enters the arithmetic).
 
@@ -53,8 +54,8 @@ from numba import prange
 from .common import (Twins, add_upstream, dtanh_from_y, flush_denormals, flush_subnormal,
                      hold_state, matmul_nt_rows, matmul_tn_rows, njit_inline, njit_parallel,
                      num_slices, restore_fp_mode, row_slice, sum_rows, tanh)
-from .gpu_common import (TILE, column_sums_gpu, cuda, fill, hold_unit, matmul_tn_gpu,
-                         rows_times_matrix_gpu, scratch, step_grid, transposed, upstream)
+from .gpu_common import (TILE, column_sums_gpu, cuda, hold_unit, matmul_tn_gpu,
+                         rows_times_matrix_gpu, step_grid, transposed, upstream)
 
 # The kinds of this file's kernel arguments that tests/test_ptx.py does not know: the states and
 # their gradients, the transposed matrices, and the four scalars, all of the model's dtype
@@ -139,14 +140,16 @@ def cornn_forward_cpu(hs, zs, th, x, W, W_z, V, b, dt, dt_z, gamma, epsilon, len
 
 
 @njit_parallel
-def cornn_backward_cpu(dW, dW_z, dV, db, dh0, da, dh_T, hs, zs, th, x, W, W_z, dt, dt_z, gamma,
-                       epsilon, dhs, lengths):
+def cornn_backward_cpu(dW, dW_z, dV, db, dh0, dz, da, dh_T, hs, zs, th, x, W, W_z, dt, dt_z,
+                       gamma, epsilon, dhs, lengths):
     """BPTT over the whole sequence.
 
     Written (=):  dW, dW_z (n, n); dV (n, m); db (n,); dh0 (B, n) = dL/dy_0; da (T, B, n) =
                   dL/da_t (scratch, kept for the products at the end, and dL/du_t of u_t = V x_t
-                  for a layer below). dL/dz_0 is not returned: z_0 is not an input of the model.
-    Read:         dh_T (B, n) = dL/dy_T (z_T reaches the loss only through y); hs, zs, th from
+                  for a layer below).
+    Updated:      dz (B, n): dL/dz_T from outside on entry (0 in the models, whose loss reads y
+                  only), dL/dz_0 on return.
+    Read:         dh_T (B, n) = dL/dy_T; hs, zs, th from
                   the forward pass; x (T, B, m); W, W_z (n, n); dt, dt_z, gamma, epsilon;
                   dhs (T, B, n) (or (0, B, n)) and lengths (B,): common.py, "Sequences".
     Work split:   one thread per slice of batch rows for the reverse time loop; the weight
@@ -160,8 +163,8 @@ def cornn_backward_cpu(dW, dW_z, dV, db, dh0, da, dh_T, hs, zs, th, x, W, W_z, d
         b0, b1 = row_slice(c, S, B)
         mode = flush_denormals(dh0)      # float32: subnormals to zero (common.py)
         dy = dh0[b0:b1]
-        # dz: the part of dL/dz_t that arrives through step t + 1; none does at t = T
-        dz = np.zeros((b1 - b0, n), dtype=dh0.dtype)
+        # dz_r: the part of dL/dz_t that arrives through step t + 1 (at t = T, the caller's)
+        dz_r = dz[b0:b1]
         back = np.empty((b1 - b0, n), dtype=dh0.dtype)    # da_t W, then da_t W_z
         for t in range(T - 1, -1, -1):
             for row in range(b0, b1):
@@ -172,17 +175,18 @@ def cornn_backward_cpu(dW, dW_z, dV, db, dh0, da, dh_T, hs, zs, th, x, W, W_z, d
                     # forward was: (s_t, y_t, z_t) = cornn_unit(a_t, y_{t-1}, z_{t-1}, ...)
                     # so:          da_t and the direct parts of dy_{t-1}, dz_{t-1} by
                     #              cornn_unit_backward
-                    g, dy_prev, dz_prev = cornn_unit_backward(dy[r, j], dz[r, j], th[t, row, j],
-                                                              dt, dt_z, gamma, epsilon)
+                    g, dy_prev, dz_prev = cornn_unit_backward(dy[r, j], dz_r[r, j],
+                                                              th[t, row, j], dt, dt_z, gamma,
+                                                              epsilon)
                     da[t, row, j] = flush_subnormal(g)
                     dy[r, j] = flush_subnormal(dy_prev)
-                    dz[r, j] = flush_subnormal(dz_prev)
+                    dz_r[r, j] = flush_subnormal(dz_prev)
             # forward was: a_t = W y_{t-1} + W_z z_{t-1} + V u_t + b
             # so:          dy_{t-1} += da_t W ;  dz_{t-1} += da_t W_z   (row form)
             np.dot(da[t, b0:b1], W, back)
             dy += back
             np.dot(da[t, b0:b1], W_z, back)
-            dz += back
+            dz_r += back
         restore_fp_mode(mode)
     # 3. weight gradients over all steps at once
     da2 = da.reshape(T * B, n)
@@ -260,17 +264,17 @@ def cornn_forward_gpu(hs, zs, th, x, W, W_z, V, b, dt, dt_z, gamma, epsilon, len
                                                epsilon, t, lengths)
 
 
-def cornn_backward_gpu(dW, dW_z, dV, db, dh0, da, dh_T, hs, zs, th, x, W, W_z, dt, dt_z, gamma,
-                       epsilon, dhs, lengths, *, block=(128, 1), tile=TILE):
+def cornn_backward_gpu(dW, dW_z, dV, db, dh0, dz, da, dh_T, hs, zs, th, x, W, W_z, dt, dt_z,
+                       gamma, epsilon, dhs, lengths, *, block=(128, 1), tile=TILE):
     """Version 1 twin of cornn_backward_cpu: per step cornn_backward_unit_kernel, then
     dy_{t-1} += da_t W and dz_{t-1} += da_t W_z (rows_times_matrix_gpu); then the weight
-    gradients as products over all steps. Written (=): dW, dW_z, dV, db, dh0, da."""
+    gradients as products over all steps. Written (=): dW, dW_z, dV, db, dh0, da. Updated: dz
+    (dL/dz_T in, dL/dz_0 out)."""
     T, B, m = x.shape
     n = W.shape[0]
     grid, block = step_grid(B, n, block)
     dt, dt_z, gamma, epsilon = (dh0.dtype.type(v) for v in (dt, dt_z, gamma, epsilon))
-    dz = scratch("cornn_dz", (B, n), dh0.dtype)     # dL/dz_t through step t + 1: 0 at t = T
-    fill(dz, 0)
+    # dz: dL/dz_t through step t + 1, the caller's dL/dz_T at t = T; it ends as dL/dz_0
     dh0.copy_to_device(dh_T)              # the running dL/dy_t lives in dh0; it ends as dL/dy_0
     for t in range(T - 1, -1, -1):
         cornn_backward_unit_kernel[grid, block](da, dh0, dz, th, dt, dt_z, gamma, epsilon, t,

@@ -26,7 +26,8 @@ bias_hh (3n,) acting on y_{t-1} [y's gate, z's gate, z's candidate]; weight_z (n
 bias_z (n,) acting on the new z_t (the official transform_z).
 
 Shapes: B batch, T time, m input size, n hidden size. Time-major: x (T, B, m); hs, zs (T+1, B, n)
-with hs[0] = y_0 given by the caller and zs[0] = z_0 (0 in the models); gates (T, B, 4n) keeps,
+with hs[0] = y_0 and zs[0] = z_0 given by the caller (z_0 = 0 in the models, whose loss reads y
+alone; the BPTT takes dL/dz_T and returns dL/dz_0, for nprnn.torch); gates (T, B, 4n) keeps,
 in blocks of n, sigmoid(A1 + H1), sigmoid(A2 + H2) (y's and z's gates, in (0, 1)), y's candidate
 tanh(weight_z z_t + bias_z + A3) and z's candidate tanh(A4 + H3) of every step for BPTT. dt is a
 scalar of the arrays' dtype (no literal enters the float32 arithmetic).
@@ -57,8 +58,8 @@ from .common import (Twins, add_upstream, dsigmoid_from_y, dtanh_from_y, flush_d
                      flush_subnormal, hold_state, matmul_nt_rows, matmul_tn_rows, njit_inline,
                      njit_parallel, num_slices, restore_fp_mode, row_slice, sigmoid, sum_rows,
                      tanh)
-from .gpu_common import (TILE, column_sums_gpu, cuda, fill, hold_unit, matmul_tn_gpu,
-                         rows_times_matrix_gpu, scratch, step_grid, transposed, upstream)
+from .gpu_common import (TILE, column_sums_gpu, cuda, hold_unit, matmul_tn_gpu,
+                         rows_times_matrix_gpu, step_grid, transposed, upstream)
 
 # The kinds of this file's kernel arguments that tests/test_ptx.py does not know: the second
 # state and the running gradients (arrays of the model's dtype), dt (a scalar of it).
@@ -154,16 +155,17 @@ def lem_forward_cpu(hs, zs, gates, x, W_ih, W_hh, W_z, b_ih, b_hh, b_z, dt, leng
 
 
 @njit_parallel
-def lem_backward_cpu(dW_ih, dW_hh, dW_z, db_ih, db_hh, db_z, dh0, da, dgh, dq, dh_T, hs, zs,
-                     gates, x, W_hh, W_z, dt, dhs, lengths):
+def lem_backward_cpu(dW_ih, dW_hh, dW_z, db_ih, db_hh, db_z, dh0, dz, da, dgh, dq, dh_T, hs,
+                     zs, gates, x, W_hh, W_z, dt, dhs, lengths):
     """BPTT over the whole sequence.
 
     Written (=):  dW_ih (4n, m); dW_hh (3n, n); dW_z (n, n); db_ih (4n,); db_hh (3n,);
                   db_z (n,); dh0 (B, n) = dL/dy_0; da (T, B, 4n), dgh (T, B, 3n), dq (T, B, n):
                   the pre-activation gradients (module docstring; scratch, kept for the products
-                  at the end; da is dL/du_t of u_t = W_ih x_t for a layer below). dL/dz_0 is not
-                  returned: z_0 is not an input of the model.
-    Read:         dh_T (B, n) = dL/dy_T (z_T reaches the loss only through y); hs, zs, gates
+                  at the end; da is dL/du_t of u_t = W_ih x_t for a layer below).
+    Updated:      dz (B, n): dL/dz_T from outside on entry (0 in the models, whose loss reads y
+                  only), dL/dz_0 on return.
+    Read:         dh_T (B, n) = dL/dy_T; hs, zs, gates
                   from the forward pass; x (T, B, m); W_hh (3n, n); W_z (n, n); dt;
                   dhs (T, B, n) (or (0, B, n)) and lengths (B,): common.py, "Sequences".
     Work split:   one thread per slice of batch rows for the reverse time loop; the weight
@@ -177,8 +179,8 @@ def lem_backward_cpu(dW_ih, dW_hh, dW_z, db_ih, db_hh, db_z, dh0, da, dgh, dq, d
         b0, b1 = row_slice(c, S, B)
         mode = flush_denormals(dh0)      # float32: subnormals to zero (common.py)
         dy = dh0[b0:b1]
-        # dz: the part of dL/dz_t that arrives through z_{t+1}; none does at t = T
-        dz = np.zeros((b1 - b0, n), dtype=dh0.dtype)
+        # dz_r: the part of dL/dz_t that arrives through z_{t+1} (at t = T, the caller's)
+        dz_r = dz[b0:b1]
         back_z = np.empty((b1 - b0, n), dtype=dh0.dtype)        # dq_t W_z
         back_y = np.empty((b1 - b0, n), dtype=dh0.dtype)        # dgh_t W_hh
         for t in range(T - 1, -1, -1):
@@ -201,7 +203,7 @@ def lem_backward_cpu(dW_ih, dW_hh, dW_z, db_ih, db_hh, db_z, dh0, da, dgh, dq, d
                     dq[t, row, j] = dcand
                     dy[r, j] = flush_subnormal(dy_prev)
             # forward was: y's candidate reads W_z z_t
-            # so:          dL/dz_t = dz + dq_t W_z   (row form)
+            # so:          dL/dz_t = dz_r + dq_t W_z   (row form)
             np.dot(dq[t, b0:b1], W_z, back_z)
             for row in range(b0, b1):
                 if t >= lengths[row]:
@@ -211,7 +213,7 @@ def lem_backward_cpu(dW_ih, dW_hh, dW_z, db_ih, db_hh, db_z, dh0, da, dgh, dq, d
                     # forward was: (s, c, z_t) = lem_step(A2 + H2, A4 + H3, z_{t-1})
                     # so:          dA2, dA4 and dz_{t-1} by lem_step_backward
                     da2, da4, dz_prev = lem_step_backward(
-                        dz[r, j] + back_z[r, j], gates[t, row, n + j],
+                        dz_r[r, j] + back_z[r, j], gates[t, row, n + j],
                         gates[t, row, 3 * n + j], zs[t, row, j], dt)
                     da2 = flush_subnormal(da2)
                     da4 = flush_subnormal(da4)
@@ -219,7 +221,7 @@ def lem_backward_cpu(dW_ih, dW_hh, dW_z, db_ih, db_hh, db_z, dh0, da, dgh, dq, d
                     dgh[t, row, n + j] = da2
                     da[t, row, 3 * n + j] = da4
                     dgh[t, row, 2 * n + j] = da4
-                    dz[r, j] = flush_subnormal(dz_prev)
+                    dz_r[r, j] = flush_subnormal(dz_prev)
             # forward was: [H1 | H2 | H3] = W_hh y_{t-1} + b_hh
             # so:          dy_{t-1} += dgh_t W_hh   (row form)
             np.dot(dgh[t, b0:b1], W_hh, back_y)
@@ -360,17 +362,17 @@ def lem_forward_gpu(hs, zs, gates, x, W_ih, W_hh, W_z, b_ih, b_hh, b_z, dt, leng
         lem_y_step_kernel[grid, block](hs, zs, gates, WzT, b_z, dt, t, lengths)
 
 
-def lem_backward_gpu(dW_ih, dW_hh, dW_z, db_ih, db_hh, db_z, dh0, da, dgh, dq, dh_T, hs, zs,
-                     gates, x, W_hh, W_z, dt, dhs, lengths, *, block=(128, 1), tile=TILE):
+def lem_backward_gpu(dW_ih, dW_hh, dW_z, db_ih, db_hh, db_z, dh0, dz, da, dgh, dq, dh_T, hs,
+                     zs, gates, x, W_hh, W_z, dt, dhs, lengths, *, block=(128, 1), tile=TILE):
     """Version 1 twin of lem_backward_cpu: per step lem_backward_y_kernel, dz += dq_t W_z,
     lem_backward_z_kernel, dy += dgh_t W_hh (rows_times_matrix_gpu); then the weight gradients
-    as products over all steps. Written (=): the six gradients, dh0, da, dgh, dq."""
+    as products over all steps. Written (=): the six gradients, dh0, da, dgh, dq. Updated: dz
+    (dL/dz_T in, dL/dz_0 out)."""
     T, B, m = x.shape
     n = W_z.shape[0]
     grid, block = step_grid(B, n, block)
     dt = dh0.dtype.type(dt)
-    dz = scratch("lem_dz", (B, n), dh0.dtype)      # dL/dz_t through z_{t+1}: 0 at t = T
-    fill(dz, 0)
+    # dz: dL/dz_t through z_{t+1}, the caller's dL/dz_T at t = T; it ends as dL/dz_0
     dh0.copy_to_device(dh_T)              # the running dL/dy_t lives in dh0; it ends as dL/dy_0
     for t in range(T - 1, -1, -1):
         lem_backward_y_kernel[grid, block](da, dgh, dq, dh0, gates, hs, dt, t, dhs, lengths)

@@ -19,17 +19,18 @@ pytestmark = requires_cuda
 HYPER = {"antisym-gated": dict(eps=0.5, gamma=0.1), "lstm": {}, "cornn": {}}
 
 
-def run(layer, x, h0, c0, lengths):
-    """(out, h_n[, c_n]) and the gradients of x, h_0, c_0 and every parameter, on the CPU."""
-    x, h0, c0 = (v.clone().to(layer.W_device()).requires_grad_() for v in (x, h0, c0))
-    lstm = layer.cell.name in ("lstm", "peephole-lstm")
-    out, state = layer(x, (h0, c0) if lstm else h0, lengths=lengths)
-    h_n, c_n = state if isinstance(state, tuple) else (state, None)
+def run(layer, x, h0, s0, lengths):
+    """(out, h_n[, s_n]) and the gradients of x, h_0, s_0 (the second state's, where the cell
+    has one) and every parameter, on the CPU."""
+    x, h0, s0 = (v.clone().to(layer.W_device()).requires_grad_() for v in (x, h0, s0))
+    two = layer.cell.second_state is not None
+    out, state = layer(x, (h0, s0) if two else h0, lengths=lengths)
+    h_n, s_n = state if two else (state, None)
     loss = (out ** 2).sum() + out.sum() + (h_n ** 3).sum()
-    if lstm:
-        loss = loss + (c_n ** 2).sum()
+    if two:
+        loss = loss + (s_n ** 2).sum()
     loss.backward()
-    got = dict(out=out, h_n=h_n, dx=x.grad, dh0=h0.grad, dc0=c0.grad if lstm else None,
+    got = dict(out=out, h_n=h_n, s_n=s_n, dx=x.grad, dh0=h0.grad, ds0=s0.grad if two else None,
                **{k: p.grad for k, p in layer.named_parameters()})
     return {k: None if v is None else v.detach().cpu().numpy() for k, v in got.items()}
 
@@ -37,8 +38,9 @@ def run(layer, x, h0, c0, lengths):
 @pytest.mark.parametrize("name, layers", [(name, 2) for name in HYPER]
                          + [(name, 1) for name in nprnn.CELLS if name not in HYPER])
 def test_the_layer_on_cuda_is_the_layer_on_the_cpu(name, layers, monkeypatch):
-    """Every cell (two layers for one of each family), h_0 (and c_0), rows of lengths T, 1 and
-    between, float64: the outputs, the last states and every gradient equal the CPU layer's."""
+    """Every cell (two layers for one of each family), h_0 (and c_0 or z_0), rows of lengths
+    T, 1 and between, float64: the outputs, the last states and every gradient equal the CPU
+    layer's."""
     small_launch(monkeypatch)
     hyper = HYPER.get(name, {k: v for k, v in dict(eps=0.5, gamma=0.1).items()
                              if k in nprnn.CELLS[name].hyper})
@@ -80,3 +82,29 @@ def address(a):
     if hasattr(a, "_ary"):                                   # the simulator's: a NumPy array
         return a._ary.ctypes.data
     return a.device_ctypes_pointer.value or 0
+
+
+def test_under_a_side_stream_the_layer_is_ordered_with_it():
+    """On a GPU, under `torch.cuda.stream(s)`: x made on s just before, the layer, and a loss
+    and its backward on s after it give the default stream's numbers (the kernels wait for s's
+    work, and s for theirs). The simulator has no streams."""
+    from nprnn.kernels.gpu_common import simulator_enabled
+    if simulator_enabled():
+        pytest.skip("numba's simulator runs every kernel at once, in order: no streams to order")
+    rnn = Recurrent("antisym", M, N, dtype=torch.float64, device="cuda", eps=0.5, gamma=0.1)
+    base = torch.randn(B, T, M, dtype=torch.float64, device="cuda")
+
+    def step():
+        x = (base * 2.0).requires_grad_()            # queued on the current stream
+        out, h_n = rnn(x)
+        ((out ** 2).sum() + h_n.sum()).backward()
+        return out.detach().clone(), x.grad.clone(), rnn.W.grad.clone()
+    want = step()
+    rnn.zero_grad()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        got = step()
+    side.synchronize()
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
