@@ -55,6 +55,23 @@ def pytest_terminal_summary(terminalreporter, config):
             terminalreporter.line(f"{count:5d}  {reason}")
 
 
+@pytest.fixture
+def forward_spy(monkeypatch):
+    """spy(cell) -> a dict that each later cell.forward call fills with the parameters p it was
+    given and the states array hs it wrote (nprnn.torch's tests: what the kernels touched)."""
+    def spy(cell):
+        seen = {}
+        forward = cell.forward
+
+        def recording(p, x, *args, **kwargs):
+            h_T, cache = forward(p, x, *args, **kwargs)
+            seen.update(p=p, hs=cache["hs"])
+            return h_T, cache
+        monkeypatch.setattr(cell, "forward", recording)
+        return seen
+    return spy
+
+
 PTXAS_REPORT = pytest.StashKey[list]()
 
 

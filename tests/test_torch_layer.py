@@ -137,19 +137,12 @@ def test_a_short_sgd_training_is_nprnns():
         assert loss.item() == pytest.approx(theirs, rel=1e-12)
 
 
-def test_parameters_and_outputs_share_memory_with_the_kernels(monkeypatch):
+def test_parameters_and_outputs_share_memory_with_the_kernels(forward_spy):
     """No copies: the arrays the kernels read are the nn.Parameters' memory, and the outputs
     are views of the array the kernels wrote (h_n stacks the layers' last states: B n values
     each)."""
     rnn = layer_for("gru", {}, layers=1)
-    seen = {}
-    forward = rnn.cell.forward
-
-    def spy(p, x, *a, **kw):
-        h_T, cache = forward(p, x, *a, **kw)
-        seen.update(p=p, hs=cache["hs"])
-        return h_T, cache
-    monkeypatch.setattr(rnn.cell, "forward", spy)
+    seen = forward_spy(rnn.cell)
     out, h_n = rnn(torch.randn(B, T, M, dtype=torch.float64))
     for k, v in rnn.named_parameters():
         assert np.shares_memory(seen["p"][k], v.detach().numpy()), k

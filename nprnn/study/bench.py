@@ -95,12 +95,22 @@ def torch_available(device="cpu"):
     return device == "cpu" or torch.cuda.is_available()
 
 
+def _parameters(torch, gen, dtype, device, draw):
+    """param(*shape, scale=1.0): a tensor of `shape` on `device` that autograd differentiates,
+    drawn from gen as scale * N(0, 1) (draw "normal") or scale * U(-1, 1) ("uniform")."""
+    def param(*shape, scale=1.0):
+        if draw == "normal":
+            w = torch.randn(*shape, generator=gen, dtype=dtype)
+        else:
+            w = torch.rand(*shape, generator=gen, dtype=dtype) * 2 - 1
+        return (w * scale).to(device).requires_grad_()
+    return param
+
+
 def _torch_euler(cell, torch, n, m, eps, gamma, dtype, gen, device="cpu"):
     """The Euler-family cell written the fastest plain way in PyTorch: the input projection for all
     steps as one product, then a time loop of torch.addmm over its unbind(1), autograd for BPTT."""
-    def param(*shape, scale=1.0):
-        w = torch.randn(*shape, generator=gen, dtype=dtype) * scale
-        return w.to(device).requires_grad_()
+    param = _parameters(torch, gen, dtype, device, "normal")
     W = param(n, n, scale=n ** -0.5)
     V_h, b_h = param(n, m), param(n, scale=0.0)
     gated = cell.gated
@@ -144,11 +154,8 @@ def _torch_cornn(cell, torch, n, m, dtype, gen, device="cpu"):
     from ..core.successors import CORNN_DT as dt, CORNN_EPSILON as epsilon, CORNN_GAMMA as gamma
     dt_z = dt / (1.0 + dt * epsilon) if cell.imex else dt
     bound = (m + 2 * n) ** -0.5                    # the official nn.Linear(m + 2n, n)'s init
-
-    def param(*shape):
-        w = (torch.rand(*shape, generator=gen, dtype=dtype) * 2 - 1) * bound
-        return w.to(device).requires_grad_()
-    W, W_z, V, b = param(n, n), param(n, n), param(n, m), param(n)
+    param = _parameters(torch, gen, dtype, device, "uniform")
+    W, W_z, V, b = (param(*shape, scale=bound) for shape in ((n, n), (n, n), (n, m), (n,)))
 
     def hidden(x):
         B, T, _ = x.shape
@@ -172,12 +179,10 @@ def _torch_lem(torch, n, m, dtype, gen, device="cpu"):
     z's update, z_t's product, y's update."""
     from ..core.successors import LEM_DT as dt
 
-    def param(*shape, fan_in):
-        w = (torch.rand(*shape, generator=gen, dtype=dtype) * 2 - 1) * fan_in ** -0.5
-        return w.to(device).requires_grad_()
-    W_ih, b_ih = param(4 * n, m, fan_in=m), param(4 * n, fan_in=m)
-    W_hh, b_hh = param(3 * n, n, fan_in=n), param(3 * n, fan_in=n)
-    W_z, b_z = param(n, n, fan_in=n), param(n, fan_in=n)
+    param = _parameters(torch, gen, dtype, device, "uniform")     # nn.Linear's U(+-fan_in^-1/2)
+    W_ih, b_ih = param(4 * n, m, scale=m ** -0.5), param(4 * n, scale=m ** -0.5)
+    W_hh, b_hh = param(3 * n, n, scale=n ** -0.5), param(3 * n, scale=n ** -0.5)
+    W_z, b_z = param(n, n, scale=n ** -0.5), param(n, scale=n ** -0.5)
 
     def hidden(x):
         B, T, _ = x.shape

@@ -56,19 +56,12 @@ def test_the_layer_on_cuda_is_the_layer_on_the_cpu(name, layers, monkeypatch):
             np.testing.assert_allclose(got[k], v, rtol=1e-10, atol=1e-12, err_msg=k)
 
 
-def test_the_gpu_kernels_read_and_write_the_tensors_own_memory(monkeypatch):
+def test_the_gpu_kernels_read_and_write_the_tensors_own_memory(monkeypatch, forward_spy):
     """No copies: the device arrays the kernels read are the parameters' memory, and the
     outputs are the memory of the states array the kernels wrote."""
     small_launch(monkeypatch)
     rnn = Recurrent("gru", M, N, dtype=torch.float64, device="cuda")
-    seen = {}
-    forward = rnn.cell.forward
-
-    def spy(p, x, *a, **kw):
-        h_T, cache = forward(p, x, *a, **kw)
-        seen.update(p=p, hs=cache["hs"])
-        return h_T, cache
-    monkeypatch.setattr(rnn.cell, "forward", spy)
+    seen = forward_spy(rnn.cell)
     out, h_n = rnn(torch.randn(B, T, M, dtype=torch.float64, device=rnn.W_device()))
     for k, v in rnn.named_parameters():
         assert address(seen["p"][k]) == v.data_ptr(), k
