@@ -35,8 +35,8 @@ from .gpu_common import cdiv, cuda, step_grid
 
 def softmax_xent_row(losses, dlogits, logits, y, w, b):
     """Row b: losses[b] = -log p[b, y_b], dlogits[b] = w[b] (p[b] - onehot(y_b)) (written, =),
-    with the row's maximum subtracted before exp and the sum of exps taken in float64; a row
-    that does not count (w[b] = 0, its label maybe -1) gets 0 in both.
+    with the row's maximum subtracted before exp (one exp per entry) and the sum of exps taken
+    in float64; a row that does not count (w[b] = 0, its label maybe -1) gets 0 in both.
 
     Written once for both twins: it takes arrays, so it is compiled twice from this source, with
     njit for the CPU twin and as a CUDA device function for the GPU twin (an njit function cannot
@@ -52,11 +52,13 @@ def softmax_xent_row(losses, dlogits, logits, y, w, b):
         mx = max(mx, logits[b, k])
     s = 0.0
     for k in range(K):
-        s += math.exp(logits[b, k] - mx)
-    log_s = math.log(s)
-    losses[b] = log_s - (logits[b, y[b]] - mx)
+        e = math.exp(logits[b, k] - mx)
+        dlogits[b, k] = e                  # exp(l_k - max), p_k once divided by s
+        s += e
+    losses[b] = math.log(s) - (logits[b, y[b]] - mx)
+    scale = w[b] / s
     for k in range(K):
-        dlogits[b, k] = math.exp(logits[b, k] - mx - log_s) * w[b]
+        dlogits[b, k] *= scale
     dlogits[b, y[b]] -= w[b]
 
 
