@@ -162,6 +162,11 @@ def table_rows(n=128, lanes=8, dtype="float32"):
         ("gru forward", "persistent", fast_gru.gru_forward_persistent_kernel),
         ("gru BPTT", "persistent", fast_gru.gru_backward_persistent_kernel),
     ]
+    gru_lanes = max(fast_gru.gru_split_lanes(n, dtype))      # the GRU's split: 2 lanes at 128
+    plan = fast_gru.gru_split_plan(n, gru_lanes, dtype)
+    split_gru = fast_gru.gru_split_kernels(plan.cap, gru_lanes, 1, plan.n_held)
+    kernels += [("gru forward", f"split, {gru_lanes} lanes", split_gru[0]),
+                ("gru BPTT", f"split, {gru_lanes} lanes", split_gru[1])]
     del lstm, gru, rnn                      # the step kernels of the baselines: not tabled
     rows = []
     for what, version, kernel in kernels:

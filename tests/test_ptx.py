@@ -149,8 +149,10 @@ def test_kernels_were_found():
     if simulator_enabled():
         pytest.skip("the CUDA simulator has no PTX compiler")
     names = {name for _, name, _ in KERNELS}
-    # a kernel is a function under @cuda.jit (without device=True) or @persistent_kernel
-    decorated = sum(len(re.findall(r"^@(?:cuda\.jit|persistent_kernel)$", path.read_text(), re.M))
+    # a kernel is a function under @cuda.jit (without device=True), @persistent_kernel or
+    # @bounded_kernel(...) at module level
+    decorated = sum(len(re.findall(r"^@(?:cuda\.jit|persistent_kernel|bounded_kernel\(\w+\))$",
+                                   path.read_text(), re.M))
                     for path in NPRNN.rglob("*.py"))
     assert len(KERNELS) == decorated, (f"the scan found {len(KERNELS)} kernels, the source "
                                        f"decorates {decorated}: {sorted(names)}")
@@ -336,6 +338,38 @@ def test_split_kernels_keep_the_matrix_in_registers_on_sm90(ptx_target, tmp_path
     from nprnn.kernels.gpu_common import split_capacity
     cap = split_capacity(n, lanes)
     for kernel in antisym.euler_split_kernels(cap, lanes, 1) + rnn.rnn_split_kernels(cap, lanes, 1):
+        name = kernel.py_func.__name__
+        ptx, _ = cuda.compile_ptx(kernel.py_func, arg_types(name, kernel.py_func, dtype), cc=CC,
+                                  launch_bounds=kernel.targetoptions.get("launch_bounds"))
+        if dtype == "float32":
+            assert not F64_ARITHMETIC.findall(ptx), f"{name}: float64 arithmetic in float32"
+        assemble(f"{name} at n={n}, {lanes} lanes", f"{name}[n={n},lanes={lanes}]", ptx, dtype,
+                 tmp_path, ptxas_report)
+
+
+def gru_split_cases():
+    """(lanes, dtype, n) of the split GRU kernels (fast/gru.py) to assemble: for each lanes and
+    dtype, the largest n its plan offers (the most values per lane), and n = 128 where offered."""
+    from nprnn.kernels.fast.gru import gru_split_lanes
+    from nprnn.kernels.gpu_common import SPLIT_LANES
+    cases = []
+    for dtype in ("float32", "float64"):
+        for lanes in SPLIT_LANES:
+            offered = [n for n in range(1, 1025) if lanes in gru_split_lanes(n, dtype)]
+            cases += [(lanes, dtype, n) for n in offered[-1:] + [128] if n in offered]
+    return list(dict.fromkeys(cases))
+
+
+@pytest.mark.parametrize("lanes, dtype, n", gru_split_cases())
+def test_gru_split_kernels_keep_their_values_on_chip_on_sm90(ptx_target, tmp_path, ptxas_report,
+                                                             lanes, dtype, n):
+    """The split GRU's kernels, compiled per plan (gates r's and z's values and n_held of gate
+    n's in registers, the rest in shared memory), assemble with no local memory under their
+    launch bound. ptxas gives these kernels every register the bound allows and is not monotonic
+    in them: GRU_OTHER_REGISTERS is set so that these cases, the tightest, do not spill."""
+    from nprnn.kernels.fast.gru import gru_split_kernels, gru_split_plan
+    plan = gru_split_plan(n, lanes, dtype)
+    for kernel in gru_split_kernels(plan.cap, lanes, 1, plan.n_held):
         name = kernel.py_func.__name__
         ptx, _ = cuda.compile_ptx(kernel.py_func, arg_types(name, kernel.py_func, dtype), cc=CC,
                                   launch_bounds=kernel.targetoptions.get("launch_bounds"))

@@ -206,8 +206,8 @@ class Cell:
 
     def split_lanes(self, n, dtype):
         """The lanes per unit with which this cell's split GPU kernels (version 3) run at n
-        units: none where its twins have no split version (the LSTM's and GRU's stacked W_hh
-        do not fit a block's registers at the paper's sizes)."""
+        units: none where its twins have no split version (the LSTM's stacked W_hh does not
+        fit a block's registers at the paper's sizes)."""
         return split_lanes(n, dtype) if self.forward_kernels.gpu_split else []
 
 
@@ -599,6 +599,9 @@ class GRUCell(StackedGateCell):
 
     def ignores_h0(self, p):
         return False                         # h_t = (1 - z) n + z h_{t-1}: h_{t-1} passes z
+
+    def split_lanes(self, n, dtype):
+        return K_gru.gru_split_lanes(n, dtype)   # W_hh in registers and shared memory
 
     def forward(self, p, x, h0=None, ws=None, backend=CPU, lengths=None):
         T, B, _ = x.shape

@@ -468,14 +468,21 @@ def split_fits(n, lanes, dtype):
     return needed <= min(REGISTERS_PER_THREAD_MAX, available)
 
 
-def split_kernel(max_threads):
-    """@cuda.jit for a split kernel launched with at most `max_threads` threads per block, one
-    block per SM (see persistent_kernel; the simulator takes no launch bounds)."""
+def bounded_kernel(max_threads):
+    """@cuda.jit for a kernel launched with at most `max_threads` threads per block (a launch
+    bound: ptxas may then give each thread 65,536 / max_threads registers; see persistent_kernel;
+    the simulator takes no launch bounds)."""
     def decorate(func):
         if CUDA_IMPORT_ERROR is not None or simulator_enabled():
             return cuda.jit(func)
         return cuda.jit(launch_bounds=(max_threads, 1))(func)
     return decorate
+
+
+def split_kernel(max_threads):
+    """@cuda.jit for a split kernel launched with at most `max_threads` threads per block, one
+    block per SM."""
+    return bounded_kernel(max_threads)
 
 
 def split_launch(B, n, lanes, rows, dtype, values_per_row):

@@ -30,7 +30,11 @@ from numba import prange
 
 from .common import (BLOCK_ROWS, Twins, matmul_nn_rows, matmul_tn_rows, njit, njit_inline,
                      njit_parallel, num_slices, row_slice, sum_rows)
-from .gpu_common import cdiv, cuda, step_grid
+from .gpu_common import bounded_kernel, cdiv, cuda, step_grid
+
+# The softmax kernel's most threads per block: in float64 its row (one exp per entry, kept and
+# scaled) takes 72 registers, more than a block of 1,024 threads may have.
+LOSS_THREADS = 256
 
 
 def softmax_xent_row(losses, dlogits, logits, y, w, b):
@@ -168,7 +172,7 @@ def readout_forward_kernel(logits, h, W_out, b_out):
         logits[b, k] = acc
 
 
-@cuda.jit
+@bounded_kernel(LOSS_THREADS)
 def softmax_xent_kernel(losses, dlogits, logits, y, w):
     """softmax_xent_row for row b: losses[b] = -log p[b, y_b], dlogits[b] = w[b] (p[b] - onehot)
     (written, =). One thread per row b."""
@@ -224,8 +228,10 @@ def readout_forward_gpu(logits, h, W_out, b_out, *, block=(16, 16)):
 
 
 def softmax_xent_gpu(losses, dlogits, logits, y, w, *, threads=128):
-    """Twin of softmax_xent_cpu (device arrays): losses (R,), dlogits (R, K) written (=)."""
+    """Twin of softmax_xent_cpu (device arrays): losses (R,), dlogits (R, K) written (=); at
+    most LOSS_THREADS threads per block."""
     B = logits.shape[0]
+    threads = min(threads, LOSS_THREADS)
     softmax_xent_kernel[cdiv(B, threads), threads](losses, dlogits, logits, y, w)
 
 

@@ -29,7 +29,7 @@ def options(version, backward, rows=ROWS, lanes=2):
     return dict(opts, tile=TILE) if backward else opts
 
 
-# teaching module -> its fast sibling, which holds versions 2 (and 3, for rnn)
+# teaching module -> its fast sibling, which holds versions 2 (and 3, for rnn and gru)
 FAST = {rnn: fast_rnn, lstm: fast_lstm, gru: fast_gru}
 
 
@@ -108,7 +108,8 @@ def backward_args(cell, bw, fw, p):
 
 
 CASES = [(cell, dtype, version) for cell in CELLS for dtype in DTYPES
-         for version in ("step", "persistent")] + [("rnn", dtype, "split") for dtype in DTYPES]
+         for version in ("step", "persistent")] + [(cell, dtype, "split") for cell in ("rnn", "gru")
+                                                   for dtype in DTYPES]
 
 
 @pytest.mark.parametrize("cell, dtype, version", CASES)
@@ -156,6 +157,23 @@ def test_rnn_split_kernels_at_other_lanes_and_rows(lanes, rows):
     """As test_gpu_euler.py's: 4 lanes, 2 values of W_hh each; 8 lanes, one value each, two
     warps, a block with one row of 3."""
     test_baseline_forward_and_backward_match_cpu("rnn", "float64", "split", rows=rows,
+                                                 lanes=lanes)
+
+
+@pytest.mark.parametrize("most_n_held, lanes, rows", [(None, 4, 1), (0, 2, 1), (1, 4, 3)])
+def test_gru_split_kernels_with_the_matrix_partly_in_shared_memory(most_n_held, lanes, rows,
+                                                                   monkeypatch):
+    """The split GRU keeps gates r's and z's values in registers, and of gate n's the first
+    n_held, the rest in shared memory (fast/gru.py). At this small n all fit registers, so the
+    plan is capped: none of gate n's 3 values per lane in registers at 2 lanes, 1 of 2 at 4
+    lanes with a block of 3 rows of which one exists; uncapped at 4 lanes, both."""
+    plan = fast_gru.gru_split_plan
+    monkeypatch.setattr(fast_gru, "gru_split_plan",
+                        lambda *a, **k: plan(*a, **dict(k, most_n_held=most_n_held)))
+    cap = -(-N // lanes)
+    assert fast_gru.gru_split_plan(N, lanes, "float64").n_held == (
+        cap if most_n_held is None else most_n_held)
+    test_baseline_forward_and_backward_match_cpu("gru", "float64", "split", rows=rows,
                                                  lanes=lanes)
 
 

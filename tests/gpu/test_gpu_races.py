@@ -160,7 +160,7 @@ def test_euler_kernels_are_race_free(gated, structure, versions):
 
 @pytest.mark.parametrize("cell", list(test_gpu_baselines.CELLS))
 def test_baseline_kernels_are_race_free(cell):
-    split = cell == "rnn"
+    split = cell in ("rnn", "gru")
     with RaceCheck() as check:
         for version in ("step", "persistent") + (("split",) if split else ()):
             test_gpu_baselines.test_baseline_forward_and_backward_match_cpu(cell, "float64",
@@ -168,7 +168,18 @@ def test_baseline_kernels_are_race_free(cell):
     name = "lstm" if cell == "peephole-lstm" else cell
     assert_race_free(check, [f"{name}_forward_persistent_kernel",
                              f"{name}_backward_persistent_kernel", "matmul_tn_partial_kernel"]
-                     + (["rnn_forward_split_kernel", "rnn_backward_split_kernel"] if split else []))
+                     + ([f"{cell}_forward_split_kernel", f"{cell}_backward_split_kernel"]
+                        if split else []))
+
+
+def test_gru_split_kernels_with_values_in_shared_memory_are_race_free(monkeypatch):
+    """The split GRU with gate n's values in shared memory, each thread's own (fast/gru.py): at
+    4 lanes, one of a lane's two in registers, the other in shared memory, and a block of 3
+    rows of which one exists."""
+    with RaceCheck() as check:
+        test_gpu_baselines.test_gru_split_kernels_with_the_matrix_partly_in_shared_memory(
+            1, 4, 3, monkeypatch)
+    assert_race_free(check, ["gru_forward_split_kernel", "gru_backward_split_kernel"])
 
 
 def test_gradient_norm_block_sums_are_race_free():

@@ -10,6 +10,7 @@ import pytest
 from gpu_testing import B, M, N, T, requires_cuda, small_launch
 
 import nprnn
+from nprnn.kernels.gpu_common import simulator_enabled
 
 torch = pytest.importorskip("torch", reason="PyTorch is the optional torch extra")
 from nprnn.torch import Recurrent  # noqa: E402
@@ -77,13 +78,12 @@ def address(a):
     return a.device_ctypes_pointer.value or 0
 
 
+@pytest.mark.real_gpu
+@pytest.mark.skipif(simulator_enabled(), reason="the CUDA simulator has no streams to order")
 def test_under_a_side_stream_the_layer_is_ordered_with_it():
     """On a GPU, under `torch.cuda.stream(s)`: x made on s just before, the layer, and a loss
     and its backward on s after it give the default stream's numbers (the kernels wait for s's
     work, and s for theirs). The simulator has no streams."""
-    from nprnn.kernels.gpu_common import simulator_enabled
-    if simulator_enabled():
-        pytest.skip("numba's simulator runs every kernel at once, in order: no streams to order")
     rnn = Recurrent("antisym", M, N, dtype=torch.float64, device="cuda", eps=0.5, gamma=0.1)
     base = torch.randn(B, T, M, dtype=torch.float64, device="cuda")
 
