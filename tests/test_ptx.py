@@ -337,7 +337,14 @@ def test_split_kernels_keep_the_matrix_in_registers_on_sm90(ptx_target, tmp_path
     from nprnn.kernels.fast import antisym, rnn
     from nprnn.kernels.gpu_common import split_capacity
     cap = split_capacity(n, lanes)
-    for kernel in antisym.euler_split_kernels(cap, lanes, 1) + rnn.rnn_split_kernels(cap, lanes, 1):
+    kernels = antisym.euler_split_kernels(cap, lanes, 1) + rnn.rnn_split_kernels(cap, lanes, 1)
+    assemble_split(kernels, n, lanes, dtype, tmp_path, ptxas_report)
+
+
+def assemble_split(kernels, n, lanes, dtype, tmp_path, ptxas_report):
+    """Each split kernel compiled for n units and `lanes` lanes under its launch bound: no float64
+    arithmetic in float32, then `assemble`."""
+    for kernel in kernels:
         name = kernel.py_func.__name__
         ptx, _ = cuda.compile_ptx(kernel.py_func, arg_types(name, kernel.py_func, dtype), cc=CC,
                                   launch_bounds=kernel.targetoptions.get("launch_bounds"))
@@ -369,14 +376,8 @@ def test_gru_split_kernels_keep_their_values_on_chip_on_sm90(ptx_target, tmp_pat
     in them: GRU_OTHER_REGISTERS is set so that these cases, the tightest, do not spill."""
     from nprnn.kernels.fast.gru import gru_split_kernels, gru_split_plan
     plan = gru_split_plan(n, lanes, dtype)
-    for kernel in gru_split_kernels(plan.cap, lanes, 1, plan.n_held):
-        name = kernel.py_func.__name__
-        ptx, _ = cuda.compile_ptx(kernel.py_func, arg_types(name, kernel.py_func, dtype), cc=CC,
-                                  launch_bounds=kernel.targetoptions.get("launch_bounds"))
-        if dtype == "float32":
-            assert not F64_ARITHMETIC.findall(ptx), f"{name}: float64 arithmetic in float32"
-        assemble(f"{name} at n={n}, {lanes} lanes", f"{name}[n={n},lanes={lanes}]", ptx, dtype,
-                 tmp_path, ptxas_report)
+    assemble_split(gru_split_kernels(plan.cap, lanes, 1, plan.n_held), n, lanes, dtype, tmp_path,
+                   ptxas_report)
 
 
 @pytest.mark.real_gpu
