@@ -149,9 +149,10 @@ def test_kernels_were_found():
     if simulator_enabled():
         pytest.skip("the CUDA simulator has no PTX compiler")
     names = {name for _, name, _ in KERNELS}
-    # a kernel is a function under @cuda.jit (without device=True), @persistent_kernel or
-    # @bounded_kernel(...) at module level
-    decorated = sum(len(re.findall(r"^@(?:cuda\.jit|persistent_kernel|bounded_kernel\(\w+\))$",
+    # a kernel is a function under @cuda.jit(cache=True) (not device=True), @persistent_kernel
+    # or @bounded_kernel(...) at module level
+    decorated = sum(len(re.findall(r"^@(?:cuda\.jit\(cache=True\)|persistent_kernel"
+                                   r"|bounded_kernel\(\w+\))$",
                                    path.read_text(), re.M))
                     for path in NPRNN.rglob("*.py"))
     assert len(KERNELS) == decorated, (f"the scan found {len(KERNELS)} kernels, the source "
@@ -352,6 +353,19 @@ def assemble_split(kernels, n, lanes, dtype, tmp_path, ptxas_report):
             assert not F64_ARITHMETIC.findall(ptx), f"{name}: float64 arithmetic in float32"
         assemble(f"{name} at n={n}, {lanes} lanes", f"{name}[n={n},lanes={lanes}]", ptx, dtype,
                  tmp_path, ptxas_report)
+
+
+def test_every_kernel_is_cached_on_disk():
+    """Issue 55: kernels compiled in every process. Each module-level kernel has numba's file
+    cache (compiled once per signature, loaded by later processes; a real GPU is what writes
+    it); the split kernels, made by factories for their sizes, have none."""
+    if simulator_enabled():
+        pytest.skip("the CUDA simulator compiles nothing")
+    from numba.cuda.dispatcher import CUDACache
+    uncached = [name for _, name, kernel in KERNELS if not isinstance(kernel._cache, CUDACache)]
+    assert not uncached, uncached
+    from nprnn.kernels.fast.rnn import rnn_split_kernels
+    assert not any(isinstance(k._cache, CUDACache) for k in rnn_split_kernels(2, 2, 1))
 
 
 def gru_split_cases():

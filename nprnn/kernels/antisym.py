@@ -345,7 +345,7 @@ def euler_gated_backward_cpu(dA, dV_h, db_h, dV_z, db_z, dh0, da, dzp, ds,
 # like the CPU twins (`euler_forward_gpu`, ...) take the CPU twin's arguments, all device
 # arrays, followed by keyword-only launch options.
 
-@cuda.jit
+@cuda.jit(cache=True)
 def antisym_matrix_kernel(A, W, gamma):
     """A = W - W^T - gamma I (written, =). One thread per (i, j); 2-d grid over (j, i)."""
     j, i = cuda.grid(2)
@@ -357,7 +357,7 @@ def antisym_matrix_kernel(A, W, gamma):
         A[i, j] = a
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def shifted_matrix_kernel(A, W, gamma):
     """A = W - gamma I (written, =). One thread per (i, j); 2-d grid over (j, i)."""
     j, i = cuda.grid(2)
@@ -366,7 +366,7 @@ def shifted_matrix_kernel(A, W, gamma):
         A[i, j] = W[i, j] - gamma if i == j else W[i, j]
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def antisym_dW_kernel(dW, dA, triangle):
     """dW_ij = dA_ij - dA_ji; with `triangle` above the diagonal only, 0 on and below it
     (written, =). One thread per (i, j); 2-d grid over (j, i)."""
@@ -397,7 +397,7 @@ def antisym_dW_gpu(dW, dA, triangle, *, block=(16, 16)):
 
 # -- version 1: one thread per (b, i), one launch per step ----------------------------------
 
-@cuda.jit
+@cuda.jit(cache=True)
 def euler_forward_step_kernel(hs, th, x, AT, V_h, b_h, eps, t, lengths):
     """Step t of (12): a = A h_{t-1} + V_h x_t + b_h ; th_t = tanh(a) ; h_t = h_{t-1} + eps th_t.
 
@@ -422,7 +422,7 @@ def euler_forward_step_kernel(hs, th, x, AT, V_h, b_h, eps, t, lengths):
         hs[t + 1, b, i] = h_new
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def euler_gated_forward_step_kernel(hs, th, z, x, AT, V_h, b_h, V_z, b_z, eps, kz, t, lengths):
     """Step t of (13): with s = A h_{t-1} (shared by gate and candidate),
     z_t = sigmoid(kz s + V_z x_t + b_z) ; th_t = tanh(s + V_h x_t + b_h) ;
@@ -452,7 +452,7 @@ def euler_gated_forward_step_kernel(hs, th, z, x, AT, V_h, b_h, V_z, b_z, eps, k
         hs[t + 1, b, i] = h_new
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def euler_backward_step_kernel(dh_prev, da, dh, th, A, eps, t, dhs, lengths):
     """BPTT through step t of (12).
 
@@ -483,7 +483,7 @@ def euler_backward_step_kernel(dh_prev, da, dh, th, A, eps, t, dhs, lengths):
         dh_prev[b, i] = acc
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def euler_gated_backward_step_kernel(dh_prev, da, dzp, ds, dh, th, z, A, eps, kz, t, dhs,
                                      lengths):
     """BPTT through step t of (13).

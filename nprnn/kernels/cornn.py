@@ -204,7 +204,7 @@ def cornn_backward_cpu(dW, dW_z, dV, db, dh0, dz, da, dh_T, hs, zs, th, x, W, W_
 # to zero (a CPU speed measure); the GPU twins keep them (a difference below 1.2e-38).
 # ------------------------------------------------------------------------------------------
 
-@cuda.jit
+@cuda.jit(cache=True)
 def cornn_forward_step_kernel(hs, zs, th, x, WT, WzT, V, b, dt, dt_z, gamma, epsilon, t,
                               lengths):
     """Step t, see cornn_unit. Written (=): th[t], hs[t+1], zs[t+1] (B, n). Read: hs[t], zs[t],
@@ -229,7 +229,7 @@ def cornn_forward_step_kernel(hs, zs, th, x, WT, WzT, V, b, dt, dt_z, gamma, eps
         zs[t + 1, row, j] = z
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def cornn_backward_unit_kernel(da, dy, dz, th, dt, dt_z, gamma, epsilon, t, dhs, lengths):
     """The elementwise part of BPTT through step t (cornn_unit_backward).
     Written (=): da[t] (B, n). Updated: dy (B, n), dL/dy_t from the later steps (dhs[t] added:

@@ -97,10 +97,12 @@ def persistent_kernel(func):
     per block, and one block per SM is enough. The second half matters: told only the first,
     ptxas aims for several blocks per SM and squeezes the gated BPTT into 64 registers with
     spills, though a persistent launch has about one block (B / rows) per SM; told both, it
-    uses up to 128 and spills nothing. The simulator takes no launch bounds."""
+    uses up to 128 and spills nothing. The simulator takes no launch bounds. Cached on disk
+    (`cache=True`, as every module-level kernel here): a process compiles a kernel once per
+    signature, later ones load it."""
     if CUDA_IMPORT_ERROR is not None or simulator_enabled():
         return cuda.jit(func)
-    return cuda.jit(launch_bounds=(PERSISTENT_THREADS, 1))(func)
+    return cuda.jit(launch_bounds=(PERSISTENT_THREADS, 1), cache=True)(func)
 
 
 def persistent_threads(n, threads=None):
@@ -230,7 +232,7 @@ def ones(N, dtype):
     return a
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def fill_kernel(a, value):
     """a[i] = value for every i of the flat view a (written, =). Grid-stride loop."""
     for i in range(cuda.grid(1), a.shape[0], cuda.gridsize(1)):
@@ -262,7 +264,7 @@ def fill(a, value):
 # C = A^T B, split over the long dimension (see the module docstring)
 # ------------------------------------------------------------------------------------------
 
-@cuda.jit
+@cuda.jit(cache=True)
 def matmul_tn_partial_kernel(partial, A, B):
     """partial[s] = A[rows of chunk s]^T B[rows of chunk s]   (written, =)
 
@@ -300,7 +302,7 @@ def matmul_tn_partial_kernel(partial, A, B):
         partial[s, p0 + ty, q0 + tx] = acc
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def sum_partials_kernel(C, partial):
     """C[p, q] = sum_s partial[s, p, q]   (written, =). C's elements in its memory order, in a
     grid-stride loop (line_launch)."""
@@ -344,7 +346,7 @@ def column_sums_gpu(db, D, tile=TILE, purpose="column_sums"):
 # W_hh (G n, n) with G = 1 (rnn), 4 (lstm), 3 (gru)
 # ------------------------------------------------------------------------------------------
 
-@cuda.jit
+@cuda.jit(cache=True)
 def transpose_kernel(out, a):
     """out = a^T (written, =): a (R, C), out (C, R). One thread per element; 2-d grid (c, r)."""
     c, r = cuda.grid(2)
@@ -368,7 +370,7 @@ def transposed(a, purpose="transposed"):
     return out
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def rows_times_matrix_kernel(dh, D, W, t, accumulate):
     """dh[b, j] (+)= sum_k D[t, b, k] W[k, j]: dL/dh_{t-1} from the pre-activation gradients of
     step t, dh_{t-1} = D_t W_hh (row form). D (T, B, G n), W (G n, n), dh (B, n); written (=),
@@ -468,21 +470,22 @@ def split_fits(n, lanes, dtype):
     return needed <= min(REGISTERS_PER_THREAD_MAX, available)
 
 
-def bounded_kernel(max_threads):
+def bounded_kernel(max_threads, cache=True):
     """@cuda.jit for a kernel launched with at most `max_threads` threads per block (a launch
     bound: ptxas may then give each thread 65,536 / max_threads registers; see persistent_kernel;
-    the simulator takes no launch bounds)."""
+    the simulator takes no launch bounds), cached on disk unless `cache` is False."""
     def decorate(func):
         if CUDA_IMPORT_ERROR is not None or simulator_enabled():
             return cuda.jit(func)
-        return cuda.jit(launch_bounds=(max_threads, 1))(func)
+        return cuda.jit(launch_bounds=(max_threads, 1), cache=cache)(func)
     return decorate
 
 
 def split_kernel(max_threads):
     """@cuda.jit for a split kernel launched with at most `max_threads` threads per block, one
-    block per SM."""
-    return bounded_kernel(max_threads)
+    block per SM. Not cached on disk: a split kernel is made by a factory for its sizes, and
+    numba's cache keys a function by its source, not by the values it closes over."""
+    return bounded_kernel(max_threads, cache=False)
 
 
 def split_launch(B, n, lanes, rows, dtype, values_per_row):
@@ -612,7 +615,7 @@ def load_padded_rows(buf, src, b0, rows, stride):
     cuda.syncthreads()
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def input_projection_kernel(u, x, V, b):
     """u[t, r, i] = sum_k V[i, k] x[t, r, k] + b[i] (written, =): the input part of every
     step's pre-activations at once, u (T, B, N), x (T, B, m), V (N, m), b (N,); the elements of

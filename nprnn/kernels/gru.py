@@ -208,7 +208,7 @@ BACKWARD_VALUES = 7
 # The CPU twins flush float32 subnormal gradients to zero (a CPU speed measure, as in lstm.py);
 # the GPU twins keep them.
 
-@cuda.jit
+@cuda.jit(cache=True)
 def gru_forward_step_kernel(hs, gates, hn, x, W_ih, WT, b_ih, b_hh, t, lengths):
     """Step t, see gru_unit. Written (=): gates[t] (B, 3n) = r, z, n_t;
     hn[t] (B, n) = W_hn h_{t-1} + b_hn; hs[t+1] (B, n).
@@ -243,7 +243,7 @@ def gru_forward_step_kernel(hs, gates, hn, x, W_ih, WT, b_ih, b_hh, t, lengths):
         hs[t + 1, b, j] = h
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def gru_backward_unit_kernel(dgi, dgh, dh, hs, gates, hn, t, dhs, lengths):
     """The elementwise part of BPTT through step t (gru_unit_backward).
     Written (=): dgi[t], dgh[t] (B, 3n). Updated: dh (B, n), dL/dh_t (dhs[t] added:

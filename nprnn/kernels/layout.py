@@ -47,7 +47,7 @@ def time_major_cpu(out, x):
 # (line_launch): a grid's second and third dimensions stop at 65,535 blocks on a GPU (not in the
 # simulator), which T or B could exceed.
 
-@cuda.jit
+@cuda.jit(cache=True)
 def time_major_kernel(out, x):
     """out[t, b, j] = x[b, t, j] (written, =; converted to out's dtype): x (B, T, m), out
     (T, B, m). Out's elements in its memory order (coalesced writes)."""
@@ -62,7 +62,7 @@ def time_major_gpu(out, x, *, threads=256):
     time_major_kernel[line_launch(out.size, threads)](out, x)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def copy_leading_steps_kernel(x, head):
     """x[b, t, j] = head[b, t, j] for t < t0 (written, =): head (B, t0, m) into x (B, T, m).
     Head's elements in its memory order."""

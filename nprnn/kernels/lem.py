@@ -245,7 +245,7 @@ def lem_backward_cpu(dW_ih, dW_hh, dW_z, db_ih, db_hh, db_z, dh0, dz, da, dgh, d
 # CPU speed measure); the GPU twins keep them (a difference below 1.2e-38).
 # ------------------------------------------------------------------------------------------
 
-@cuda.jit
+@cuda.jit(cache=True)
 def lem_z_step_kernel(hs, zs, gates, x, W_ih, WT, b_ih, b_hh, dt, t, lengths):
     """Step t's first phase: z's step, and y's gate and candidate pre-activations but for W_z z_t.
     Written (=): zs[t+1] (B, n); gates[t]: z's gate and candidate (blocks 1 and 3), and, for
@@ -284,7 +284,7 @@ def lem_z_step_kernel(hs, zs, gates, x, W_ih, WT, b_ih, b_hh, dt, t, lengths):
         zs[t + 1, row, j] = z
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def lem_y_step_kernel(hs, zs, gates, WzT, b_z, dt, t, lengths):
     """Step t's second phase: y's step, reading the new z_t (all of lem_z_step_kernel's).
     Written (=): hs[t+1] (B, n); gates[t]: y's gate and candidate (blocks 0 and 2, in place of
@@ -303,7 +303,7 @@ def lem_y_step_kernel(hs, zs, gates, WzT, b_z, dt, t, lengths):
         hs[t + 1, row, j] = y
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def lem_backward_y_kernel(da, dgh, dq, dy, gates, hs, dt, t, dhs, lengths):
     """BPTT's first phase at step t: through y's step (lem_step_backward).
     Written (=): da[t] blocks 0 and 2, dgh[t] block 0, dq[t] (all of da[t], dgh[t], dq[t] = 0
@@ -331,7 +331,7 @@ def lem_backward_y_kernel(da, dgh, dq, dy, gates, hs, dt, t, dhs, lengths):
         dy[row, j] = dy_prev
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def lem_backward_z_kernel(da, dgh, dz, gates, zs, dt, t, lengths):
     """BPTT's second phase at step t: through z's step (lem_step_backward), after dz has
     received dq_t W_z. Written (=): da[t] blocks 1 and 3, dgh[t] blocks 1 and 2. Updated: dz

@@ -303,7 +303,7 @@ BACKWARD_VALUES = 10
 # CPU twins flush float32 subnormal gradients to zero (a CPU speed measure); GPUs handle
 # subnormals at full speed, so the GPU twins keep them (a difference below 1.2e-38).
 
-@cuda.jit
+@cuda.jit(cache=True)
 def lstm_forward_step_kernel(hs, cs, gates, x, W_ih, WT, b_ih, b_hh, w_ci, w_cf, w_co,
                              peephole, t, lengths):
     """Step t of the (peephole) LSTM, see lstm_unit.
@@ -346,7 +346,7 @@ def lstm_forward_step_kernel(hs, cs, gates, x, W_ih, WT, b_ih, b_hh, w_ci, w_cf,
         hs[t + 1, b, j] = h
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def lstm_backward_unit_kernel(da, dc, dh, cs, gates, w_ci, w_cf, w_co, peephole, t, dhs,
                               lengths):
     """The elementwise part of BPTT through step t (lstm_unit_backward).
@@ -376,7 +376,7 @@ def lstm_backward_unit_kernel(da, dc, dh, cs, gates, w_ci, w_cf, w_co, peephole,
         dh[b, j] = 0
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def peephole_partial_kernel(partial, da, cs):
     """The peephole gradients over slice s of the T*B rows r = t B + b (written, =):
 
@@ -405,7 +405,7 @@ def peephole_partial_kernel(partial, da, cs):
         partial[s, 2, j] = s_o
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def peephole_sums_kernel(dw_ci, dw_cf, dw_co, partial):
     """dw_ci[j] = sum_s partial[s, 0, j], dw_cf from partial[:, 1], dw_co from partial[:, 2]
     (written, =), the slices added in order. One thread per unit j; 1-d grid."""

@@ -193,7 +193,7 @@ def gaussian_fill_cpu(x, t0, starts):
 # GPU twin
 # ------------------------------------------------------------------------------------------
 
-@cuda.jit
+@cuda.jit(cache=True)
 def gaussian_fill_kernel(x, t0, starts):
     """Word j of example b's stream gives its noise values 2j and 2j + 1: x[b, t0:, :] in
     row-major order, as gaussian_fill_cpu. x (B, T, m) float32, starts (B,) uint64. The (b, j)

@@ -227,7 +227,7 @@ def record_step_cpu(stats, scale, losses, logits, y, w, total, clip):
 SUM_BLOCKS = 64
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def sum_squares_block_kernel(block_sums, g):
     """block_sums[k] = sum of g_i**2 (in float64) over the elements i that block k visits:
     i = k * blockDim + tid, then strides of gridDim * blockDim. Written (=): block_sums (gridDim,).
@@ -251,7 +251,7 @@ def sum_squares_block_kernel(block_sums, g):
         block_sums[cuda.blockIdx.x] = sums[0]
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def sum_block_sums_kernel(out, block_sums):
     """out[0] += sum_k block_sums[k], in order, by one thread (updated, +=)."""
     if cuda.grid(1) == 0:
@@ -272,7 +272,7 @@ def sum_squares_gpu(out, g, *, threads=256):
     sum_block_sums_kernel[1, 1](out, block_sums)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def sgd_momentum_kernel(p, v, g, lr, momentum, scale):
     """sgd_momentum_element for every element i (nothing when scale[0] is NaN), in a
     grid-stride loop over a 1-d grid."""
@@ -282,7 +282,7 @@ def sgd_momentum_kernel(p, v, g, lr, momentum, scale):
             sgd_momentum_element_gpu(p, v, g, i, lr, momentum, s)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def adagrad_kernel(p, G, g, lr, delta, scale):
     """adagrad_element for every element i (nothing when scale[0] is NaN), in a grid-stride
     loop over a 1-d grid."""
@@ -292,7 +292,7 @@ def adagrad_kernel(p, G, g, lr, delta, scale):
             adagrad_element_gpu(p, G, g, i, lr, delta, s)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def adam_kernel(p, m, v, g, lr, beta1, beta2, eps, c1, c2, scale):
     """adam_element for every element i (nothing when scale[0] is NaN), in a grid-stride loop
     over a 1-d grid."""
@@ -302,7 +302,7 @@ def adam_kernel(p, m, v, g, lr, beta1, beta2, eps, c1, c2, scale):
             adam_element_gpu(p, m, v, g, i, lr, beta1, beta2, eps, c1, c2, s)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def record_step_kernel(stats, scale, losses, logits, y, w, total, clip):
     """record_step by one thread (R K comparisons: microseconds, and a fixed order)."""
     if cuda.grid(1) == 0:

@@ -159,7 +159,7 @@ def readout_backward_cpu(dW_out, db_out, dh, dlogits, h, W_out):
 # arguments (device arrays) and keyword-only launch options.
 # ------------------------------------------------------------------------------------------
 
-@cuda.jit
+@cuda.jit(cache=True)
 def readout_forward_kernel(logits, h, W_out, b_out):
     """logits[b, k] = sum_i h[b, i] W_out[k, i] + b_out[k] (written, =).
     One thread per (b, k); 2-d grid over (k, b)."""
@@ -181,7 +181,7 @@ def softmax_xent_kernel(losses, dlogits, logits, y, w):
         softmax_xent_row_gpu(losses, dlogits, logits, y, w, b)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def mse_kernel(losses, dout, out, y, w):
     """mse_row for row b: losses[b] = (1/K) sum_k (out[b, k] - y[b, k])^2,
     dout[b] = w[b] 2 (out[b] - y[b]) / K (written, =). One thread per row b."""
@@ -190,7 +190,7 @@ def mse_kernel(losses, dout, out, y, w):
         mse_row_gpu(losses, dout, out, y, w, b)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def readout_backward_kernel(dW_out, db_out, dh, dlogits, h, W_out):
     """forward was: logits = h W_out^T + b_out
     so:          dW_out = dlogits^T h (K, n) ;  db_out = sum_b dlogits (K,) ;

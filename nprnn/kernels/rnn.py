@@ -123,7 +123,7 @@ BACKWARD_VALUES = 3
 # that property. Host functions take the CPU twins' arguments (device arrays), then keyword-only
 # launch options; the weight gradients are `stacked_param_grads_gpu` (gpu_common.py).
 
-@cuda.jit
+@cuda.jit(cache=True)
 def rnn_forward_step_kernel(hs, x, W_ih, WT, b_ih, b_hh, t, lengths):
     """Step t: h_t = tanh(W_ih x_t + b_ih + W_hh h_{t-1} + b_hh) (h_t = h_{t-1} past row b's end).
     Written (=): hs[t+1] (B, n). Read: hs[t], x[t], W_ih (n, m), WT = W_hh^T (n, n), b_ih, b_hh
@@ -143,7 +143,7 @@ def rnn_forward_step_kernel(hs, x, W_ih, WT, b_ih, b_hh, t, lengths):
         hs[t + 1, b, j] = tanh(a)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def rnn_backward_unit_kernel(da, dh, hs, t, dhs, lengths):
     """The elementwise part of BPTT through step t.
     forward was: h_t = tanh(a_t)
